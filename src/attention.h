@@ -1,0 +1,100 @@
+/* The attention interface: one ops table per variant (SPEC §1, §6), the only seam between the
+ * model and a variant. The model calls these entry points and never branches on a variant's name;
+ * adding a variant is one new file plus one line in the registry (attention.c). q, k, v and the
+ * output are in head layout (B, H, T, d) over the LOCAL tokens; under sequence parallelism a
+ * variant reaches the rest of the sequence through ctx->comm (the halo/summary exchange it needs
+ * is its own business, behind forward/backward). */
+#ifndef FMATTN_ATTENTION_H
+#define FMATTN_ATTENTION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "comm.h"
+#include "config.h"
+#include "params.h"
+
+struct attn_dims {
+  long B;      /* local batch */
+  long H;      /* heads */
+  long T;      /* local tokens */
+  long d;      /* head size */
+  long n;      /* global sequence length */
+  long t0;     /* global index of local token 0 */
+  bool causal; /* clm: output i depends on inputs ≤ i only */
+};
+
+struct attn_variant;
+
+struct attn_ctx {
+  const struct config *cfg;
+  const struct attn_variant *variant;
+  struct attn_dims dims;
+  struct comm *comm; /* sequence group for exchanges; S = 1 means the slab is the sequence */
+  void *state;       /* the variant's private state (tree, scratch sizes), from setup */
+  int layer;
+};
+
+struct attn_variant {
+  const char *name;
+  bool causal_ok; /* may run in clm mode */
+  bool bidir_ok;  /* may run in mlm mode */
+  /* Why this variant refuses a configuration (NULL when it accepts it). Called before anything is
+   * allocated, with the global sequence length and the sequence-parallel rank count. */
+  const char *(*check)(const struct config *cfg, long n, int seq_ranks, char *buf, size_t len);
+  /* Parameters of ONE layer, appended with names relative to "attn/<name>/" (may add none). */
+  void (*describe)(const struct config *cfg, long n, struct param_list *list);
+  /* Initialise a parameter that describe registered with INIT_CUSTOM. */
+  void (*init_param)(const struct config *cfg, const struct param_desc *p, float *data);
+  /* Private state for these dimensions (NULL if none); teardown frees it. */
+  void *(*setup)(const struct config *cfg, const struct attn_dims *dims);
+  void (*teardown)(void *state);
+  /* Floats that forward saves for backward (per layer). */
+  size_t (*saved_floats)(const struct attn_ctx *ctx);
+  /* out (B, H, T, d) = attention(q, k, v); params: this layer's variant parameters (or NULL). */
+  void (*forward)(struct attn_ctx *ctx, float *out, float *saved, const float *q, const float *k,
+                  const float *v, const float *params);
+  /* dq, dk, dv, dparams += the gradients for dout; out and saved as forward left them. */
+  void (*backward)(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                   const float *dout, const float *q, const float *k, const float *v,
+                   const float *params, const float *out, const float *saved);
+  /* Attention diagnostics over the local queries of batch element 0: mass (H, bands) — the share
+   * of attention probability on the near field and on each level of the FMA tree built with
+   * fma.m, fma.p (bands = levels + 1) — and entropy (H), both summed over the queries examined;
+   * returns how many queries were examined per head. */
+  long (*diagnostics)(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
+                      const float *k, const float *v, const float *params);
+  /* Forward floating-point operations for these dims (model FLOPs, not recomputation); when the
+   * variant has a near field, *p2p_flops receives its share (else 0). */
+  double (*flops)(const struct attn_ctx *ctx, double *p2p_flops);
+};
+
+/* The registry. NULL when the name is unknown or not built. */
+const struct attn_variant *attention_find(const char *name);
+/* Names of every variant the deck may name but this build does not implement yet: NULL if name
+ * is implemented. */
+bool attention_implemented(const char *name);
+/* Check a configuration against the chosen variant; 0 when it is runnable, else a message. */
+int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len);
+
+/* Register the variant's parameters of block `layer` into list under their checkpoint names
+ * "layer_NNN/attn/<variant>/<name>" (owner 1, layer set). Returns how many were added. */
+int attention_register_params(const struct config *cfg, const struct attn_variant *v, long n,
+                              int layer, struct param_list *list);
+/* Initialise one registered tensor: the variant's own init for INIT_CUSTOM (it sees the name
+ * relative to attn/<variant>/), param_init otherwise. */
+void attention_init_param(const struct config *cfg, const struct attn_variant *v,
+                          const struct param_desc *p, float *data);
+
+/* Number of diagnostic bands for a sequence of n tokens (levels of the fma.m tree + 1). */
+int attention_diag_bands(const struct config *cfg, long n);
+
+/* Diagnostics shared by variants whose probabilities can be formed row by row from q and k
+ * (full, local): for up to `max_queries` evenly spaced local queries of batch element 0, the
+ * softmax row over the keys the variant allows (band(i, j) ≥ 0 of `allowed`) classified into the
+ * distance bands of the fma.m tree. Single-slab only (S = 1). */
+long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
+                         const float *k, long max_queries,
+                         bool (*allowed)(const struct attn_ctx *ctx, long i, long j));
+
+#endif

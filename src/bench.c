@@ -1,0 +1,333 @@
+/* `run.mode = bench` (SPEC §11): measures this machine's SGEMM rate, then times attention
+ * forward+backward and whole training steps over bench.n_list, reporting medians, achieved
+ * GFLOP/s against the SGEMM rate measured in the same run, workspace and bytes communicated. It
+ * prints a table and writes runs/<name>/bench.h5. Figures, never pass/fail: that is the tests'. */
+#include "bench.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "data.h"
+#include "error.h"
+#include "h5io.h"
+#include "memory.h"
+#include "model.h"
+#include "optimizer.h"
+#include "rng.h"
+#include "threads.h"
+#include "timer.h"
+#include "train.h"
+
+#define BENCH_ROWS 256
+/* Skip a measurement whose estimated time per repetition exceeds this (seconds). */
+#define BENCH_MAX_SECONDS 120.0
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(double), cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* SGEMM rate of this rank with its threads (median of 7 products of 2048² × 2048). */
+double bench_sgemm_gflops(void) {
+  const int N = 2048;
+  float *a = mem_alloc(MEM_WORKSPACE, sizeof(float) * N * N);
+  float *b = mem_alloc(MEM_WORKSPACE, sizeof(float) * N * N);
+  float *c = mem_alloc(MEM_WORKSPACE, sizeof(float) * N * N);
+  for (long i = 0; i < (long)N * N; i++) {
+    a[i] = rng_uniform(1, RNG_TEST, 1, (uint64_t)i, 0) - 0.5f;
+    b[i] = rng_uniform(1, RNG_TEST, 2, (uint64_t)i, 0) - 0.5f;
+  }
+  double t[7];
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+  for (int r = 0; r < 7; r++) {
+    double t0 = timer_now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+    t[r] = timer_now() - t0;
+  }
+  double s = median(t, 7);
+  mem_free(a);
+  mem_free(b);
+  mem_free(c);
+  return 2.0 * N * (double)N * N / s / 1e9;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * attention */
+
+struct attn_row {
+  char variant[64];
+  long n, heads, head_dim;
+  int causal;
+  double fwd_ms, bwd_ms, workspace_bytes, gflops, p2p_gflops;
+};
+
+static void fill_normal(float *x, size_t count, uint64_t key) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < count; i++) x[i] = (float)rng_normal(7, RNG_TEST, key, i, 0);
+}
+
+/* Configuration for one measurement: the deck with variant and context replaced. */
+static int bench_config(const struct config *base, const char *variant, long n, struct config *cfg,
+                        char *err, size_t len) {
+  *cfg = *base;
+  snprintf(cfg->attention.variant, sizeof cfg->attention.variant, "%s", variant);
+  cfg->model.context = (int)n;
+  return attention_check(cfg, n, 1, err, len);
+}
+
+static bool bench_attention_one(const struct config *cfg, long n, int repeats, double sgemm,
+                                struct attn_row *row) {
+  const struct attn_variant *v = attention_find(cfg->attention.variant);
+  const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
+  struct attn_ctx ctx = {.cfg = cfg, .variant = v, .comm = NULL, .layer = 0};
+  ctx.dims = (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM};
+  double p2p = 0.0, flops = v->flops(&ctx, &p2p);
+  double est = 3.0 * flops / (0.2 * sgemm * 1e9);
+  if (est > BENCH_MAX_SECONDS) {
+    message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
+    return false;
+  }
+  ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
+  const size_t count = (size_t)(B * H * n * d);
+  float *q = mem_alloc(MEM_DATA, sizeof(float) * count), *k = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count), *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *out = mem_alloc(MEM_DATA, sizeof(float) * count), *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count), *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
+  fill_normal(q, count, 1);
+  fill_normal(k, count, 2);
+  fill_normal(vv, count, 3);
+  fill_normal(dout, count, 4);
+  struct param_list list;
+  param_list_init(&list);
+  attention_register_params(cfg, v, n, 0, &list);
+  float *params = mem_alloc(MEM_PARAMS, sizeof(float) * (list.total + 1));
+  float *dparams = mem_alloc(MEM_GRADS, sizeof(float) * (list.total + 1));
+  for (int i = 0; i < list.count; i++)
+    attention_init_param(cfg, v, &list.p[i], params + list.p[i].offset);
+  const float *pp = list.count ? params : NULL;
+  size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
+  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
+
+  const size_t ws0 = mem_current(MEM_WORKSPACE);
+  mem_reset_peak(MEM_WORKSPACE);
+  double *tf = xmalloc(sizeof(double) * (size_t)repeats), *tb = xmalloc(sizeof(double) * (size_t)repeats);
+  double p2p_ms = 0.0;
+  for (int r = -1; r < repeats; r++) { /* r = −1: warm-up */
+    double p0 = timer_total_ms(TIMER_P2P);
+    double t0 = timer_now();
+    v->forward(&ctx, out, saved, q, k, vv, pp);
+    double t1 = timer_now();
+    memset(dq, 0, sizeof(float) * count);
+    memset(dk, 0, sizeof(float) * count);
+    memset(dv, 0, sizeof(float) * count);
+    double t1b = timer_now();
+    v->backward(&ctx, dq, dk, dv, list.count ? dparams : NULL, dout, q, k, vv, pp, out, saved);
+    double t2 = timer_now();
+    if (r >= 0) {
+      tf[r] = 1e3 * (t1 - t0);
+      tb[r] = 1e3 * (t2 - t1b);
+      p2p_ms += timer_total_ms(TIMER_P2P) - p0;
+    }
+  }
+  snprintf(row->variant, sizeof row->variant, "%s", v->name);
+  row->n = n;
+  row->heads = H;
+  row->head_dim = d;
+  row->causal = ctx.dims.causal;
+  row->fwd_ms = median(tf, repeats);
+  row->bwd_ms = median(tb, repeats);
+  row->workspace_bytes = (double)(mem_peak(MEM_WORKSPACE) - ws0);
+  row->gflops = 3.0 * flops / ((row->fwd_ms + row->bwd_ms) / 1e3) / 1e9;
+  row->p2p_gflops = p2p > 0 && p2p_ms > 0 ? 3.0 * p2p / (p2p_ms / repeats / 1e3) / 1e9 : NAN;
+  free(tf);
+  free(tb);
+  if (v->teardown) v->teardown(ctx.state);
+  float *bufs[] = {q, k, vv, dout, out, dq, dk, dv, params, dparams, saved};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
+  param_list_free(&list);
+  message("  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of SGEMM) | "
+          "workspace %8.2f MiB%s",
+          row->variant, n, row->fwd_ms, row->bwd_ms, row->gflops, 100.0 * row->gflops / sgemm,
+          row->workspace_bytes / 1048576.0, "");
+  if (!isnan(row->p2p_gflops))
+    message("  %-10s             near field (P2P): %.1f GFLOP/s (%.1f%% of SGEMM)", "",
+            row->p2p_gflops, 100.0 * row->p2p_gflops / sgemm);
+  return true;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * training steps */
+
+struct train_row {
+  long n;
+  double tokens_per_s, flops_per_token, mfu, step_ms;
+};
+
+static bool bench_train_one(const struct config *cfg, struct comm *comm, int repeats,
+                            double machine_gflops, struct train_row *row) {
+  struct model m;
+  model_build(&m, cfg, comm, cfg->train.batch / comm->D);
+  model_init_params(&m);
+  const long N = m.B * m.T;
+  for (long i = 0; i < N; i++) {
+    m.tokens[i] = (int)rng_below(256, cfg->run.seed, RNG_TEST, 11, (uint64_t)i, 0);
+    m.targets[i] = (int)rng_below(256, cfg->run.seed, RNG_TEST, 12, (uint64_t)i, 0);
+  }
+  const double fpt = model_flops_per_token(&m);
+  double *ts = xmalloc(sizeof(double) * (size_t)repeats);
+  for (int r = -1; r < repeats; r++) {
+    comm_barrier(comm, COMM_WORLD);
+    double t0 = timer_now();
+    model_zero_grads(&m);
+    long c;
+    model_forward(&m, r + 1, true, 1.0f / (float)(N * comm->world_size), &c);
+    model_backward(&m, r + 1);
+    comm_allreduce_sum_float(comm, COMM_WORLD, m.grads, m.plist.total);
+    double norm = optimizer_grad_norm(&m);
+    optimizer_step(&m, r + 2, 1e-4, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
+    double t = timer_now() - t0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm->world));
+    if (r >= 0) ts[r] = t;
+  }
+  double s = median(ts, repeats);
+  free(ts);
+  row->n = m.n;
+  row->step_ms = 1e3 * s;
+  row->tokens_per_s = (double)cfg->train.batch * (double)m.n / s;
+  row->flops_per_token = fpt;
+  row->mfu = row->tokens_per_s * fpt / (machine_gflops * 1e9);
+  message("  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
+          "%.1f%% of SGEMM",
+          m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
+          100.0 * row->mfu);
+  model_free(&m);
+  return true;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * bench.h5 */
+
+static void write_strings(hid_t f, const char *path, char names[][64], int count) {
+  for (int i = 0; i < count; i++) h5_append_string(f, path, names[i], "attention variant");
+}
+
+static void write_column(hid_t f, const char *path, const double *v, int count, const char *units) {
+  for (int i = 0; i < count; i++) h5_append_doubles(f, path, 0, NULL, &v[i], units);
+}
+
+int bench_run(const struct config *cfg, struct comm *comm) {
+  char dir[1024];
+  train_make_run_dir(cfg, comm, dir, sizeof dir);
+  const int repeats = cfg->bench.repeats;
+  /* every rank measures at once, as they will run: the machine's rate is the sum */
+  comm_barrier(comm, COMM_WORLD);
+  double rank_rate = bench_sgemm_gflops(), machine_rate = rank_rate;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &machine_rate, 1, MPI_DOUBLE, MPI_SUM, comm->world));
+  message("bench: %d rank(s) x %d thread(s), BLAS core %s; SGEMM %.1f GFLOP/s per rank, %.1f "
+          "GFLOP/s in all",
+          comm->world_size, threads_count(), threads_blas_core(), rank_rate, machine_rate);
+
+  static struct attn_row arows[BENCH_ROWS];
+  static struct train_row trows[BENCH_ROWS];
+  int na = 0, nt = 0;
+  char err[1024];
+  if (cfg->bench.what & BENCH_ATTENTION) {
+    message("attention forward + backward (median of %d; batch %d, %d heads of %d, %s):", repeats,
+            cfg->bench.batch, cfg->model.heads, cfg->model.dim / cfg->model.heads,
+            cfg->model.objective == OBJECTIVE_CLM ? "causal" : "bidirectional");
+    if (comm->world_rank == 0) {
+      for (int vi = 0; vi < cfg->bench.variant_count; vi++)
+        for (int ni = 0; ni < cfg->bench.n_count && na < BENCH_ROWS; ni++) {
+          struct config c;
+          long n = cfg->bench.n_list[ni];
+          if (bench_config(cfg, cfg->bench.variants[vi], n, &c, err, sizeof err)) {
+            message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
+            continue;
+          }
+          if (bench_attention_one(&c, n, repeats, rank_rate, &arows[na])) na++;
+        }
+    }
+    comm_barrier(comm, COMM_WORLD);
+  }
+  if (cfg->bench.what & BENCH_TRAIN) {
+    message("training steps (median of %d; %s, batch %d, %d layers, dim %d):", repeats,
+            cfg->attention.variant, cfg->train.batch, cfg->model.layers, cfg->model.dim);
+    for (int ni = 0; ni < cfg->bench.n_count && nt < BENCH_ROWS; ni++) {
+      struct config c;
+      long n = cfg->bench.n_list[ni];
+      int bad = bench_config(cfg, cfg->attention.variant, n, &c, err, sizeof err);
+      if (!bad) bad = config_check_layout(&c, comm->world_size, err, sizeof err);
+      if (bad) {
+        message("  train      n = %8ld: skipped (%s)", n, err);
+        continue;
+      }
+      if (bench_train_one(&c, comm, repeats, machine_rate, &trows[nt])) nt++;
+    }
+  }
+  if (cfg->bench.what & BENCH_COMM)
+    message("comm: sequence-parallel attention traffic needs parallel.seq_ranks > 1, which this "
+            "version does not support yet; nothing measured");
+
+  if (comm->world_rank == 0) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/bench.h5", dir);
+    hid_t f = h5_create(path);
+    h5_attr_double(f, "/", "sgemm_gflops", machine_rate);
+    h5_attr_double(f, "/", "sgemm_gflops_per_rank", rank_rate);
+    h5_attr_long(f, "/", "threads", threads_count());
+    h5_attr_long(f, "/", "ranks", comm->world_size);
+    h5_attr_string(f, "/", "deck", cfg->resolved);
+    h5_attr_string(f, "/", "version", PACKAGE_VERSION);
+    h5_attr_string(f, "/", "blas_core", threads_blas_core());
+    if (na > 0) {
+      char names[BENCH_ROWS][64];
+      double col[BENCH_ROWS];
+      for (int i = 0; i < na; i++) {
+        memcpy(names[i], arows[i].variant, 63);
+        names[i][63] = '\0';
+      }
+      write_strings(f, "/attention/variant", names, na);
+#define COL(field, path, units)                                        \
+  do {                                                                 \
+    for (int i = 0; i < na; i++) col[i] = (double)arows[i].field;      \
+    write_column(f, path, col, na, units);                             \
+  } while (0)
+      COL(n, "/attention/n", "tokens");
+      COL(heads, "/attention/heads", "heads");
+      COL(head_dim, "/attention/head_dim", "channels per head");
+      COL(causal, "/attention/causal", "1 = causal, 0 = bidirectional");
+      COL(fwd_ms, "/attention/fwd_ms", "milliseconds, median forward");
+      COL(bwd_ms, "/attention/bwd_ms", "milliseconds, median backward");
+      COL(workspace_bytes, "/attention/workspace_bytes", "bytes of peak workspace, forward+backward");
+      COL(gflops, "/attention/gflops", "GFLOP/s: 3 x forward model FLOPs / (fwd + bwd time)");
+      COL(p2p_gflops, "/attention/p2p_gflops", "GFLOP/s of the near field (NaN when none)");
+#undef COL
+    }
+    if (nt > 0) {
+      double col[BENCH_ROWS];
+#define COL(field, path, units)                                        \
+  do {                                                                 \
+    for (int i = 0; i < nt; i++) col[i] = (double)trows[i].field;      \
+    write_column(f, path, col, nt, units);                             \
+  } while (0)
+      COL(n, "/train/n", "tokens per sequence");
+      COL(tokens_per_s, "/train/tokens_per_s", "tokens per second, all ranks");
+      COL(flops_per_token, "/train/flops_per_token", "model FLOPs per token, forward + backward");
+      COL(mfu, "/train/mfu", "achieved FLOP rate / sgemm_gflops");
+      COL(step_ms, "/train/step_ms", "milliseconds, median training step");
+#undef COL
+    }
+    h5_close(f);
+    message("wrote %s", path);
+  }
+  return 0;
+}

@@ -1,0 +1,84 @@
+/* MPI backend of the communicator (comm.h). Large messages are sent in pieces of at most
+ * COMM_PIECE elements so counts never overflow MPI's int arguments. Collective byte counts use
+ * the ring-algorithm volume 2(P−1)/P · bytes, the usual cost model of an allreduce. */
+#include "comm.h"
+
+#include "error.h"
+
+#define COMM_PIECE ((size_t)1 << 28)
+
+void comm_init(struct comm *c, int seq_ranks) {
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world_size));
+  if (seq_ranks < 1 || c->world_size % seq_ranks != 0)
+    error("parallel.seq_ranks = %d does not divide the %d ranks", seq_ranks, c->world_size);
+  c->S = seq_ranks;
+  c->D = c->world_size / seq_ranks;
+  c->seq_rank = c->world_rank % seq_ranks;
+  c->replica = c->world_rank / seq_ranks;
+  c->world = MPI_COMM_WORLD;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->replica, c->seq_rank, &c->seq));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->seq_rank, c->replica, &c->data));
+  c->bytes_sent = 0;
+}
+
+void comm_free(struct comm *c) {
+  MPI_Comm_free(&c->seq);
+  MPI_Comm_free(&c->data);
+}
+
+static MPI_Comm scope_comm(struct comm *c, enum comm_scope scope, int *size) {
+  switch (scope) {
+    case COMM_SEQ: *size = c->S; return c->seq;
+    case COMM_DATA: *size = c->D; return c->data;
+    default: *size = c->world_size; return c->world;
+  }
+}
+
+static void allreduce(struct comm *c, enum comm_scope scope, void *buf, size_t count,
+                      MPI_Datatype type, size_t elem, MPI_Op op) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size == 1) return;
+  for (size_t off = 0; off < count; off += COMM_PIECE) {
+    size_t n = count - off < COMM_PIECE ? count - off : COMM_PIECE;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)n, type, op, comm));
+  }
+  c->bytes_sent += (uint64_t)(2.0 * (size - 1) / size * (double)(count * elem));
+}
+
+void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_FLOAT, sizeof(float), MPI_SUM);
+}
+
+void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_SUM);
+}
+
+void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_INT, sizeof(int), MPI_MAX);
+}
+
+void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size == 1) return;
+  for (size_t off = 0; off < bytes; off += COMM_PIECE)
+    MPI_CHECK(MPI_Bcast((char *)buf + off, (int)(bytes - off < COMM_PIECE ? bytes - off : COMM_PIECE),
+                        MPI_BYTE, root, comm));
+}
+
+void comm_barrier(struct comm *c, enum comm_scope scope) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size > 1) MPI_CHECK(MPI_Barrier(comm));
+}
+
+void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                         size_t rcount, int src, int tag) {
+  if (count > COMM_PIECE || rcount > COMM_PIECE)
+    error("point-to-point message of %zu floats is too large", count > rcount ? count : rcount);
+  MPI_CHECK(MPI_Sendrecv(send, (int)count, MPI_FLOAT, dest, tag, recv, (int)rcount, MPI_FLOAT, src,
+                         tag, c->seq, MPI_STATUS_IGNORE));
+  if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
+}

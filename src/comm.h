@@ -1,0 +1,38 @@
+/* The communicator: the world split into data-parallel replicas × sequence groups (SPEC §7), and
+ * the collective and point-to-point operations the model needs, counted in bytes sent by this
+ * rank. The MPI backend moves host buffers; the interface takes buffers and scopes only, so an
+ * NCCL backend (device buffers) can slot in behind it. World rank w is replica w / S, position
+ * w % S within its sequence group: a sequence group is consecutive ranks (one node, usually). */
+#ifndef FMATTN_COMM_H
+#define FMATTN_COMM_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum comm_scope { COMM_WORLD, COMM_SEQ, COMM_DATA };
+
+struct comm {
+  int world_rank, world_size;
+  int S, seq_rank; /* ranks sharing one sequence, and my slab index */
+  int D, replica;  /* data-parallel replicas, and mine */
+  MPI_Comm world, seq, data;
+  uint64_t bytes_sent; /* by this rank since comm_init (estimates for collectives) */
+};
+
+/* Split MPI_COMM_WORLD; world size must be a multiple of seq_ranks (checked by the deck layer). */
+void comm_init(struct comm *c, int seq_ranks);
+void comm_free(struct comm *c);
+
+void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count);
+void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *buf, size_t count);
+void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count);
+void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root);
+void comm_barrier(struct comm *c, enum comm_scope scope);
+
+/* Within the sequence group: send count floats to rank dest and receive rcount floats from src
+ * (either may be MPI_PROC_NULL). */
+void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                         size_t rcount, int src, int tag);
+
+#endif

@@ -1,0 +1,111 @@
+/* diag.h5 writer (diag.h). */
+#include "diag.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "h5io.h"
+
+static const char *phase_units = "milliseconds per step (rank 0, inclusive)";
+
+void diag_open(struct diag *diag, const struct config *cfg, const struct comm *comm,
+               const char *run_dir, long restart_step) {
+  memset(diag, 0, sizeof *diag);
+  diag->active = comm->world_rank == 0;
+  snprintf(diag->path, sizeof diag->path, "%s/diag.h5", run_dir);
+  if (!diag->active) return;
+  hid_t f;
+  if (restart_step >= 0 && access(diag->path, F_OK) == 0) {
+    f = h5_open(diag->path, true);
+    h5_truncate_series(f, "/train", "/train/step", (double)restart_step);
+    h5_truncate_series(f, "/timing", "/train/step", (double)restart_step);
+    h5_truncate_series(f, "/comm", "/train/step", (double)restart_step);
+    h5_truncate_series(f, "/memory", "/train/step", (double)restart_step);
+    h5_truncate_series(f, "/eval", "/eval/step", (double)restart_step);
+    h5_truncate_series(f, "/attention", "/attention/step", (double)restart_step);
+    h5_attr_long(f, "/", "restarted_at", restart_step);
+  } else {
+    f = h5_create(diag->path);
+  }
+  char started[64];
+  time_t now = time(NULL);
+  strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
+  h5_attr_string(f, "/", "deck", cfg->resolved);
+  h5_attr_string(f, "/", "version", PACKAGE_VERSION);
+  h5_attr_long(f, "/", "ranks", comm->world_size);
+  h5_attr_long(f, "/", "seq_ranks", comm->S);
+  h5_attr_string(f, "/", "started", started);
+  h5_close(f);
+}
+
+static void scalar(hid_t f, const char *path, double v, const char *units) {
+  h5_append_doubles(f, path, 0, NULL, &v, units);
+}
+
+void diag_train(struct diag *diag, const struct diag_train_record *r) {
+  if (!diag->active) return;
+  hid_t f = h5_open(diag->path, true);
+  scalar(f, "/train/step", (double)r->step, "optimizer steps completed");
+  scalar(f, "/train/loss", r->loss, "nats per predicted byte (training batch, dropout on)");
+  scalar(f, "/train/bpc", r->bpc, "bits per byte (loss / ln 2)");
+  scalar(f, "/train/lr", r->lr, "learning rate of this step");
+  scalar(f, "/train/grad_norm", r->grad_norm, "global L2 norm of the gradient before clipping");
+  scalar(f, "/train/step_ms", r->step_ms, "milliseconds of wall time for this step");
+  scalar(f, "/train/tokens_per_s", r->tokens_per_s, "tokens per second, all ranks");
+  for (int p = 0; p < TIMER_DIAG_COUNT; p++) {
+    char path[64];
+    snprintf(path, sizeof path, "/timing/%s_ms", timer_name((enum timer_id)p));
+    scalar(f, path, r->phase_ms[p], phase_units);
+  }
+  scalar(f, "/comm/bytes_per_step", r->comm_bytes, "bytes sent per rank in this step (max over ranks)");
+  scalar(f, "/memory/peak_bytes", r->peak_bytes, "peak labelled memory per rank so far (max over ranks), bytes");
+  h5_close(f);
+}
+
+void diag_eval(struct diag *diag, long step, double loss) {
+  if (!diag->active) return;
+  hid_t f = h5_open(diag->path, true);
+  scalar(f, "/eval/step", (double)step, "optimizer steps completed");
+  scalar(f, "/eval/valid_loss", loss, "nats per predicted byte on the validation windows");
+  scalar(f, "/eval/valid_bpc", loss / log(2.0), "bits per byte on the validation windows");
+  h5_close(f);
+}
+
+void diag_test(struct diag *diag, long step, double loss) {
+  if (!diag->active) return;
+  hid_t f = h5_open(diag->path, true);
+  scalar(f, "/test/step", (double)step, "optimizer steps completed");
+  scalar(f, "/test/loss", loss, "nats per predicted byte on the test windows");
+  scalar(f, "/test/bpc", loss / log(2.0), "bits per byte on the test windows");
+  h5_close(f);
+}
+
+void diag_attention(struct diag *diag, long step, int L, int H, int bands, const double *mass,
+                    const double *entropy) {
+  if (!diag->active) return;
+  hid_t f = h5_open(diag->path, true);
+  scalar(f, "/attention/step", (double)step, "optimizer steps completed");
+  long ms[3] = {L, H, bands}, es[2] = {L, H};
+  h5_append_doubles(f, "/attention/level_mass", 3, ms, mass,
+                    "share of attention probability on [near field, level 1, ..., level L], "
+                    "averaged over queries");
+  h5_append_doubles(f, "/attention/entropy", 2, es, entropy,
+                    "nats: entropy of the attention distribution, averaged over queries");
+  h5_close(f);
+}
+
+void diag_memory_summary(struct diag *diag, const double *label_peaks, int count,
+                         const char *const *names) {
+  if (!diag->active) return;
+  hid_t f = h5_open(diag->path, true);
+  for (int i = 0; i < count; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s_peak_bytes", names[i]);
+    if (h5_exists(f, "/memory")) h5_attr_double(f, "/memory", name, label_peaks[i]);
+  }
+  h5_close(f);
+}

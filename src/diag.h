@@ -1,0 +1,40 @@
+/* diag.h5 (SPEC §8.1): the run's diagnostics, written by rank 0 only, opened, appended to and
+ * closed at each record so that a reader (h5py, scripts/plot_run.py) sees a consistent file at
+ * any moment and a crash loses at most the record being written. On restart, records after the
+ * restart step are dropped so the series continue without duplicates. */
+#ifndef FMATTN_DIAG_H
+#define FMATTN_DIAG_H
+
+#include <stdbool.h>
+
+#include "comm.h"
+#include "config.h"
+#include "timer.h"
+
+struct diag {
+  char path[1024];
+  bool active; /* rank 0 */
+};
+
+struct diag_train_record {
+  long step;
+  double loss, bpc, lr, grad_norm, step_ms, tokens_per_s;
+  double phase_ms[TIMER_DIAG_COUNT];
+  double comm_bytes;  /* bytes sent per rank in this step (max over ranks) */
+  double peak_bytes;  /* peak labelled memory, max over ranks */
+};
+
+/* Create (or, restarting at step restart_step ≥ 0, reopen and trim) runs/<name>/diag.h5. */
+void diag_open(struct diag *diag, const struct config *cfg, const struct comm *comm,
+               const char *run_dir, long restart_step);
+void diag_train(struct diag *diag, const struct diag_train_record *r);
+void diag_eval(struct diag *diag, long step, double loss);
+void diag_test(struct diag *diag, long step, double loss);
+/* mass (L, H, bands) and entropy (L, H), already averaged over queries. */
+void diag_attention(struct diag *diag, long step, int L, int H, int bands, const double *mass,
+                    const double *entropy);
+/* Final per-label peak memory (attributes on /memory). */
+void diag_memory_summary(struct diag *diag, const double *label_peaks, int count,
+                         const char *const *names);
+
+#endif

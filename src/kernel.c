@@ -1,0 +1,172 @@
+/* `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3): one attention op, forward and backward, on tensors a
+ * user supplies, so any prototype can be checked against fmattn. IN holds q, k, v, dout (H, n, d)
+ * float32, optional params/<name> below attn/<variant>/, and attributes variant, causal and the
+ * variant keys without prefix; OUT receives out, dq, dk, dv and dparams/<name>. One rank. */
+#include "kernel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "config.h"
+#include "error.h"
+#include "h5io.h"
+#include "memory.h"
+#include "timer.h"
+
+/* Attributes of IN turned into deck overrides. */
+struct kernel_attrs {
+  char variant[64];
+  int causal; /* −1 until read */
+  int count;
+  char items[64][160];
+};
+
+static herr_t read_attr(hid_t loc, const char *name, const H5A_info_t *info, void *data) {
+  struct kernel_attrs *ka = data;
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  hid_t t = H5Aget_type(a);
+  char value[128] = "";
+  H5T_class_t cls = H5Tget_class(t);
+  if (cls == H5T_INTEGER) {
+    long v;
+    H5_CHECK(H5Aread(a, H5T_NATIVE_LONG, &v));
+    snprintf(value, sizeof value, "%ld", v);
+  } else if (cls == H5T_FLOAT) {
+    double v;
+    H5_CHECK(H5Aread(a, H5T_NATIVE_DOUBLE, &v));
+    snprintf(value, sizeof value, "%.17g", v);
+  } else if (cls == H5T_ENUM) { /* numpy bool as written by h5py: FALSE = 0, TRUE = 1 */
+    unsigned char raw[16] = {0};
+    size_t size = H5Tget_size(t);
+    if (size > sizeof raw) error("%s: attribute %s is too large an enum", "kernel", name);
+    H5_CHECK(H5Aread(a, t, raw));
+    snprintf(value, sizeof value, "%s", raw[0] ? "true" : "false");
+  } else if (cls == H5T_STRING) {
+    char *s = NULL;
+    H5Aclose(a);
+    H5Tclose(t);
+    h5_read_attr_string(loc, ".", name, &s);
+    snprintf(value, sizeof value, "%s", s);
+    free(s);
+    a = t = -1;
+  } else {
+    error("IN attribute %s has an unsupported type", name);
+  }
+  if (t >= 0) H5Tclose(t);
+  if (a >= 0) H5Aclose(a);
+  if (strcmp(name, "variant") == 0) {
+    snprintf(ka->variant, sizeof ka->variant, "%s", value);
+  } else if (strcmp(name, "causal") == 0) {
+    ka->causal = strcmp(value, "true") == 0 || strcmp(value, "1") == 0;
+  } else if (ka->count < 64) {
+    snprintf(ka->items[ka->count++], sizeof ka->items[0], "%s=%s", name, value);
+  }
+  return 0;
+}
+
+int kernel_run(const char *in_path, const char *out_path) {
+  int world;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  if (world != 1) error_collective("fmattn kernel runs on one rank");
+
+  hid_t in = h5_open(in_path, false);
+  struct kernel_attrs ka = {.causal = -1};
+  H5_CHECK(H5Aiterate2(in, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, read_attr, &ka));
+  if (!ka.variant[0]) error("%s: root attribute 'variant' is missing", in_path);
+  if (ka.causal < 0) error("%s: root attribute 'causal' is missing", in_path);
+  long shape[3];
+  if (h5_dataset_shape(in, "q", shape, 3) != 3)
+    error("%s: dataset q [H, n, d] is missing or not 3-D", in_path);
+  const long H = shape[0], n = shape[1], d = shape[2];
+
+  /* The variant keys share the deck's prefix: fma_linear uses the fma.* keys. */
+  const char *prefix = strcmp(ka.variant, "fma_linear") == 0 ? "fma" : ka.variant;
+  char items[72][200];
+  struct config_overrides ov = {0};
+  snprintf(items[0], sizeof items[0], "attention.variant=%s", ka.variant);
+  snprintf(items[1], sizeof items[1], "model.objective=%s", ka.causal ? "clm" : "mlm");
+  snprintf(items[2], sizeof items[2], "model.context=%ld", n);
+  snprintf(items[3], sizeof items[3], "model.heads=%ld", H);
+  snprintf(items[4], sizeof items[4], "model.dim=%ld", H * d);
+  snprintf(items[5], sizeof items[5], "data.source=copy");
+  int ni = 6;
+  for (int i = 0; i < ka.count; i++)
+    snprintf(items[ni++], sizeof items[0], "attention.%s.%s", prefix, ka.items[i]);
+  for (int i = 0; i < ni; i++) ov.items[ov.count++] = items[i];
+  struct config cfg;
+  char err[1024];
+  if (config_load(&cfg, NULL, &ov, err, sizeof err)) error("%s: %s", in_path, err);
+  if (attention_check(&cfg, n, 1, err, sizeof err)) error("%s: %s", in_path, err);
+  const struct attn_variant *v = attention_find(ka.variant);
+
+  const size_t count = (size_t)(H * n * d);
+  const long dims3[3] = {H, n, d};
+  float *q = mem_alloc(MEM_DATA, sizeof(float) * count), *k = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count), *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
+  h5_read_floats(in, "q", 3, dims3, q, in_path);
+  h5_read_floats(in, "k", 3, dims3, k, in_path);
+  h5_read_floats(in, "v", 3, dims3, vv, in_path);
+  h5_read_floats(in, "dout", 3, dims3, dout, in_path);
+
+  struct param_list list;
+  param_list_init(&list);
+  attention_register_params(&cfg, v, n, 0, &list);
+  float *params = mem_alloc(MEM_PARAMS, sizeof(float) * (list.total + 1));
+  float *dparams = mem_alloc(MEM_GRADS, sizeof(float) * (list.total + 1));
+  const size_t skip = strlen("layer_000/attn/") + strlen(v->name) + 1;
+  for (int i = 0; i < list.count; i++) {
+    const struct param_desc *p = &list.p[i];
+    char path[PARAM_NAME + 16];
+    snprintf(path, sizeof path, "params/%s", p->name + skip);
+    if (h5_exists(in, path))
+      h5_read_floats(in, path, p->ndim, p->shape, params + p->offset, in_path);
+    else
+      attention_init_param(&cfg, v, p, params + p->offset);
+  }
+  h5_close(in);
+
+  struct attn_ctx ctx = {.cfg = &cfg, .variant = v, .comm = NULL, .layer = 0};
+  ctx.dims = (struct attn_dims){1, H, n, d, n, 0, ka.causal != 0};
+  ctx.state = v->setup ? v->setup(&cfg, &ctx.dims) : NULL;
+  size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
+  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
+  float *out = mem_alloc(MEM_DATA, sizeof(float) * count), *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count), *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
+  const float *pp = list.count ? params : NULL;
+  double t0 = timer_now();
+  v->forward(&ctx, out, saved, q, k, vv, pp);
+  double t1 = timer_now();
+  v->backward(&ctx, dq, dk, dv, list.count ? dparams : NULL, dout, q, k, vv, pp, out, saved);
+  double t2 = timer_now();
+
+  hid_t f = h5_create(out_path);
+  h5_write_floats(f, "out", 3, dims3, out, false, true);
+  h5_write_floats(f, "dq", 3, dims3, dq, false, true);
+  h5_write_floats(f, "dk", 3, dims3, dk, false, true);
+  h5_write_floats(f, "dv", 3, dims3, dv, false, true);
+  for (int i = 0; i < list.count; i++) {
+    const struct param_desc *p = &list.p[i];
+    char path[PARAM_NAME + 16];
+    snprintf(path, sizeof path, "dparams/%s", p->name + skip);
+    h5_write_floats(f, path, p->ndim, p->shape, dparams + p->offset, false, true);
+  }
+  h5_attr_string(f, "/", "variant", v->name);
+  h5_attr_long(f, "/", "causal", ka.causal);
+  h5_attr_string(f, "/", "deck", cfg.resolved);
+  h5_attr_string(f, "/", "version", PACKAGE_VERSION);
+  h5_attr_double(f, "/", "forward_ms", 1e3 * (t1 - t0));
+  h5_attr_double(f, "/", "backward_ms", 1e3 * (t2 - t1));
+  h5_close(f);
+  printf("fmattn kernel: %s %s, H %ld, n %ld, d %ld: forward %.2f ms, backward %.2f ms -> %s\n",
+         v->name, ka.causal ? "causal" : "bidirectional", H, n, d, 1e3 * (t1 - t0),
+         1e3 * (t2 - t1), out_path);
+
+  if (v->teardown) v->teardown(ctx.state);
+  float *bufs[] = {q, k, vv, dout, params, dparams, saved, out, dq, dk, dv};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
+  param_list_free(&list);
+  config_free(&cfg);
+  return 0;
+}

@@ -1,0 +1,83 @@
+/* The per-token layers of the transformer, each a _forward/_backward pair (SPEC §1):
+ * outputs, inputs, parameters, sizes; backward: input-gradients first, then the output-gradient,
+ * then what forward saved. Every gradient, of inputs and of parameters, is ACCUMULATED (+=), so the
+ * caller zeroes gradient buffers once per step. Layers see only local tokens: under sequence
+ * parallelism t0 is the global index of the first local token. CPU implementations; fp32 data,
+ * reductions over many rows in a fixed chunk order so results do not depend on the thread count. */
+#ifndef FMATTN_LAYERS_H
+#define FMATTN_LAYERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out (N, OC) = inp (N, IC) · weight (OC, IC)ᵀ + bias (OC); bias may be NULL. */
+void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
+                    int IC, int OC);
+/* dinp (N, IC) += dout · weight; dweight (OC, IC) += doutᵀ · inp; dbias (OC) += Σ_rows dout.
+ * dinp, dweight or dbias may be NULL to skip that gradient. */
+void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, long N, int IC, int OC);
+
+/* out = (inp − mean) · rstd · weight + bias per row, eps 1e-5. mean, rstd: (N) saved for backward. */
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                       const float *bias, long N, int C);
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean, const float *rstd,
+                        long N, int C);
+
+/* GELU, tanh form: 0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))). */
+void gelu_forward(float *out, const float *inp, size_t count);
+void gelu_backward(float *dinp, const float *dout, const float *inp, size_t count);
+
+/* out (B, T, C) = token (V, C)[tokens] + position (n, C)[t0 + t]; position may be NULL. */
+void embedding_forward(float *out, const int *tokens, const float *token, const float *position,
+                       long B, long T, int C, long t0);
+void embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
+                        long B, long T, int C, long t0);
+
+/* x (B, T, C) += scale · PE(t0 + t), the fixed sinusoidal table of Vaswani et al. No parameters,
+ * so there is no backward (the gradient passes through unchanged). */
+void sinusoidal_forward(float *x, long B, long T, int C, long t0, float scale);
+
+/* Rotary position embedding in place on x (B, H, T, d) (q or k in head layout): pairs (2i, 2i+1)
+ * rotated by angle (t0 + t) · 10000^(−2i/d). Backward rotates the gradient back. */
+void rope_forward(float *x, long BH, long T, int d, long t0);
+void rope_backward(float *dx, long BH, long T, int d, long t0);
+
+/* Dropout keyed by the counter-based stream: the mask of element (sample, token, channel) at a
+ * site is a pure function of (seed, step, site, global sample, global token, channel), so it is
+ * recomputed in backward (never stored) and is the same on every rank layout. */
+struct dropout_key {
+  uint64_t seed;
+  long step;
+  int site;     /* 0: embedding; 1 + 2l: attention output of layer l; 2 + 2l: MLP output */
+  long sample0; /* global index of local sample 0 */
+  long t0;      /* global index of local token 0 */
+  float p;      /* drop probability; 0 disables */
+};
+/* x (B, T, C) ← dropout(x), in place (embedding output). */
+void dropout_forward(float *x, const struct dropout_key *key, long B, long T, int C);
+void dropout_backward(float *dx, const struct dropout_key *key, long B, long T, int C);
+/* out = res + dropout(y), all (B, T, C). */
+void residual_dropout_forward(float *out, const float *res, const float *y,
+                              const struct dropout_key *key, long B, long T, int C);
+/* dres += dout; dy += dropout'(dout). */
+void residual_dropout_backward(float *dres, float *dy, const float *dout,
+                               const struct dropout_key *key, long B, long T, int C);
+
+/* (B, T, 3C) packed q|k|v → q, k, v each (B, H, T, d). */
+void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int H,
+                         int d);
+void heads_split_backward(float *dqkv, const float *dq, const float *dk, const float *dv, long B,
+                          long T, int H, int d);
+/* (B, H, T, d) → (B, T, C). */
+void heads_merge_forward(float *y, const float *att, long B, long T, int H, int d);
+void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, int d);
+
+/* Softmax cross-entropy, fused with its backward: logits (N, V) are overwritten by
+ * dlogits = (softmax − onehot) · grad_scale. Rows whose target is negative are ignored (their
+ * dlogits are zero). Returns Σ over counted rows of −log p(target), in double. */
+double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
+                                     float grad_scale);
+
+#endif

@@ -1,0 +1,143 @@
+/* fmattn: the command line (SPEC §2). Parses arguments, brings up MPI and threads, validates the
+ * deck once on rank 0 and shares it, checks the layout and the attention variant against the rank
+ * count — all before anything is written — then runs the mode. No numerics here. */
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "bench.h"
+#include "comm.h"
+#include "config.h"
+#include "error.h"
+#include "kernel.h"
+#include "threads.h"
+#include "train.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage:\n"
+          "  fmattn DECK.in [--set section.key=value ...]   run the job the deck describes\n"
+          "  fmattn --print-defaults                         print a complete deck with every key\n"
+          "  fmattn --check DECK.in [--set ...]              validate a deck, print the resolved "
+          "configuration\n"
+          "  fmattn kernel IN.h5 OUT.h5                      one attention op forward+backward\n"
+          "  fmattn --version | --help\n"
+          "Run with `mpirun -n P fmattn ...` for P ranks; a plain `fmattn ...` is one rank.\n"
+          "See README.md for the deck reference and output files.\n");
+}
+
+/* Deck-level checks that need the rank count or the attention registry; every rank evaluates
+ * them identically, so the error exit is collective. */
+static void check_runnable(const struct config *cfg, int world) {
+  char err[1024];
+  if (config_check_layout(cfg, world, err, sizeof err)) error_collective(err);
+  long n = cfg->model.context;
+  if (cfg->run.mode != MODE_BENCH && attention_check(cfg, n, cfg->parallel.seq_ranks, err, sizeof err))
+    error_collective(err);
+  if (cfg->parallel.device == DEVICE_GPU)
+    error_collective("parallel.device = gpu: this build has no GPU back end yet (use cpu or auto)");
+  if (cfg->parallel.backend == BACKEND_NCCL)
+    error_collective("parallel.backend = nccl needs the GPU back end, which this build lacks");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("fmattn %s\n", PACKAGE_VERSION);
+    return 0;
+  }
+  if (strcmp(argv[1], "--print-defaults") == 0) {
+    config_print_defaults(stdout);
+    return 0;
+  }
+
+  MPI_CHECK(MPI_Init(&argc, &argv));
+  int rank, world;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  error_set_rank(rank, world);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* fmattn reports HDF5 failures itself */
+
+  if (strcmp(argv[1], "kernel") == 0) {
+    if (argc != 4) {
+      if (rank == 0) usage(stderr);
+      error_collective("usage: fmattn kernel IN.h5 OUT.h5");
+    }
+    threads_setup(MPI_COMM_WORLD);
+    int rc = kernel_run(argv[2], argv[3]);
+    MPI_Finalize();
+    return rc;
+  }
+
+  bool check_only = false;
+  int argi = 1;
+  if (strcmp(argv[1], "--check") == 0) {
+    check_only = true;
+    argi = 2;
+  }
+  const char *deck = NULL;
+  struct config_overrides ov = {0};
+  for (; argi < argc; argi++) {
+    if (strcmp(argv[argi], "--set") == 0) {
+      if (argi + 1 >= argc) error_collective("--set needs section.key=value");
+      if (ov.count == (int)(sizeof ov.items / sizeof ov.items[0]))
+        error_collective("too many --set options");
+      ov.items[ov.count++] = argv[++argi];
+    } else if (strncmp(argv[argi], "--set=", 6) == 0) {
+      ov.items[ov.count++] = argv[argi] + 6;
+    } else if (argv[argi][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s' (see fmattn --help)", argv[argi]);
+      error_collective(msg);
+    } else if (!deck) {
+      deck = argv[argi];
+    } else {
+      char msg[256];
+      snprintf(msg, sizeof msg, "more than one deck given ('%s' and '%s')", deck, argv[argi]);
+      error_collective(msg);
+    }
+  }
+  if (!deck) error_collective("no deck given (usage: fmattn DECK.in; see fmattn --help)");
+
+  struct config cfg;
+  config_load_collective(&cfg, deck, &ov);
+  check_runnable(&cfg, world);
+  if (check_only) {
+    if (rank == 0) {
+      fputs(cfg.resolved, stdout);
+      printf("; deck is valid for %d rank(s)\n", world);
+    }
+    config_free(&cfg);
+    MPI_Finalize();
+    return 0;
+  }
+
+  threads_setup(MPI_COMM_WORLD);
+  struct comm comm;
+  comm_init(&comm, cfg.parallel.seq_ranks);
+  if (rank == 0) {
+    printf("; fmattn %s resolved deck\n", PACKAGE_VERSION);
+    fputs(cfg.resolved, stdout);
+    fflush(stdout);
+  }
+  int rc = 0;
+  switch (cfg.run.mode) {
+    case MODE_TRAIN: rc = train_run(&cfg, &comm); break;
+    case MODE_EVAL: rc = eval_run(&cfg, &comm); break;
+    case MODE_GENERATE: rc = generate_run(&cfg, &comm); break;
+    case MODE_BENCH: rc = bench_run(&cfg, &comm); break;
+  }
+  comm_free(&comm);
+  config_free(&cfg);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,32 @@
+/* Labelled memory arenas: every large allocation names what it is for (params, grads, optimizer
+ * state, activations, workspace, data, communication buffers), so that current and peak bytes can be
+ * reported per label in the console summary and in diag.h5. Allocations are 64-byte aligned and
+ * zeroed. This module does not know about devices; GPU memory is counted by the gpu/ layer. */
+#ifndef FMATTN_MEMORY_H
+#define FMATTN_MEMORY_H
+
+#include <stddef.h>
+
+enum mem_label {
+  MEM_PARAMS,
+  MEM_GRADS,
+  MEM_OPTIMIZER,
+  MEM_ACTIVATIONS,
+  MEM_WORKSPACE,
+  MEM_DATA,
+  MEM_COMM,
+  MEM_NLABELS
+};
+
+void *mem_alloc(enum mem_label label, size_t bytes);
+void mem_free(void *ptr);
+size_t mem_current(enum mem_label label);
+size_t mem_peak(enum mem_label label);
+size_t mem_peak_total(void);
+void mem_reset_peak(enum mem_label label);
+const char *mem_label_name(enum mem_label label);
+
+/* Resident set size high-water mark of this process (from getrusage), bytes. */
+size_t mem_process_peak_rss(void);
+
+#endif

@@ -1,0 +1,416 @@
+/* The transformer of model.h: parameter registration (the checkpoint names of SPEC §8.2),
+ * initialisation, activation buffers, and the forward and backward passes over the local batch.
+ * Per-token layers run on local tokens; attention reaches other ranks only through its ops table.
+ * This file must not know any variant by name. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "layers.h"
+#include "memory.h"
+#include "timer.h"
+
+#define INIT_STD 0.02f
+
+/* ---------------------------------------------------------------------------------------------
+ * parameters */
+
+static int add(struct model *m, const char *name, int ndim, long d0, long d1, bool decay,
+               enum init_kind init, float std, int layer) {
+  long shape[2] = {d0, d1};
+  int i = param_list_add(&m->plist, name, ndim, shape, decay, init, std);
+  m->plist.p[i].layer = layer;
+  return i;
+}
+
+static void register_params(struct model *m) {
+  const struct config *cfg = m->cfg;
+  char name[PARAM_NAME];
+  const float resid_std = INIT_STD / sqrtf(2.0f * (float)m->L);
+  param_list_init(&m->plist);
+  add(m, "embed/token", 2, m->V, m->C, true, INIT_NORMAL, INIT_STD, -1);
+  if (cfg->model.position == POSITION_LEARNED)
+    add(m, "embed/position", 2, m->n, m->C, true, INIT_NORMAL, INIT_STD, -1);
+  for (int l = 0; l < m->L; l++) {
+#define BLOCK(fmt) (snprintf(name, sizeof name, "layer_%03d/" fmt, l), name)
+    add(m, BLOCK("norm1/weight"), 1, m->C, 0, false, INIT_ONE, 0, l);
+    add(m, BLOCK("norm1/bias"), 1, m->C, 0, false, INIT_ZERO, 0, l);
+    add(m, BLOCK("attn/wqkv"), 2, 3L * m->C, m->C, true, INIT_NORMAL, INIT_STD, l);
+    add(m, BLOCK("attn/bqkv"), 1, 3L * m->C, 0, false, INIT_ZERO, 0, l);
+    add(m, BLOCK("attn/wo"), 2, m->C, m->C, true, INIT_NORMAL, resid_std, l);
+    add(m, BLOCK("attn/bo"), 1, m->C, 0, false, INIT_ZERO, 0, l);
+    attention_register_params(cfg, m->attn, m->n, l, &m->plist);
+    add(m, BLOCK("norm2/weight"), 1, m->C, 0, false, INIT_ONE, 0, l);
+    add(m, BLOCK("norm2/bias"), 1, m->C, 0, false, INIT_ZERO, 0, l);
+    add(m, BLOCK("mlp/w1"), 2, m->R, m->C, true, INIT_NORMAL, INIT_STD, l);
+    add(m, BLOCK("mlp/b1"), 1, m->R, 0, false, INIT_ZERO, 0, l);
+    add(m, BLOCK("mlp/w2"), 2, m->C, m->R, true, INIT_NORMAL, resid_std, l);
+    add(m, BLOCK("mlp/b2"), 1, m->C, 0, false, INIT_ZERO, 0, l);
+#undef BLOCK
+  }
+  add(m, "norm_f/weight", 1, m->C, 0, false, INIT_ONE, 0, -1);
+  add(m, "norm_f/bias", 1, m->C, 0, false, INIT_ZERO, 0, -1);
+  if (!cfg->model.tie_embeddings) add(m, "head/weight", 2, m->V, m->C, true, INIT_NORMAL, INIT_STD, -1);
+}
+
+static float *view(struct model *m, float *base, const char *name) {
+  int i = param_list_find(&m->plist, name);
+  return i < 0 ? NULL : base + m->plist.p[i].offset;
+}
+
+static void make_views(struct model *m, float *base, struct model_tensors *t) {
+  char name[PARAM_NAME];
+  t->token = view(m, base, "embed/token");
+  t->position = view(m, base, "embed/position");
+  t->lnfw = view(m, base, "norm_f/weight");
+  t->lnfb = view(m, base, "norm_f/bias");
+  t->head = m->cfg->model.tie_embeddings ? t->token : view(m, base, "head/weight");
+  t->block = xcalloc((size_t)m->L, sizeof(struct block_tensors));
+  for (int l = 0; l < m->L; l++) {
+    struct block_tensors *b = &t->block[l];
+#define V(fmt) (snprintf(name, sizeof name, "layer_%03d/" fmt, l), view(m, base, name))
+    b->ln1w = V("norm1/weight");
+    b->ln1b = V("norm1/bias");
+    b->wqkv = V("attn/wqkv");
+    b->bqkv = V("attn/bqkv");
+    b->wo = V("attn/wo");
+    b->bo = V("attn/bo");
+    b->ln2w = V("norm2/weight");
+    b->ln2b = V("norm2/bias");
+    b->w1 = V("mlp/w1");
+    b->b1 = V("mlp/b1");
+    b->w2 = V("mlp/w2");
+    b->b2 = V("mlp/b2");
+#undef V
+    b->attn = NULL;
+    for (int i = 0; i < m->plist.count; i++)
+      if (m->plist.p[i].layer == l && m->plist.p[i].owner == 1) {
+        b->attn = base + m->plist.p[i].offset; /* the first of the block's variant tensors */
+        break;
+      }
+  }
+}
+
+void model_init_params(struct model *m) {
+  for (int i = 0; i < m->plist.count; i++)
+    attention_init_param(m->cfg, m->attn, &m->plist.p[i], m->params + m->plist.p[i].offset);
+}
+
+size_t model_param_count(const struct model *m) {
+  size_t total = 0;
+  for (int i = 0; i < m->plist.count; i++) total += m->plist.p[i].numel;
+  return total;
+}
+
+double model_flops_per_token(struct model *m) {
+  double matmul = (double)m->V * m->C; /* head (tied or not) */
+  for (int l = 0; l < m->L; l++)
+    matmul += 4.0 * m->C * (double)m->C + 2.0 * m->C * (double)m->R;
+  double attn = 0.0;
+  for (int l = 0; l < m->L; l++) {
+    double p2p;
+    attn += m->attn->flops(&m->actx[l], &p2p);
+  }
+  /* forward: 2 per multiply-add; forward + backward = 3 × forward */
+  return 6.0 * matmul + 3.0 * attn / (double)(m->B * m->T);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * buffers */
+
+static float *act(size_t count) { return mem_alloc(MEM_ACTIVATIONS, sizeof(float) * count); }
+
+void model_build(struct model *m, const struct config *cfg, struct comm *comm, long B) {
+  memset(m, 0, sizeof *m);
+  m->cfg = cfg;
+  m->comm = comm;
+  m->L = cfg->model.layers;
+  m->C = cfg->model.dim;
+  m->H = cfg->model.heads;
+  m->d = m->C / m->H;
+  m->V = config_vocab(cfg);
+  m->R = cfg->model.mlp_ratio * m->C;
+  m->n = cfg->model.context;
+  m->B = B;
+  int S = comm ? comm->S : 1, s = comm ? comm->seq_rank : 0;
+  m->T = m->n / S;
+  m->t0 = (long)s * m->T;
+  m->causal = cfg->model.objective == OBJECTIVE_CLM;
+  m->recompute = cfg->train.recompute;
+  m->attn = attention_find(cfg->attention.variant);
+  if (!m->attn) error("attention variant %s is not available", cfg->attention.variant);
+
+  register_params(m);
+  size_t total = m->plist.total;
+  m->params = mem_alloc(MEM_PARAMS, sizeof(float) * total);
+  m->grads = mem_alloc(MEM_GRADS, sizeof(float) * total);
+  m->m = mem_alloc(MEM_OPTIMIZER, sizeof(float) * total);
+  m->v = mem_alloc(MEM_OPTIMIZER, sizeof(float) * total);
+  make_views(m, m->params, &m->P);
+  make_views(m, m->grads, &m->G);
+
+  m->actx = xcalloc((size_t)m->L, sizeof(struct attn_ctx));
+  struct attn_dims dims = {B, m->H, m->T, m->d, m->n, m->t0, m->causal};
+  for (int l = 0; l < m->L; l++) {
+    struct attn_ctx *c = &m->actx[l];
+    c->cfg = cfg;
+    c->variant = m->attn;
+    c->dims = dims;
+    c->comm = comm;
+    c->layer = l;
+    c->state = m->attn->setup ? m->attn->setup(cfg, &dims) : NULL;
+  }
+
+  const size_t BT = (size_t)(B * m->T), C = (size_t)m->C, R = (size_t)m->R;
+  const size_t saved = m->attn->saved_floats ? m->attn->saved_floats(&m->actx[0]) : 0;
+  m->tokens = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * BT);
+  m->targets = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * BT);
+  m->residual = act((size_t)(m->L + 1) * BT * C);
+  m->nacts = m->recompute ? 1 : m->L;
+  m->acts = xcalloc((size_t)m->nacts, sizeof(struct block_acts));
+  for (int a = 0; a < m->nacts; a++) {
+    struct block_acts *x = &m->acts[a];
+    x->ln1 = act(BT * C);
+    x->ln1_mean = act(BT);
+    x->ln1_rstd = act(BT);
+    x->q = act(BT * C);
+    x->k = act(BT * C);
+    x->v = act(BT * C);
+    x->att = act(BT * C);
+    x->att_saved = act(saved);
+    x->atty = act(BT * C);
+    x->res2 = act(BT * C);
+    x->ln2 = act(BT * C);
+    x->ln2_mean = act(BT);
+    x->ln2_rstd = act(BT);
+    x->fch = act(BT * R);
+    x->fch_gelu = act(BT * R);
+  }
+  m->lnf = act(BT * C);
+  m->lnf_mean = act(BT);
+  m->lnf_rstd = act(BT);
+  m->logits = act(BT * (size_t)m->V);
+  m->qkv = act(BT * 3 * C);
+  m->proj = act(BT * C);
+  m->dres_a = act(BT * C);
+  m->dres_b = act(BT * C);
+  m->dres2 = act(BT * C);
+  m->dproj = act(BT * C);
+  m->dfch = act(BT * R);
+  m->dfch_gelu = act(BT * R);
+  m->dln = act(BT * C);
+  m->dqkv = act(BT * 3 * C);
+  m->dq = act(BT * C);
+  m->dk = act(BT * C);
+  m->dv = act(BT * C);
+  m->datt = act(BT * C);
+  m->datty = act(BT * C);
+
+  m->diag_bands = attention_diag_bands(cfg, m->n);
+  m->diag_mass = xcalloc((size_t)(m->L * m->H * m->diag_bands), sizeof(double));
+  m->diag_entropy = xcalloc((size_t)(m->L * m->H), sizeof(double));
+}
+
+void model_free(struct model *m) {
+  for (int l = 0; l < m->L; l++)
+    if (m->attn->teardown) m->attn->teardown(m->actx[l].state);
+  free(m->actx);
+  for (int a = 0; a < m->nacts; a++) {
+    struct block_acts *x = &m->acts[a];
+    float *bufs[] = {x->ln1, x->ln1_mean, x->ln1_rstd, x->q,   x->k,        x->v,
+                     x->att, x->att_saved, x->atty,    x->res2, x->ln2,     x->ln2_mean,
+                     x->ln2_rstd, x->fch,  x->fch_gelu};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
+  }
+  free(m->acts);
+  float *bufs[] = {m->residual, m->lnf,   m->lnf_mean, m->lnf_rstd, m->logits,    m->qkv,
+                   m->proj,     m->dres_a, m->dres_b, m->dres2,    m->dproj,     m->dfch,
+                   m->dfch_gelu, m->dln,   m->dqkv,   m->dq,       m->dk,        m->dv,
+                   m->datt,     m->datty, m->params, m->grads,    m->m,         m->v};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
+  mem_free(m->tokens);
+  mem_free(m->targets);
+  free(m->P.block);
+  free(m->G.block);
+  free(m->diag_mass);
+  free(m->diag_entropy);
+  param_list_free(&m->plist);
+}
+
+void model_zero_grads(struct model *m) {
+  memset(m->grads, 0, sizeof(float) * m->plist.total);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * forward */
+
+static struct dropout_key drop_key(const struct model *m, long step, int site, bool train) {
+  struct dropout_key k = {m->cfg->run.seed, step, site, 0, m->t0, 0.0f};
+  k.sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
+  k.p = train ? (float)m->cfg->model.dropout : 0.0f;
+  return k;
+}
+
+static float *stream(const struct model *m, int l) {
+  return m->residual + (size_t)l * (size_t)(m->B * m->T) * (size_t)m->C;
+}
+
+/* Block l's forward from residual[l], leaving its activations in a and, when write_out, its
+ * output in residual[l+1] (a recompute in backward needs only the saved activations). */
+static void block_forward(struct model *m, int l, struct block_acts *a, long step, bool train,
+                          bool write_out) {
+  const long B = m->B, T = m->T, N = B * T;
+  const int C = m->C, H = m->H, d = m->d, R = m->R;
+  const struct block_tensors *w = &m->P.block[l];
+  const float *x = stream(m, l);
+
+  layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
+  linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, 3 * C);
+  heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, H, d);
+  if (m->cfg->model.position == POSITION_ROPE) {
+    rope_forward(a->q, B * H, T, d, m->t0);
+    rope_forward(a->k, B * H, T, d, m->t0);
+  }
+  timer_start(TIMER_ATTENTION);
+  m->attn->forward(&m->actx[l], a->att, a->att_saved, a->q, a->k, a->v, w->attn);
+  if (m->diag_request && m->attn->diagnostics) {
+    long nq = m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * H * m->diag_bands,
+                                   m->diag_entropy + (size_t)l * H, a->q, a->k, a->v, w->attn);
+    m->diag_queries = nq;
+  }
+  timer_stop(TIMER_ATTENTION);
+  heads_merge_forward(a->atty, a->att, B, T, H, d);
+  linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C);
+  struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, train);
+  residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C);
+  layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C);
+  linear_forward(a->fch, a->ln2, w->w1, w->b1, N, C, R);
+  gelu_forward(a->fch_gelu, a->fch, (size_t)N * R);
+  if (write_out) {
+    linear_forward(m->proj, a->fch_gelu, w->w2, w->b2, N, R, C);
+    struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, train);
+    residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C);
+  }
+}
+
+/* Embedding, blocks, final norm and head: logits (B,T,V) of the local tokens. */
+static void forward_logits(struct model *m, long step, bool train) {
+  const long B = m->B, T = m->T, N = B * T;
+  const int C = m->C;
+  m->last_train = train;
+  float *x0 = stream(m, 0);
+  embedding_forward(x0, m->tokens, m->P.token, m->P.position, B, T, C, m->t0);
+  if (m->cfg->model.position == POSITION_SINUSOIDAL)
+    sinusoidal_forward(x0, B, T, C, m->t0, INIT_STD * sqrtf(2.0f));
+  struct dropout_key k0 = drop_key(m, step, 0, train);
+  dropout_forward(x0, &k0, B, T, C);
+  if (m->diag_request) {
+    memset(m->diag_mass, 0, sizeof(double) * (size_t)(m->L * m->H * m->diag_bands));
+    memset(m->diag_entropy, 0, sizeof(double) * (size_t)(m->L * m->H));
+    m->diag_queries = 0;
+  }
+  for (int l = 0; l < m->L; l++)
+    block_forward(m, l, &m->acts[m->recompute ? 0 : l], step, train, true);
+  m->diag_request = false;
+  layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, stream(m, m->L), m->P.lnfw, m->P.lnfb, N, C);
+  linear_forward(m->logits, m->lnf, m->P.head, NULL, N, C, m->V);
+}
+
+void model_forward_logits(struct model *m) {
+  timer_start(TIMER_FORWARD);
+  forward_logits(m, 0, false);
+  timer_stop(TIMER_FORWARD);
+}
+
+double model_forward(struct model *m, long step, bool train, float grad_scale, long *count) {
+  timer_start(TIMER_FORWARD);
+  forward_logits(m, step, train);
+  const long N = m->B * m->T;
+  long cnt = 0;
+  for (long i = 0; i < N; i++) cnt += m->targets[i] >= 0;
+  *count = cnt;
+  double loss = softmax_xent_forward_backward(m->logits, m->targets, N, m->V, grad_scale);
+  timer_stop(TIMER_FORWARD);
+  return loss;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * backward */
+
+static void zero(float *p, size_t count) { memset(p, 0, sizeof(float) * count); }
+
+void model_backward(struct model *m, long step) {
+  timer_start(TIMER_BACKWARD);
+  const long B = m->B, T = m->T, N = B * T;
+  const int C = m->C, H = m->H, d = m->d, R = m->R;
+  const size_t NC = (size_t)N * C;
+
+  /* head and final norm */
+  zero(m->dln, NC);
+  linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V);
+  float *dres = m->dres_a, *dnext = m->dres_b;
+  zero(dres, NC);
+  layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L), m->P.lnfw,
+                     m->lnf_mean, m->lnf_rstd, N, C);
+
+  for (int l = m->L - 1; l >= 0; l--) {
+    struct block_acts *a = &m->acts[m->recompute ? 0 : l];
+    if (m->recompute) block_forward(m, l, a, step, m->last_train, false);
+    const struct block_tensors *w = &m->P.block[l];
+    struct block_tensors *g = &m->G.block[l];
+    const float *x = stream(m, l);
+
+    /* MLP half: residual[l+1] = res2 + dropout(fc2(gelu(fc1(ln2(res2))))) */
+    zero(m->dres2, NC);
+    zero(m->dproj, NC);
+    struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, m->last_train);
+    residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C);
+    zero(m->dfch_gelu, (size_t)N * R);
+    linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj, a->fch_gelu, w->w2, N, R, C);
+    zero(m->dfch, (size_t)N * R);
+    gelu_backward(m->dfch, m->dfch_gelu, a->fch, (size_t)N * R);
+    zero(m->dln, NC);
+    linear_backward(m->dln, g->w1, g->b1, m->dfch, a->ln2, w->w1, N, C, R);
+    layernorm_backward(m->dres2, g->ln2w, g->ln2b, m->dln, a->res2, w->ln2w, a->ln2_mean,
+                       a->ln2_rstd, N, C);
+
+    /* attention half: res2 = x + dropout(wo(attn(ln1(x)))) */
+    zero(dnext, NC);
+    zero(m->dproj, NC);
+    struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, m->last_train);
+    residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C);
+    zero(m->datty, NC);
+    linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C);
+    zero(m->datt, NC);
+    heads_merge_backward(m->datt, m->datty, B, T, H, d);
+    zero(m->dq, NC);
+    zero(m->dk, NC);
+    zero(m->dv, NC);
+    timer_start(TIMER_ATTENTION);
+    m->attn->backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v,
+                      w->attn, a->att, a->att_saved);
+    timer_stop(TIMER_ATTENTION);
+    if (m->cfg->model.position == POSITION_ROPE) {
+      rope_backward(m->dq, B * H, T, d, m->t0);
+      rope_backward(m->dk, B * H, T, d, m->t0);
+    }
+    zero(m->dqkv, NC * 3);
+    heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, H, d);
+    zero(m->dln, NC);
+    linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, 3 * C);
+    layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N,
+                       C);
+    float *t = dres;
+    dres = dnext;
+    dnext = t;
+  }
+
+  struct dropout_key k0 = drop_key(m, step, 0, m->last_train);
+  dropout_backward(dres, &k0, B, T, C);
+  embedding_backward(m->G.token, m->G.position, dres, m->tokens, B, T, C, m->t0);
+  timer_stop(TIMER_BACKWARD);
+}

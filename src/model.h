@@ -1,0 +1,107 @@
+/* The transformer of SPEC §5: token embedding (+ position) → L pre-norm blocks
+ * [x += Attn(LN(x)); x += MLP(LN(x))] → LN → head → softmax cross-entropy. The model owns the
+ * parameter registry and buffers (params, grads, AdamW moments) and the activations of its local
+ * batch and local tokens; attention goes through the variant's ops table only. With
+ * train.recompute the blocks keep only their inputs and recompute the rest in backward. */
+#ifndef FMATTN_MODEL_H
+#define FMATTN_MODEL_H
+
+#include <stdbool.h>
+
+#include "attention.h"
+#include "comm.h"
+#include "config.h"
+#include "params.h"
+
+/* Pointers into one of the contiguous buffers (params or grads), one set per block. */
+struct block_tensors {
+  float *ln1w, *ln1b; /* (C) */
+  float *wqkv;        /* (3C, C) */
+  float *bqkv;        /* (3C) */
+  float *wo, *bo;     /* (C, C), (C) */
+  float *attn;        /* the variant's parameters for this block (contiguous), or NULL */
+  float *ln2w, *ln2b; /* (C) */
+  float *w1, *b1;     /* (R, C), (R) */
+  float *w2, *b2;     /* (C, R), (C) */
+};
+
+struct model_tensors {
+  float *token;       /* (V, C) */
+  float *position;    /* (n, C) when learned, else NULL */
+  float *lnfw, *lnfb; /* (C) */
+  float *head;        /* (V, C); == token when tied */
+  struct block_tensors *block;
+};
+
+/* Saved activations of one block, over the local (B, T). */
+struct block_acts {
+  float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
+  float *q, *k, *v;                 /* (B,H,T,d) each, after rope */
+  float *att;                       /* (B,H,T,d) attention output */
+  float *att_saved;                 /* variant's saved floats */
+  float *atty;                      /* (B,T,C) heads merged */
+  float *res2;                      /* (B,T,C) x + dropout(attn proj) */
+  float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
+  float *fch, *fch_gelu;            /* (B,T,R) each */
+};
+
+struct model {
+  const struct config *cfg;
+  struct comm *comm;
+  int L, C, H, d, V, R; /* blocks, width, heads, head size, vocabulary, MLP hidden */
+  long n;               /* global sequence length */
+  long B, T, t0;        /* local batch, local tokens, global index of local token 0 */
+  bool causal, recompute;
+  bool last_train; /* dropout state of the last forward, which backward must match */
+
+  struct param_list plist;
+  float *params, *grads, *m, *v; /* plist.total floats each */
+  struct model_tensors P, G;     /* views of params and grads */
+  size_t attn_params_per_block;  /* floats */
+
+  const struct attn_variant *attn;
+  struct attn_ctx *actx; /* one per block */
+
+  /* activations */
+  int *tokens, *targets; /* (B,T) inputs and targets (−1: not predicted) */
+  float *residual;       /* (L+1, B, T, C) block inputs; residual[L] is the final stream */
+  struct block_acts *acts;
+  int nacts;                       /* L, or 1 with recompute */
+  float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
+  float *logits;                   /* (B,T,V); dlogits after the loss */
+  float *qkv, *proj;               /* (B,T,3C), (B,T,C) scratch */
+
+  /* activation gradients (one block's worth) */
+  float *dres_a, *dres_b, *dres2, *dproj, *dfch, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt,
+      *datty;
+
+  /* diagnostics requested for the next forward: (L, H, bands) mass and (L, H) entropy sums */
+  bool diag_request;
+  int diag_bands;
+  double *diag_mass, *diag_entropy;
+  long diag_queries;
+};
+
+/* Build the model for a local batch of B sequences of T local tokens (T = n / S). Allocates
+ * every buffer; parameters are left at zero (call model_init_params or load a checkpoint). */
+void model_build(struct model *model, const struct config *cfg, struct comm *comm, long B);
+void model_free(struct model *model);
+/* Initialise every parameter per SPEC §5 from the counter-based stream (layout-independent). */
+void model_init_params(struct model *model);
+
+/* Forward over model->tokens/targets. train: dropout on. Leaves dlogits = ∂loss/∂logits ·
+ * grad_scale in model->logits (grad_scale = 1 / predicted positions over all ranks). Returns the
+ * local sum of −log p(target) over counted positions; *count receives their number. */
+double model_forward(struct model *model, long step, bool train, float grad_scale, long *count);
+/* Forward without the loss, dropout off: raw logits stay in model->logits (generation). */
+void model_forward_logits(struct model *model);
+/* Backward of the last forward; accumulates into model->grads. */
+void model_backward(struct model *model, long step);
+void model_zero_grads(struct model *model);
+
+/* Parameter count (all tensors), and model FLOPs per token for forward + backward
+ * (6 · parameters in matrices + attention, SPEC issue 2's accounting). */
+size_t model_param_count(const struct model *model);
+double model_flops_per_token(struct model *model);
+
+#endif

@@ -1,0 +1,39 @@
+/* Wall-clock timers by phase and by operator. Inclusive: attention time is also forward (or
+ * backward) time; comm time is counted inside the phase that communicates. Per-step values feed
+ * diag.h5 /timing/<phase>_ms; run totals feed the final summary. Single-threaded use only (call
+ * from outside OpenMP regions). */
+#ifndef FMATTN_TIMER_H
+#define FMATTN_TIMER_H
+
+enum timer_id {
+  TIMER_FORWARD,
+  TIMER_BACKWARD,
+  TIMER_ATTENTION,
+  TIMER_COMM,
+  TIMER_OPTIMIZER,
+  TIMER_IO,
+  TIMER_DATA,
+  TIMER_EVAL,
+  /* FMA operators (SPEC §6.4), forward + backward */
+  TIMER_P2P,
+  TIMER_P2M,
+  TIMER_M2M,
+  TIMER_M2P,
+  TIMER_LET,
+  TIMER_COUNT
+};
+
+/* The phases written to diag.h5 every logged step: TIMER_FORWARD .. TIMER_IO. */
+#define TIMER_DIAG_COUNT (TIMER_IO + 1)
+
+double timer_now(void); /* seconds, monotonic */
+void timer_start(enum timer_id id);
+void timer_stop(enum timer_id id);
+/* Milliseconds accumulated since the last timer_step_reset. */
+double timer_step_ms(enum timer_id id);
+void timer_step_reset(void);
+/* Milliseconds accumulated over the run. */
+double timer_total_ms(enum timer_id id);
+const char *timer_name(enum timer_id id);
+
+#endif

@@ -1,0 +1,453 @@
+/* Train, eval and generate modes (train.h): the step loop (data → forward → backward → gradient
+ * allreduce → clip → AdamW), the console line of SPEC §9, validation and test, attention
+ * diagnostics, checkpoints at cadence, at the end and on SIGTERM/SIGUSR1, and the final summary.
+ * Every decision that ends or branches the loop is agreed by all ranks first. */
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpoint.h"
+#include "diag.h"
+#include "error.h"
+#include "memory.h"
+#include "optimizer.h"
+#include "rng.h"
+#include "threads.h"
+#include "timer.h"
+
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+static void install_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, 0775) != 0 && errno != EEXIST) return errno;
+    *p = '/';
+  }
+  if (mkdir(buf, 0775) != 0 && errno != EEXIST) return errno;
+  return 0;
+}
+
+void train_make_run_dir(const struct config *cfg, struct comm *comm, char *dir, size_t len) {
+  snprintf(dir, len, "%s/%s", cfg->output.dir, cfg->run.name);
+  int rc = 0;
+  if (comm->world_rank == 0) {
+    rc = make_dirs(dir);
+    if (!rc) {
+      char probe[1100];
+      snprintf(probe, sizeof probe, "%s/.fmattn_write_test", dir);
+      FILE *f = fopen(probe, "w");
+      if (!f) rc = errno;
+      else {
+        fclose(f);
+        remove(probe);
+      }
+    }
+  }
+  comm_allreduce_max_int(comm, COMM_WORLD, &rc, 1);
+  if (rc) {
+    char msg[1400];
+    snprintf(msg, sizeof msg, "cannot write to output directory '%s': %s (check output.dir)", dir,
+             strerror(rc));
+    error_collective(msg);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * evaluation */
+
+double train_evaluate(struct model *m, const struct dataset *ds, struct comm *comm,
+                      enum data_split split, long *count) {
+  timer_start(TIMER_EVAL);
+  const long windows = data_eval_windows(ds, split);
+  const long per_round = m->B * comm->D;
+  double sums[2] = {0.0, 0.0}; /* loss, count */
+  for (long first = 0; first < windows; first += per_round) {
+    data_eval_batch(ds, split, first + comm->replica, comm->D, windows, m->B, m->t0, m->T,
+                    m->tokens, m->targets);
+    long c = 0;
+    sums[0] += model_forward(m, 0, false, 0.0f, &c);
+    sums[1] += (double)c;
+  }
+  comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
+  timer_stop(TIMER_EVAL);
+  *count = (long)sums[1];
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * console */
+
+static void format_eta(double seconds, char *buf, size_t len) {
+  if (!(seconds >= 0) || seconds > 1e8) {
+    snprintf(buf, len, "--:--:--");
+    return;
+  }
+  long s = (long)(seconds + 0.5);
+  snprintf(buf, len, "%02ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+}
+
+static void print_decomposition(const struct config *cfg, const struct comm *comm,
+                                const struct model *m, const char *run_dir) {
+  message("run %s: mode %s, %d rank(s) = %d data replica(s) x %d sequence rank(s), %d thread(s) "
+          "per rank",
+          cfg->run.name, config_mode_name(cfg->run.mode), comm->world_size, comm->D, comm->S,
+          threads_count());
+  message("model: %d layers, dim %d, %d heads (size %d), mlp %d, vocab %d, context %ld, %s "
+          "positions, %zu parameters",
+          m->L, m->C, m->H, m->d, m->R, m->V, m->n, config_position_name(cfg->model.position),
+          model_param_count(m));
+  message("attention: %s, %s; diagnostics in %d distance bands (fma.m = %d tree)", m->attn->name,
+          m->causal ? "causal" : "bidirectional", m->diag_bands, cfg->attention.fma_m);
+  message("batch: %d sequences per step (%ld per replica), slab of %ld tokens per rank "
+          "(tokens [%ld, %ld) on sequence rank %d)",
+          cfg->train.batch, m->B, m->T, m->t0, m->t0 + m->T, comm->seq_rank);
+  message("output: %s", run_dir);
+}
+
+static void print_summary(const struct config *cfg, struct comm *comm, double wall,
+                          double test_loss) {
+  double peaks[MEM_NLABELS + 1];
+  for (int i = 0; i < MEM_NLABELS; i++) peaks[i] = (double)mem_peak((enum mem_label)i);
+  peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, peaks, MEM_NLABELS + 1, MPI_DOUBLE, MPI_MAX, comm->world));
+  message("---- summary ----");
+  if (!isnan(test_loss)) message("test: loss %.4f | bpc %.4f", test_loss, test_loss / log(2.0));
+  char w[32];
+  format_eta(wall, w, sizeof w);
+  message("wall time %s (%.1f s)", w, wall);
+  message("peak memory per rank (max over ranks): %.1f MiB resident", peaks[MEM_NLABELS] / 1048576.0);
+  for (int i = 0; i < MEM_NLABELS; i++)
+    if (peaks[i] > 0)
+      message("  %-12s %10.1f MiB", mem_label_name((enum mem_label)i), peaks[i] / 1048576.0);
+  message("time by phase (rank 0, inclusive):");
+  for (int i = 0; i < TIMER_COUNT; i++)
+    if (timer_total_ms((enum timer_id)i) > 0)
+      message("  %-12s %10.1f s", timer_name((enum timer_id)i), timer_total_ms((enum timer_id)i) / 1e3);
+}
+
+/* Diagnostics of the last forward: sums over this rank's queries → averages over all ranks. */
+static void record_attention(struct model *m, struct comm *comm, struct diag *diag, long step) {
+  const int L = m->L, H = m->H, bands = m->diag_bands;
+  size_t nm = (size_t)(L * H * bands), ne = (size_t)(L * H);
+  double *buf = xmalloc(sizeof(double) * (nm + ne + 1));
+  memcpy(buf, m->diag_mass, sizeof(double) * nm);
+  memcpy(buf + nm, m->diag_entropy, sizeof(double) * ne);
+  buf[nm + ne] = (double)m->diag_queries;
+  /* only replica 0's batch element 0 is examined; its sequence ranks hold disjoint queries */
+  if (comm->replica != 0) memset(buf, 0, sizeof(double) * (nm + ne + 1));
+  comm_allreduce_sum_double(comm, COMM_WORLD, buf, nm + ne + 1);
+  double q = buf[nm + ne];
+  if (q > 0) {
+    for (size_t i = 0; i < nm + ne; i++) buf[i] /= q;
+    diag_attention(diag, step, L, H, bands, buf, buf + nm);
+  }
+  free(buf);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * train */
+
+struct run_state {
+  const struct config *cfg;
+  struct comm *comm;
+  char dir[1024];
+  struct dataset ds;
+  struct model model;
+  struct diag diag;
+};
+
+static long start_run(struct run_state *rs, const struct config *cfg, struct comm *comm,
+                      bool need_restart) {
+  rs->cfg = cfg;
+  rs->comm = comm;
+  train_make_run_dir(cfg, comm, rs->dir, sizeof rs->dir);
+  data_open(&rs->ds, cfg);
+  model_build(&rs->model, cfg, comm, cfg->train.batch / comm->D);
+  long step = 0;
+  if (cfg->output.restart[0]) {
+    char path[1200];
+    int rc = checkpoint_resolve(cfg->output.restart, rs->dir, path, sizeof path);
+    if (rc) error_collective(path);
+    message("restarting from %s", path);
+    step = checkpoint_read(&rs->model, comm, path);
+  } else if (need_restart) {
+    error_collective("this mode needs a checkpoint: set output.restart = latest or a path");
+  } else {
+    model_init_params(&rs->model);
+  }
+  return step;
+}
+
+static void finish_run(struct run_state *rs) {
+  model_free(&rs->model);
+  data_close(&rs->ds);
+}
+
+int train_run(const struct config *cfg, struct comm *comm) {
+  const double wall0 = timer_now();
+  struct run_state rs;
+  long step0 = start_run(&rs, cfg, comm, false);
+  struct model *m = &rs.model;
+  diag_open(&rs.diag, cfg, comm, rs.dir, cfg->output.restart[0] ? step0 : -1);
+  print_decomposition(cfg, comm, m, rs.dir);
+  install_signals();
+
+  const long steps = cfg->train.steps;
+  const double tokens_per_step = (double)cfg->train.batch * (double)m->n;
+  long last_ckpt = cfg->output.restart[0] ? step0 : -1;
+  long steps_timed = 0;
+  double time_timed = 0.0;
+  int stopped = 0;
+
+  for (long step = step0; step < steps; step++) {
+    /* a signal on any rank stops every rank at the same step */
+    int sig = (int)stop_signal;
+    comm_allreduce_max_int(comm, COMM_WORLD, &sig, 1);
+    if (sig) {
+      stopped = sig;
+      message("received signal %d: writing a checkpoint at step %ld and stopping", sig, step);
+      if (last_ckpt != step) checkpoint_write(m, comm, step, rs.dir);
+      if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
+      last_ckpt = step;
+      break;
+    }
+
+    timer_step_reset();
+    const uint64_t bytes0 = comm->bytes_sent;
+    const double t_step = timer_now();
+    timer_start(TIMER_DATA);
+    data_train_batch(&rs.ds, step, (long)comm->replica * m->B, m->B, m->t0, m->T, m->tokens,
+                     m->targets);
+    double counted = 0.0;
+    for (long i = 0; i < m->B * m->T; i++) counted += m->targets[i] >= 0;
+    comm_allreduce_sum_double(comm, COMM_WORLD, &counted, 1);
+    timer_stop(TIMER_DATA);
+
+    const bool diag_now = cfg->output.diag_every > 0 && step % cfg->output.diag_every == 0;
+    m->diag_request = diag_now && m->attn->diagnostics;
+    model_zero_grads(m);
+    long c = 0;
+    double sums[2];
+    sums[0] = model_forward(m, step, true, counted > 0 ? (float)(1.0 / counted) : 0.0f, &c);
+    sums[1] = (double)c;
+    model_backward(m, step);
+
+    timer_start(TIMER_COMM);
+    comm_allreduce_sum_float(comm, COMM_WORLD, m->grads, m->plist.total);
+    comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
+    timer_stop(TIMER_COMM);
+    const double loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+    if (!isfinite(loss)) {
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "training loss is %f at step %ld: stopping without writing a checkpoint (the last "
+               "good one is kept); try a lower train.lr or a tighter train.clip",
+               loss, step);
+      error_collective(msg);
+    }
+
+    timer_start(TIMER_OPTIMIZER);
+    const double norm = optimizer_grad_norm(m);
+    const double lr = optimizer_lr(cfg, step);
+    const float clip = cfg->train.clip > 0 && norm > cfg->train.clip ? (float)(cfg->train.clip / norm) : 1.0f;
+    optimizer_step(m, step + 1, lr, clip);
+    timer_stop(TIMER_OPTIMIZER);
+    const long done = step + 1;
+    const double step_ms = 1e3 * (timer_now() - t_step);
+    if (step > step0) { /* the first step carries start-up costs */
+      steps_timed++;
+      time_timed += step_ms / 1e3;
+    }
+
+    if (diag_now) record_attention(m, comm, &rs.diag, step);
+
+    if (done % cfg->output.log_every == 0 || done == steps || done == step0 + 1) {
+      double per_step = steps_timed > 0 ? time_timed / (double)steps_timed : step_ms / 1e3;
+      char eta[32];
+      format_eta(per_step * (double)(steps - done), eta, sizeof eta);
+      message("step %ld/%ld | loss %.4f | bpc %.3f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | "
+              "eta %s",
+              done, steps, loss, loss / log(2.0), lr, norm, step_ms, tokens_per_step / (step_ms / 1e3),
+              eta);
+      double rec[2] = {(double)(comm->bytes_sent - bytes0), (double)mem_peak_total()};
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, rec, 2, MPI_DOUBLE, MPI_MAX, comm->world));
+      struct diag_train_record r = {.step = done,
+                                    .loss = loss,
+                                    .bpc = loss / log(2.0),
+                                    .lr = lr,
+                                    .grad_norm = norm,
+                                    .step_ms = step_ms,
+                                    .tokens_per_s = tokens_per_step / (step_ms / 1e3)};
+      for (int p = 0; p < TIMER_DIAG_COUNT; p++) r.phase_ms[p] = timer_step_ms((enum timer_id)p);
+      r.comm_bytes = rec[0];
+      r.peak_bytes = rec[1];
+      timer_start(TIMER_IO);
+      diag_train(&rs.diag, &r);
+      timer_stop(TIMER_IO);
+    }
+
+    if (cfg->train.eval_every > 0 && done % cfg->train.eval_every == 0 && done != steps) {
+      long cnt;
+      double vl = train_evaluate(m, &rs.ds, comm, SPLIT_VALID, &cnt);
+      message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", done, vl,
+              vl / log(2.0), cnt);
+      diag_eval(&rs.diag, done, vl);
+    }
+
+    if (cfg->output.checkpoint_every > 0 && done % cfg->output.checkpoint_every == 0 &&
+        done != steps) {
+      double s = checkpoint_write(m, comm, done, rs.dir);
+      if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
+      message("checkpoint %s/ckpt_%06ld.h5 (%.2f s)", rs.dir, done, s);
+      last_ckpt = done;
+    }
+  }
+
+  double test_loss = NAN;
+  if (!stopped) {
+    const long final = steps > step0 ? steps : step0;
+    if (last_ckpt != final) {
+      double s = checkpoint_write(m, comm, final, rs.dir);
+      if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
+      message("checkpoint %s/ckpt_%06ld.h5 (%.2f s)", rs.dir, final, s);
+    }
+    long cnt;
+    double vl = train_evaluate(m, &rs.ds, comm, SPLIT_VALID, &cnt);
+    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", final, vl,
+            vl / log(2.0), cnt);
+    diag_eval(&rs.diag, final, vl);
+    test_loss = train_evaluate(m, &rs.ds, comm, SPLIT_TEST, &cnt);
+    message("test  step %ld | test loss %.4f | test bpc %.4f | %ld bytes", final, test_loss,
+            test_loss / log(2.0), cnt);
+    diag_test(&rs.diag, final, test_loss);
+  } else {
+    message("stopped by signal %d; resume with output.restart = latest", stopped);
+  }
+  double peaks[MEM_NLABELS];
+  const char *names[MEM_NLABELS];
+  for (int i = 0; i < MEM_NLABELS; i++) {
+    peaks[i] = (double)mem_peak((enum mem_label)i);
+    names[i] = mem_label_name((enum mem_label)i);
+  }
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, peaks, MEM_NLABELS, MPI_DOUBLE, MPI_MAX, comm->world));
+  diag_memory_summary(&rs.diag, peaks, MEM_NLABELS, names);
+  print_summary(cfg, comm, timer_now() - wall0, test_loss);
+  finish_run(&rs);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * eval */
+
+int eval_run(const struct config *cfg, struct comm *comm) {
+  const double wall0 = timer_now();
+  struct run_state rs;
+  long step = start_run(&rs, cfg, comm, true);
+  print_decomposition(cfg, comm, &rs.model, rs.dir);
+  long cnt;
+  double vl = train_evaluate(&rs.model, &rs.ds, comm, SPLIT_VALID, &cnt);
+  message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", step, vl, vl / log(2.0), cnt);
+  double tl = train_evaluate(&rs.model, &rs.ds, comm, SPLIT_TEST, &cnt);
+  message("test step %ld | test loss %.4f | test bpc %.4f | %ld bytes", step, tl, tl / log(2.0), cnt);
+  print_summary(cfg, comm, timer_now() - wall0, tl);
+  finish_run(&rs);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * generate */
+
+int generate_run(const struct config *cfg, struct comm *comm) {
+  if (comm->world_size != 1) error_collective("run.mode = generate runs on one rank");
+  if (cfg->model.objective != OBJECTIVE_CLM)
+    error_collective("run.mode = generate needs a causal model (model.objective = clm)");
+  struct config one = *cfg;
+  one.train.batch = 1;
+  struct run_state rs;
+  long step = start_run(&rs, &one, comm, true);
+  struct model *m = &rs.model;
+  const long n = m->n;
+  const int V = m->V;
+  const char *prompt = cfg->generate.prompt;
+  long len = (long)strlen(prompt);
+  long total = len + cfg->generate.length;
+  unsigned char *text = xmalloc((size_t)total + 1);
+  memcpy(text, prompt, (size_t)len);
+  if (len == 0) text[len++] = '\n'; /* something to condition on */
+  message("generating %d bytes from step %ld (temperature %.2f, top_k %d)", cfg->generate.length,
+          step, cfg->generate.temperature, cfg->generate.top_k);
+  float *probs = xmalloc(sizeof(float) * (size_t)V);
+  fwrite(text, 1, (size_t)len, stdout);
+  for (long pos = len; pos < total; pos++) {
+    long start = pos > n ? pos - n : 0, used = pos - start;
+    for (long t = 0; t < n; t++) {
+      m->tokens[t] = t < used ? text[start + t] : 0;
+      m->targets[t] = -1;
+    }
+    model_forward_logits(m);
+    const float *z = m->logits + (size_t)(used - 1) * V;
+    float mx = -INFINITY;
+    for (int j = 0; j < 256; j++) mx = z[j] > mx ? z[j] : mx;
+    double s = 0.0;
+    for (int j = 0; j < 256; j++) {
+      probs[j] = expf((z[j] - mx) / (float)cfg->generate.temperature);
+      s += probs[j];
+    }
+    if (cfg->generate.top_k > 0 && cfg->generate.top_k < 256) {
+      /* keep the k most probable bytes */
+      float sorted[256];
+      memcpy(sorted, probs, sizeof sorted);
+      for (int a = 0; a < cfg->generate.top_k; a++)
+        for (int b = a + 1; b < 256; b++)
+          if (sorted[b] > sorted[a]) {
+            float t = sorted[a];
+            sorted[a] = sorted[b];
+            sorted[b] = t;
+          }
+      float kth = sorted[cfg->generate.top_k - 1];
+      s = 0.0;
+      for (int j = 0; j < 256; j++) {
+        if (probs[j] < kth) probs[j] = 0.0f;
+        s += probs[j];
+      }
+    }
+    double u = rng_uniform_double(cfg->run.seed, RNG_GENERATE, (uint64_t)step, (uint64_t)pos, 0) * s;
+    int pick = 255;
+    for (int j = 0; j < 256; j++) {
+      u -= probs[j];
+      if (u < 0) {
+        pick = j;
+        break;
+      }
+    }
+    text[pos] = (unsigned char)pick;
+    fputc(pick, stdout);
+    fflush(stdout);
+  }
+  fputc('\n', stdout);
+  free(probs);
+  free(text);
+  finish_run(&rs);
+  return 0;
+}

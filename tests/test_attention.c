@@ -1,0 +1,265 @@
+/* Attention variants through their ops table against dense references in double precision:
+ * `full` against materialised softmax(q kᵀ/√d + mask) v, with gradients from the dense formulas
+ * (themselves checked against central finite differences), for n that is and is not a multiple of
+ * the tile, causal and bidirectional; causality by perturbation. */
+#include "testutil.h"
+
+#include "../src/attention.h"
+#include "../src/config.h"
+#include "../src/memory.h"
+
+/* Dense attention of one head in double: out (n, d); with dout, also dq, dk, dv. */
+static void dense_attention(double *out, double *dq, double *dk, double *dv, const double *q,
+                            const double *k, const double *v, const double *dout, long n, long d,
+                            bool causal) {
+  double *P = calloc((size_t)(n * n), sizeof(double));
+  const double scale = 1.0 / sqrt((double)d);
+  for (long i = 0; i < n; i++) {
+    double mx = -INFINITY;
+    for (long j = 0; j < n; j++) {
+      if (causal && j > i) continue;
+      double s = 0.0;
+      for (long c = 0; c < d; c++) s += q[i * d + c] * k[j * d + c];
+      P[i * n + j] = s * scale;
+      if (P[i * n + j] > mx) mx = P[i * n + j];
+    }
+    double z = 0.0;
+    for (long j = 0; j < n; j++) {
+      P[i * n + j] = (causal && j > i) ? 0.0 : exp(P[i * n + j] - mx);
+      z += P[i * n + j];
+    }
+    for (long j = 0; j < n; j++) P[i * n + j] /= z;
+    for (long c = 0; c < d; c++) {
+      double s = 0.0;
+      for (long j = 0; j < n; j++) s += P[i * n + j] * v[j * d + c];
+      out[i * d + c] = s;
+    }
+  }
+  if (dout) {
+    memset(dq, 0, sizeof(double) * n * d);
+    memset(dk, 0, sizeof(double) * n * d);
+    memset(dv, 0, sizeof(double) * n * d);
+    for (long i = 0; i < n; i++) {
+      double Di = 0.0;
+      for (long c = 0; c < d; c++) Di += dout[i * d + c] * out[i * d + c];
+      for (long j = 0; j < n; j++) {
+        double p = P[i * n + j];
+        if (p == 0.0) continue;
+        double dp = 0.0;
+        for (long c = 0; c < d; c++) {
+          dp += dout[i * d + c] * v[j * d + c];
+          dv[j * d + c] += p * dout[i * d + c];
+        }
+        double ds = p * (dp - Di) * scale;
+        for (long c = 0; c < d; c++) {
+          dq[i * d + c] += ds * k[j * d + c];
+          dk[j * d + c] += ds * q[i * d + c];
+        }
+      }
+    }
+  }
+  free(P);
+}
+
+static double dense_j(const double *q, const double *k, const double *v, const double *g, long n,
+                      long d, bool causal) {
+  double *o = malloc(sizeof(double) * n * d);
+  dense_attention(o, NULL, NULL, NULL, q, k, v, NULL, n, d, causal);
+  double j = 0.0;
+  for (long i = 0; i < n * d; i++) j += g[i] * o[i];
+  free(o);
+  return j;
+}
+
+/* The dense reference's gradients are right: central differences on a tiny case. */
+static void test_dense_reference_gradients(void **state) {
+  for (int causal = 0; causal < 2; causal++) {
+    const long n = 7, d = 3, N = n * d;
+    double q[N], k[N], v[N], g[N], o[N], dq[N], dk[N], dv[N], f[N];
+    tu_randn_d(q, N, 1, 1.0);
+    tu_randn_d(k, N, 2, 1.0);
+    tu_randn_d(v, N, 3, 1.0);
+    tu_randn_d(g, N, 4, 1.0);
+    dense_attention(o, dq, dk, dv, q, k, v, g, n, d, causal);
+    for (long i = 0; i < N; i++) TU_FD(f[i], q, i, 1e-6, dense_j(q, k, v, g, n, d, causal));
+    TU_ASSERT_CLOSE(tu_rel_err_dd(dq, f, N), 1e-7, "dense dq");
+    for (long i = 0; i < N; i++) TU_FD(f[i], k, i, 1e-6, dense_j(q, k, v, g, n, d, causal));
+    TU_ASSERT_CLOSE(tu_rel_err_dd(dk, f, N), 1e-7, "dense dk");
+    for (long i = 0; i < N; i++) TU_FD(f[i], v, i, 1e-6, dense_j(q, k, v, g, n, d, causal));
+    TU_ASSERT_CLOSE(tu_rel_err_dd(dv, f, N), 1e-7, "dense dv");
+  }
+}
+
+/* A configuration with the given variant and tile, from the built-in defaults. */
+static void make_config(struct config *cfg, const char *variant, long n, int H, int d, bool causal,
+                        int tile) {
+  char items[8][96];
+  struct config_overrides ov = {0};
+  snprintf(items[0], 96, "attention.variant=%s", variant);
+  snprintf(items[1], 96, "model.context=%ld", n);
+  snprintf(items[2], 96, "model.heads=%d", H);
+  snprintf(items[3], 96, "model.dim=%d", H * d);
+  snprintf(items[4], 96, "model.objective=%s", causal ? "clm" : "mlm");
+  snprintf(items[5], 96, "attention.full.block=%d", tile);
+  snprintf(items[6], 96, "data.source=copy");
+  snprintf(items[7], 96, "model.position=none");
+  for (int i = 0; i < 8; i++) ov.items[ov.count++] = items[i];
+  char err[4096];
+  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+}
+
+struct run_out {
+  float *out, *dq, *dk, *dv;
+};
+
+static struct run_out run_variant(const struct config *cfg, long B, long H, long n, long d,
+                                  bool causal, const float *q, const float *k, const float *v,
+                                  const float *dout) {
+  const struct attn_variant *var = attention_find(cfg->attention.variant);
+  assert_non_null(var);
+  struct attn_ctx ctx = {.cfg = cfg, .variant = var, .comm = NULL, .layer = 0};
+  ctx.dims = (struct attn_dims){B, H, n, d, n, 0, causal};
+  ctx.state = var->setup ? var->setup(cfg, &ctx.dims) : NULL;
+  size_t count = (size_t)(B * H * n * d);
+  struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
+  float *saved = calloc(var->saved_floats(&ctx) + 1, sizeof(float));
+  var->forward(&ctx, r.out, saved, q, k, v, NULL);
+  if (dout) var->backward(&ctx, r.dq, r.dk, r.dv, NULL, dout, q, k, v, NULL, r.out, saved);
+  if (var->teardown) var->teardown(ctx.state);
+  free(saved);
+  return r;
+}
+
+static void free_run(struct run_out *r) {
+  free(r->out);
+  free(r->dq);
+  free(r->dk);
+  free(r->dv);
+}
+
+static void check_full(long n, long d, int tile, bool causal) {
+  const long B = 2, H = 2, count = B * H * n * d;
+  struct config cfg;
+  make_config(&cfg, "full", n, (int)H, (int)d, causal, tile);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count), *g = malloc(4 * count);
+  tu_randn(q, count, 10 + n, 1.0f);
+  tu_randn(k, count, 20 + n, 1.0f);
+  tu_randn(v, count, 30 + n, 1.0f);
+  tu_randn(g, count, 40 + n, 1.0f);
+  struct run_out r = run_variant(&cfg, B, H, n, d, causal, q, k, v, g);
+  double *o = malloc(8 * count), *dq = malloc(8 * count), *dk = malloc(8 * count), *dv = malloc(8 * count);
+  for (long bh = 0; bh < B * H; bh++) {
+    size_t off = (size_t)(bh * n * d);
+    double *qd = tu_to_double(q + off, n * d), *kd = tu_to_double(k + off, n * d);
+    double *vd = tu_to_double(v + off, n * d), *gd = tu_to_double(g + off, n * d);
+    dense_attention(o + off, dq + off, dk + off, dv + off, qd, kd, vd, gd, n, d, causal);
+    free(qd);
+    free(kd);
+    free(vd);
+    free(gd);
+  }
+  char what[128];
+  snprintf(what, sizeof what, "full n=%ld d=%ld tile=%d %s", n, d, tile, causal ? "causal" : "bidir");
+  TU_ASSERT_CLOSE(tu_rel_err(r.out, o, count), 1e-5, what);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dq, dq, count), 1e-4, what);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dk, dk, count), 1e-4, what);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dv, dv, count), 1e-4, what);
+  free_run(&r);
+  free(q);
+  free(k);
+  free(v);
+  free(g);
+  free(o);
+  free(dq);
+  free(dk);
+  free(dv);
+  config_free(&cfg);
+}
+
+static void test_full_matches_dense(void **state) {
+  const long sizes[] = {2, 5, 16, 17, 64, 100, 257};
+  for (int c = 0; c < 2; c++)
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) check_full(sizes[s], 8, 16, c);
+  check_full(200, 64, 64, true); /* the default tile and head size */
+  check_full(130, 32, 128, false);
+}
+
+/* Outputs before position j must not change when anything at j changes. */
+static void test_full_causality(void **state) {
+  const long B = 1, H = 2, n = 90, d = 8, count = B * H * n * d;
+  struct config cfg;
+  make_config(&cfg, "full", n, (int)H, (int)d, true, 16);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
+  tu_randn(q, count, 1, 1.0f);
+  tu_randn(k, count, 2, 1.0f);
+  tu_randn(v, count, 3, 1.0f);
+  struct run_out base = run_variant(&cfg, B, H, n, d, true, q, k, v, NULL);
+  const long probes[] = {0, 15, 16, 47, 89};
+  for (size_t p = 0; p < sizeof probes / sizeof probes[0]; p++) {
+    long j = probes[p];
+    float *q2 = malloc(4 * count), *k2 = malloc(4 * count), *v2 = malloc(4 * count);
+    memcpy(q2, q, 4 * count);
+    memcpy(k2, k, 4 * count);
+    memcpy(v2, v, 4 * count);
+    for (long h = 0; h < H; h++)
+      for (long c = 0; c < d; c++) {
+        size_t at = (size_t)((h * n + j) * d + c);
+        q2[at] += 3.0f;
+        k2[at] -= 2.0f;
+        v2[at] += 5.0f;
+      }
+    struct run_out r = run_variant(&cfg, B, H, n, d, true, q2, k2, v2, NULL);
+    bool changed_at_j = false;
+    for (long h = 0; h < H; h++)
+      for (long i = 0; i < n; i++)
+        for (long c = 0; c < d; c++) {
+          size_t at = (size_t)((h * n + i) * d + c);
+          if (i < j && r.out[at] != base.out[at])
+            fail_msg("output %ld changed when position %ld changed", i, j);
+          if (i == j && r.out[at] != base.out[at]) changed_at_j = true;
+        }
+    assert_true(changed_at_j); /* the perturbation is visible where it is allowed */
+    free_run(&r);
+    free(q2);
+    free(k2);
+    free(v2);
+  }
+  free_run(&base);
+  free(q);
+  free(k);
+  free(v);
+  config_free(&cfg);
+}
+
+/* Memory stays O(n·d): the workspace of n = 2048 is a few tiles, not n². */
+static void test_full_workspace(void **state) {
+  const long B = 1, H = 1, n = 2048, d = 16, count = B * H * n * d;
+  struct config cfg;
+  make_config(&cfg, "full", n, (int)H, (int)d, true, 64);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count), *g = malloc(4 * count);
+  tu_randn(q, count, 1, 1.0f);
+  tu_randn(k, count, 2, 1.0f);
+  tu_randn(v, count, 3, 1.0f);
+  tu_randn(g, count, 4, 1.0f);
+  size_t base = mem_current(MEM_WORKSPACE);
+  mem_reset_peak(MEM_WORKSPACE);
+  struct run_out r = run_variant(&cfg, B, H, n, d, true, q, k, v, g);
+  size_t used = mem_peak(MEM_WORKSPACE) - base;
+  if (used > (size_t)(64 * n * sizeof(float))) /* n² floats would be 16 MiB */
+    fail_msg("full attention used %zu bytes of workspace at n = %ld", used, n);
+  free_run(&r);
+  free(q);
+  free(k);
+  free(v);
+  free(g);
+  config_free(&cfg);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_dense_reference_gradients),
+    cmocka_unit_test(test_full_matches_dense),
+    cmocka_unit_test(test_full_causality),
+    cmocka_unit_test(test_full_workspace),
+};
+
+TU_MAIN(tests)

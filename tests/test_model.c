@@ -1,0 +1,222 @@
+/* The whole model's gradient: the loss's directional derivative along the gradient, for all
+ * parameters at once and for each tensor alone, by central differences, for every position kind,
+ * both objectives, tied and untied heads, with and without dropout; recomputation must give the
+ * same gradient bit for bit. The per-layer references are in test_layers.c; this checks that the
+ * layers are wired together correctly. */
+#include "testutil.h"
+
+#include "../src/model.h"
+
+static void make_config(struct config *cfg, const char *variant, const char *position,
+                        const char *objective, bool tied, double dropout, bool recompute) {
+  char items[16][96];
+  struct config_overrides ov = {0};
+  int n = 0;
+  snprintf(items[n++], 96, "attention.variant=%s", variant);
+  snprintf(items[n++], 96, "model.position=%s", position);
+  snprintf(items[n++], 96, "model.objective=%s", objective);
+  snprintf(items[n++], 96, "model.tie_embeddings=%s", tied ? "true" : "false");
+  snprintf(items[n++], 96, "model.dropout=%g", dropout);
+  snprintf(items[n++], 96, "train.recompute=%s", recompute ? "true" : "false");
+  snprintf(items[n++], 96, "model.layers=2");
+  snprintf(items[n++], 96, "model.dim=16");
+  snprintf(items[n++], 96, "model.heads=2");
+  snprintf(items[n++], 96, "model.context=32");
+  snprintf(items[n++], 96, "attention.full.block=8");
+  snprintf(items[n++], 96, "attention.fma.m=8");
+  snprintf(items[n++], 96, "attention.fma.p=2");
+  snprintf(items[n++], 96, "data.source=copy");
+  for (int i = 0; i < n; i++) ov.items[ov.count++] = items[i];
+  char err[4096];
+  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+}
+
+static void fill_batch(struct model *m) {
+  const long N = m->B * m->T;
+  for (long i = 0; i < N; i++) {
+    m->tokens[i] = (int)rng_below((uint64_t)m->V, 5, RNG_TEST, 1, (uint64_t)i, 0);
+    m->targets[i] = i % 7 == 3 ? -1 : (int)rng_below(256, 5, RNG_TEST, 2, (uint64_t)i, 0);
+  }
+}
+
+static double loss_at(struct model *m, long step) {
+  long c;
+  double s = model_forward(m, step, true, 1.0f, &c);
+  return s / (double)c;
+}
+
+/* Gradient of the mean loss at the current parameters (into m->grads). */
+static double grad_at(struct model *m, long step) {
+  long c = 0;
+  for (long i = 0; i < m->B * m->T; i++) c += m->targets[i] >= 0;
+  model_zero_grads(m);
+  long c2;
+  double s = model_forward(m, step, true, 1.0f / (float)c, &c2);
+  model_backward(m, step);
+  return s / (double)c;
+}
+
+/* d/dε L(θ + ε u) at 0, by central differences with step eps; u over [lo, hi) floats. */
+static double directional(struct model *m, long step, const float *u, size_t lo, size_t hi,
+                          double eps) {
+  float *saved = malloc(sizeof(float) * (hi - lo));
+  memcpy(saved, m->params + lo, sizeof(float) * (hi - lo));
+  for (size_t i = lo; i < hi; i++) m->params[i] = saved[i - lo] + (float)(eps * u[i - lo]);
+  double lp = loss_at(m, step);
+  for (size_t i = lo; i < hi; i++) m->params[i] = saved[i - lo] - (float)(eps * u[i - lo]);
+  double lm = loss_at(m, step);
+  memcpy(m->params + lo, saved, sizeof(float) * (hi - lo));
+  free(saved);
+  return (lp - lm) / (2 * eps);
+}
+
+static void check_gradient(const char *variant, const char *position, const char *objective,
+                           bool tied, double dropout) {
+  struct config cfg;
+  make_config(&cfg, variant, position, objective, tied, dropout, false);
+  struct model m;
+  model_build(&m, &cfg, NULL, 2);
+  model_init_params(&m);
+  /* move away from the initial point so that every tensor (biases, norms) carries gradient */
+  for (size_t i = 0; i < m.plist.total; i++)
+    m.params[i] += 0.05f * (float)rng_normal(3, RNG_TEST, 9, i, 0);
+  /* and make attention far from uniform, so the paths through q and k carry real gradient */
+  for (int t = 0; t < m.plist.count; t++)
+    if (strstr(m.plist.p[t].name, "attn/wqkv"))
+      for (size_t i = 0; i < m.plist.p[t].numel; i++)
+        m.params[m.plist.p[t].offset + i] += 0.5f * (float)rng_normal(3, RNG_TEST, 10, i, 0);
+  fill_batch(&m);
+  const long step = 4;
+  double L = grad_at(&m, step);
+  float *g = malloc(sizeof(float) * m.plist.total);
+  memcpy(g, m.grads, sizeof(float) * m.plist.total);
+  char what[256];
+
+  /* all parameters along the gradient: the derivative is |g| */
+  double gn = 0.0;
+  for (size_t i = 0; i < m.plist.total; i++) gn += (double)g[i] * g[i];
+  gn = sqrt(gn);
+  float *u = malloc(sizeof(float) * m.plist.total);
+  for (size_t i = 0; i < m.plist.total; i++) u[i] = (float)(g[i] / gn);
+  double eps = 1e-4 * L / gn; /* the loss moves by 2·10⁻⁴ of itself: above rounding, small
+                                * enough that the truncation error is ~10⁻⁵ (measured) */
+  double fd = directional(&m, step, u, 0, m.plist.total, eps);
+  snprintf(what, sizeof what, "%s/%s/%s/%s/dropout %g: all parameters", variant, position,
+           objective, tied ? "tied" : "untied", dropout);
+  TU_ASSERT_CLOSE(fabs(fd - gn) / gn, 1e-3, what);
+
+  /* each tensor alone; the packed q|k|v projections in their three row blocks */
+  for (int t = 0; t < m.plist.count; t++) {
+    const struct param_desc *p = &m.plist.p[t];
+    const int parts = strstr(p->name, "qkv") ? 3 : 1;
+    for (int part = 0; part < parts; part++) {
+      const size_t lo = p->offset + p->numel * part / parts;
+      const size_t hi = p->offset + p->numel * (part + 1) / parts;
+      double tn = 0.0;
+      for (size_t i = lo; i < hi; i++) tn += (double)g[i] * g[i];
+      tn = sqrt(tn);
+      snprintf(what, sizeof what, "%s/%s/%s/%s/dropout %g: %s part %d (|g| %.2e)", variant,
+               position, objective, tied ? "tied" : "untied", dropout, p->name, part, tn);
+      if (strstr(p->name, "bqkv") && part == 1 && strcmp(position, "rope") != 0) {
+        /* softmax is invariant to q·b_k, the same for every key: the key bias has no gradient
+         * (rope rotates it differently per position, so there it does) */
+        if (tn > 1e-5 * gn) fail_msg("%s: the key bias must have zero gradient", what);
+        continue;
+      }
+      if (tn < 1e-6 * gn) fail_msg("%s: no gradient reaches this tensor", what);
+      for (size_t i = lo; i < hi; i++) u[i - lo] = (float)(g[i] / tn);
+      double e = 1e-4 * L / tn;
+      if (e > 0.01) e = 0.01;
+      double f = directional(&m, step, u, lo, hi, e);
+      TU_ASSERT_CLOSE(fabs(f - tn) / tn, 2e-2, what);
+    }
+  }
+  free(u);
+  free(g);
+  model_free(&m);
+  config_free(&cfg);
+}
+
+static void test_gradient_positions(void **state) {
+  check_gradient("full", "learned", "clm", true, 0.0);
+  check_gradient("full", "sinusoidal", "clm", true, 0.0);
+  check_gradient("full", "rope", "clm", true, 0.0);
+  check_gradient("full", "none", "clm", true, 0.0);
+}
+
+static void test_gradient_head_and_objective(void **state) {
+  check_gradient("full", "learned", "clm", false, 0.0);
+  check_gradient("full", "learned", "mlm", true, 0.0);
+}
+
+static void test_gradient_dropout(void **state) {
+  check_gradient("full", "learned", "clm", true, 0.2); /* masks are a function of the step */
+}
+
+/* train.recompute keeps only block inputs; the gradient must be bit-identical. */
+static void test_recompute_identical(void **state) {
+  float *grads[2];
+  size_t total = 0;
+  double loss[2];
+  for (int r = 0; r < 2; r++) {
+    struct config cfg;
+    make_config(&cfg, "full", "learned", "clm", true, 0.1, r == 1);
+    struct model m;
+    model_build(&m, &cfg, NULL, 2);
+    model_init_params(&m);
+    fill_batch(&m);
+    loss[r] = grad_at(&m, 3);
+    total = m.plist.total;
+    grads[r] = malloc(sizeof(float) * total);
+    memcpy(grads[r], m.grads, sizeof(float) * total);
+    model_free(&m);
+    config_free(&cfg);
+  }
+  assert_true(loss[0] == loss[1]);
+  assert_memory_equal(grads[0], grads[1], sizeof(float) * total);
+  free(grads[0]);
+  free(grads[1]);
+}
+
+/* Initial parameters follow SPEC §5: norms 1/0, biases 0, weights N(0, 0.02), residual outputs
+ * N(0, 0.02/√(2L)). */
+static void test_init(void **state) {
+  struct config cfg;
+  make_config(&cfg, "full", "learned", "clm", true, 0.0, false);
+  cfg.model.dim = 64;
+  cfg.model.layers = 3;
+  struct model m;
+  model_build(&m, &cfg, NULL, 1);
+  model_init_params(&m);
+  for (int t = 0; t < m.plist.count; t++) {
+    const struct param_desc *p = &m.plist.p[t];
+    const float *x = m.params + p->offset;
+    double s = 0.0, s2 = 0.0;
+    for (size_t i = 0; i < p->numel; i++) {
+      s += x[i];
+      s2 += (double)x[i] * x[i];
+    }
+    double mean = s / p->numel, sd = sqrt(s2 / p->numel - mean * mean);
+    bool resid = strstr(p->name, "attn/wo") || strstr(p->name, "mlp/w2");
+    if (strstr(p->name, "norm") && strstr(p->name, "weight")) {
+      if (mean != 1.0 || sd != 0.0) fail_msg("%s is not all ones", p->name);
+    } else if (strstr(p->name, "bias") || strstr(p->name, "/b")) {
+      if (s2 != 0.0) fail_msg("%s is not zero", p->name);
+    } else {
+      double want = resid ? 0.02 / sqrt(2.0 * m.L) : 0.02;
+      if (fabs(sd - want) > 0.1 * want) fail_msg("%s: std %.4f, expected %.4f", p->name, sd, want);
+    }
+  }
+  model_free(&m);
+  config_free(&cfg);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_gradient_positions),
+    cmocka_unit_test(test_gradient_head_and_objective),
+    cmocka_unit_test(test_gradient_dropout),
+    cmocka_unit_test(test_recompute_identical),
+    cmocka_unit_test(test_init),
+};
+
+TU_MAIN(tests)
