@@ -1,0 +1,178 @@
+/* The resolved run configuration: every deck key of SPEC §3 as a typed field. A deck is parsed and
+ * validated once, on rank 0 (config_load), then broadcast as resolved deck text (config_bcast) that
+ * the other ranks parse again; no rank ever sees an unvalidated configuration. This module knows
+ * keys, types, ranges and cross-key rules; it does not open data files other than to check them. */
+#ifndef FMATTN_CONFIG_H
+#define FMATTN_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CONFIG_STR 512
+#define CONFIG_LIST_MAX 32
+
+enum run_mode { MODE_TRAIN, MODE_EVAL, MODE_GENERATE, MODE_BENCH };
+enum data_source { SOURCE_FILE, SOURCE_COPY, SOURCE_MAJORITY };
+enum position_kind { POSITION_LEARNED, POSITION_SINUSOIDAL, POSITION_ROPE, POSITION_NONE };
+enum objective_kind { OBJECTIVE_CLM, OBJECTIVE_MLM };
+enum schedule_kind { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
+enum backend_kind { BACKEND_AUTO, BACKEND_MPI, BACKEND_NCCL };
+enum device_kind { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU };
+enum fma_downsample { FMA_DOWN_CONV, FMA_DOWN_M2M, FMA_DOWN_AVG };
+enum fma_init_kind { FMA_INIT_MEAN, FMA_INIT_RANDOM };
+enum heads_mode { HEADS_STANDARD, HEADS_FISH };
+
+/* Bench sections, as a bit set. */
+enum bench_what { BENCH_ATTENTION = 1, BENCH_TRAIN = 2, BENCH_COMM = 4 };
+
+struct config_run {
+  char name[CONFIG_STR];
+  enum run_mode mode;
+  uint64_t seed;
+};
+
+struct config_data {
+  enum data_source source;
+  char path[CONFIG_STR];
+  double split[3];      /* fractions (sum 1) or byte counts, as given */
+  bool split_is_bytes;  /* true when the split was given in bytes */
+  int symbols;          /* synthetic tasks: alphabet size */
+  int copy_len;         /* copy task: symbols before the separator (0: as many as fit) */
+};
+
+struct config_model {
+  int layers;
+  int dim;
+  int heads;
+  int mlp_ratio;
+  int context;
+  enum position_kind position;
+  double dropout;
+  enum objective_kind objective;
+  bool tie_embeddings;
+};
+
+struct config_attention {
+  char variant[64];
+  enum heads_mode heads_mode;
+  int full_block;                 /* full.block: query/key tile size */
+  int fma_m;                      /* fma.m: fine block */
+  int fma_p;                      /* fma.p: summaries per window */
+  enum fma_downsample fma_downsample;
+  enum fma_init_kind fma_init;
+  bool fma_multiplicity;
+  int local_band;
+  int fmmformer_band;
+  char fmmformer_kernels[CONFIG_STR];
+  int nystrom_landmarks;
+  int nystrom_pinv_iters;
+  int nystrom_conv;
+  char rmfa_kernel[32];
+  int rmfa_features;
+  bool rmfa_ppsbn;
+  int fish_global_heads;
+  char fish_mix[32];
+  double fish_noise;
+};
+
+struct config_train {
+  long steps;
+  int batch;
+  double lr, min_lr;
+  long warmup;
+  enum schedule_kind schedule;
+  double weight_decay, beta1, beta2, eps, clip;
+  long eval_every;
+  int eval_windows;
+  bool recompute;
+};
+
+struct config_output {
+  char dir[CONFIG_STR];
+  long log_every;
+  long diag_every;
+  long checkpoint_every;
+  int keep;
+  char restart[CONFIG_STR];
+};
+
+struct config_parallel {
+  int seq_ranks;
+  enum backend_kind backend;
+  enum device_kind device;
+};
+
+struct config_bench {
+  unsigned what; /* enum bench_what bits */
+  int n_count;
+  long n_list[CONFIG_LIST_MAX];
+  int variant_count;
+  char variants[CONFIG_LIST_MAX][64];
+  int repeats;
+  int batch; /* sequences per timed attention call and per timed training step */
+};
+
+struct config_generate {
+  char prompt[CONFIG_STR];
+  int length;
+  double temperature;
+  int top_k;
+};
+
+struct config {
+  struct config_run run;
+  struct config_data data;
+  struct config_model model;
+  struct config_attention attention;
+  struct config_train train;
+  struct config_output output;
+  struct config_parallel parallel;
+  struct config_bench bench;
+  struct config_generate generate;
+
+  char deck_path[CONFIG_STR]; /* the deck file given on the command line ("" for defaults) */
+  char *resolved;             /* resolved deck text: every key, defaults filled in (owned) */
+};
+
+/* Overrides from the command line: "section.key=value" strings. */
+struct config_overrides {
+  int count;
+  const char *items[64];
+};
+
+/* Parse and validate a deck with its overrides. On success returns 0 and fills *cfg; on failure
+ * returns non-zero and writes one message (file:line, key, what was expected, a suggestion for a
+ * misspelt key) into err. No MPI, no output. deck_path may be NULL for the built-in defaults. */
+int config_load(struct config *cfg, const char *deck_path, const struct config_overrides *ov,
+                char *err, size_t err_len);
+
+/* Parse resolved deck text (as produced by config_load) into cfg; used by the non-root ranks and
+ * when a checkpoint's deck is read back. Returns 0 on success. */
+int config_from_text(struct config *cfg, const char *text, char *err, size_t err_len);
+
+/* Rank 0 loads and validates; every rank receives the result. On a deck error every rank exits
+ * with status 1 after rank 0 prints the message. Collective over MPI_COMM_WORLD. */
+void config_load_collective(struct config *cfg, const char *deck_path,
+                            const struct config_overrides *ov);
+
+/* Checks that depend on the rank count (divisibility of batch and context by the layout). Returns
+ * 0 when consistent, else writes a message into err. */
+int config_check_layout(const struct config *cfg, int world_size, char *err, size_t err_len);
+
+/* Print a complete, commented deck with every key at its default. */
+void config_print_defaults(FILE *out);
+
+/* Free what config_load allocated. */
+void config_free(struct config *cfg);
+
+/* Names for the enums, for messages and HDF5 attributes. */
+const char *config_mode_name(enum run_mode m);
+const char *config_position_name(enum position_kind p);
+const char *config_downsample_name(enum fma_downsample d);
+
+/* Vocabulary size implied by the objective: 256 bytes, plus the mask symbol for mlm. */
+int config_vocab(const struct config *cfg);
+
+#endif
