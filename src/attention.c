@@ -19,8 +19,8 @@ static const struct attn_variant *const registry[] = {
 
 /* Variants named by SPEC §6 that a deck may select; those not in the registry are refused with a
  * clear message rather than an "unknown variant" one. */
-static const char *const spec_variants[] = {"full",      "local",   "linear", "fma", "fma_linear",
-                                            "fmmformer", "nystrom", "rmfa"};
+static const char *const spec_variants[] = {"full",       "local",     "linear",  "fma",
+                                            "fma_linear", "fmmformer", "nystrom", "rmfa"};
 
 const struct attn_variant *attention_find(const char *name) {
   for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)

@@ -70,10 +70,10 @@ static void full_block_forward(struct full_state st, const float *q, long Tq, lo
 
 /* Gradient contributions of keys [koff, koff+Tk) to queries [qoff, qoff+Tq) of one (b, h):
  * dq (Tq, d) += …, dk, dv (Tk, d) += …; lse and D (Tq) as saved and precomputed. */
-static void full_block_backward(float *dq, float *dk, float *dv, const float *dout,
-                                const float *q, const float *lse, const float *D, long Tq,
-                                long qoff, const float *k, const float *v, long Tk, long koff,
-                                int d, bool causal, int tile, float *S, float *dP) {
+static void full_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *lse, const float *D, long Tq, long qoff,
+                                const float *k, const float *v, long Tk, long koff, int d,
+                                bool causal, int tile, float *S, float *dP) {
   const float scale = 1.0f / sqrtf((float)d);
   for (long i0 = 0; i0 < Tq; i0 += tile) {
     long bi = Tq - i0 < tile ? Tq - i0 : tile;
@@ -109,8 +109,8 @@ static void full_block_backward(float *dq, float *dk, float *dv, const float *do
 #pragma omp simd
         for (long c = 0; c < bj; c++) g[c] = p[c] * (g[c] - Di);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, scale, dP, (int)bj,
-                  k + j0 * d, d, 1.0f, dq + i0 * d, d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, scale, dP,
+                  (int)bj, k + j0 * d, d, 1.0f, dq + i0 * d, d);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, scale, dP, (int)bj,
                   q + i0 * d, d, 1.0f, dk + j0 * d, d);
     }
@@ -131,7 +131,7 @@ static void full_forward(struct attn_ctx *ctx, float *out, float *saved, const f
   const long T = dm->T, BH = dm->B * dm->H;
   const int d = (int)dm->d, tile = full_tile(ctx);
   const long ntiles = (T + tile - 1) / tile;
-  float *lse = saved;                                         /* (B, H, T) */
+  float *lse = saved;                                                         /* (B, H, T) */
   float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l */
 #pragma omp parallel
   {
@@ -147,8 +147,8 @@ static void full_forward(struct attn_ctx *ctx, float *out, float *saved, const f
           st.l[i] = 0.0f;
         }
         memset(out + off + i0 * d, 0, sizeof(float) * (size_t)((i1 - i0) * d));
-        full_block_forward(st, q + off, T, dm->t0, k + off, v + off, T, dm->t0, d, dm->causal,
-                           tile, i0, i1, S);
+        full_block_forward(st, q + off, T, dm->t0, k + off, v + off, T, dm->t0, d, dm->causal, tile,
+                           i0, i1, S);
         for (long i = i0; i < i1; i++) {
           float inv = 1.0f / st.l[i];
           for (int c = 0; c < d; c++) st.acc[i * d + c] *= inv;

@@ -98,10 +98,14 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   }
   ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
   const size_t count = (size_t)(B * H * n * d);
-  float *q = mem_alloc(MEM_DATA, sizeof(float) * count), *k = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count), *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *out = mem_alloc(MEM_DATA, sizeof(float) * count), *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count), *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *q = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *k = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
   fill_normal(q, count, 1);
   fill_normal(k, count, 2);
   fill_normal(vv, count, 3);
@@ -119,7 +123,8 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
 
   const size_t ws0 = mem_current(MEM_WORKSPACE);
   mem_reset_peak(MEM_WORKSPACE);
-  double *tf = xmalloc(sizeof(double) * (size_t)repeats), *tb = xmalloc(sizeof(double) * (size_t)repeats);
+  double *tf = xmalloc(sizeof(double) * (size_t)repeats),
+         *tb = xmalloc(sizeof(double) * (size_t)repeats);
   double p2p_ms = 0.0;
   for (int r = -1; r < repeats; r++) { /* r = −1: warm-up */
     double p0 = timer_total_ms(TIMER_P2P);
@@ -154,10 +159,11 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   float *bufs[] = {q, k, vv, dout, out, dq, dk, dv, params, dparams, saved};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
   param_list_free(&list);
-  message("  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of SGEMM) | "
-          "workspace %8.2f MiB%s",
-          row->variant, n, row->fwd_ms, row->bwd_ms, row->gflops, 100.0 * row->gflops / sgemm,
-          row->workspace_bytes / 1048576.0, "");
+  message(
+      "  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of SGEMM) | "
+      "workspace %8.2f MiB%s",
+      row->variant, n, row->fwd_ms, row->bwd_ms, row->gflops, 100.0 * row->gflops / sgemm,
+      row->workspace_bytes / 1048576.0, "");
   if (!isnan(row->p2p_gflops))
     message("  %-10s             near field (P2P): %.1f GFLOP/s (%.1f%% of SGEMM)", "",
             row->p2p_gflops, 100.0 * row->p2p_gflops / sgemm);
@@ -205,10 +211,11 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   row->tokens_per_s = (double)cfg->train.batch * (double)m.n / s;
   row->flops_per_token = fpt;
   row->mfu = row->tokens_per_s * fpt / (machine_gflops * 1e9);
-  message("  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
-          "%.1f%% of SGEMM",
-          m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
-          100.0 * row->mfu);
+  message(
+      "  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
+      "%.1f%% of SGEMM",
+      m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
+      100.0 * row->mfu);
   model_free(&m);
   return true;
 }
@@ -232,9 +239,10 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   comm_barrier(comm, COMM_WORLD);
   double rank_rate = bench_sgemm_gflops(), machine_rate = rank_rate;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &machine_rate, 1, MPI_DOUBLE, MPI_SUM, comm->world));
-  message("bench: %d rank(s) x %d thread(s), BLAS core %s; SGEMM %.1f GFLOP/s per rank, %.1f "
-          "GFLOP/s in all",
-          comm->world_size, threads_count(), threads_blas_core(), rank_rate, machine_rate);
+  message(
+      "bench: %d rank(s) x %d thread(s), BLAS core %s; SGEMM %.1f GFLOP/s per rank, %.1f "
+      "GFLOP/s in all",
+      comm->world_size, threads_count(), threads_blas_core(), rank_rate, machine_rate);
 
   static struct attn_row arows[BENCH_ROWS];
   static struct train_row trows[BENCH_ROWS];
@@ -274,8 +282,9 @@ int bench_run(const struct config *cfg, struct comm *comm) {
     }
   }
   if (cfg->bench.what & BENCH_COMM)
-    message("comm: sequence-parallel attention traffic needs parallel.seq_ranks > 1, which this "
-            "version does not support yet; nothing measured");
+    message(
+        "comm: sequence-parallel attention traffic needs parallel.seq_ranks > 1, which this "
+        "version does not support yet; nothing measured");
 
   if (comm->world_rank == 0) {
     char path[1100];
@@ -296,10 +305,10 @@ int bench_run(const struct config *cfg, struct comm *comm) {
         names[i][63] = '\0';
       }
       write_strings(f, "/attention/variant", names, na);
-#define COL(field, path, units)                                        \
-  do {                                                                 \
-    for (int i = 0; i < na; i++) col[i] = (double)arows[i].field;      \
-    write_column(f, path, col, na, units);                             \
+#define COL(field, path, units)                                   \
+  do {                                                            \
+    for (int i = 0; i < na; i++) col[i] = (double)arows[i].field; \
+    write_column(f, path, col, na, units);                        \
   } while (0)
       COL(n, "/attention/n", "tokens");
       COL(heads, "/attention/heads", "heads");
@@ -307,17 +316,18 @@ int bench_run(const struct config *cfg, struct comm *comm) {
       COL(causal, "/attention/causal", "1 = causal, 0 = bidirectional");
       COL(fwd_ms, "/attention/fwd_ms", "milliseconds, median forward");
       COL(bwd_ms, "/attention/bwd_ms", "milliseconds, median backward");
-      COL(workspace_bytes, "/attention/workspace_bytes", "bytes of peak workspace, forward+backward");
+      COL(workspace_bytes, "/attention/workspace_bytes",
+          "bytes of peak workspace, forward+backward");
       COL(gflops, "/attention/gflops", "GFLOP/s: 3 x forward model FLOPs / (fwd + bwd time)");
       COL(p2p_gflops, "/attention/p2p_gflops", "GFLOP/s of the near field (NaN when none)");
 #undef COL
     }
     if (nt > 0) {
       double col[BENCH_ROWS];
-#define COL(field, path, units)                                        \
-  do {                                                                 \
-    for (int i = 0; i < nt; i++) col[i] = (double)trows[i].field;      \
-    write_column(f, path, col, nt, units);                             \
+#define COL(field, path, units)                                   \
+  do {                                                            \
+    for (int i = 0; i < nt; i++) col[i] = (double)trows[i].field; \
+    write_column(f, path, col, nt, units);                        \
   } while (0)
       COL(n, "/train/n", "tokens per sequence");
       COL(tokens_per_s, "/train/tokens_per_s", "tokens per second, all ranks");

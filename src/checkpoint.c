@@ -105,7 +105,8 @@ int checkpoint_resolve(const char *restart, const char *dir, char *path, size_t 
     closedir(d);
   }
   if (best < 0) {
-    snprintf(path, len, "output.restart = latest, but %s holds no checkpoint (ckpt_<step>.h5)", dir);
+    snprintf(path, len, "output.restart = latest, but %s holds no checkpoint (ckpt_<step>.h5)",
+             dir);
     return 1;
   }
   snprintf(path, len, "%s/ckpt_%06ld.h5", dir, best);

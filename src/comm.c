@@ -29,9 +29,15 @@ void comm_free(struct comm *c) {
 
 static MPI_Comm scope_comm(struct comm *c, enum comm_scope scope, int *size) {
   switch (scope) {
-    case COMM_SEQ: *size = c->S; return c->seq;
-    case COMM_DATA: *size = c->D; return c->data;
-    default: *size = c->world_size; return c->world;
+    case COMM_SEQ:
+      *size = c->S;
+      return c->seq;
+    case COMM_DATA:
+      *size = c->D;
+      return c->data;
+    default:
+      *size = c->world_size;
+      return c->world;
   }
 }
 
@@ -64,8 +70,9 @@ void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t b
   MPI_Comm comm = scope_comm(c, scope, &size);
   if (size == 1) return;
   for (size_t off = 0; off < bytes; off += COMM_PIECE)
-    MPI_CHECK(MPI_Bcast((char *)buf + off, (int)(bytes - off < COMM_PIECE ? bytes - off : COMM_PIECE),
-                        MPI_BYTE, root, comm));
+    MPI_CHECK(MPI_Bcast((char *)buf + off,
+                        (int)(bytes - off < COMM_PIECE ? bytes - off : COMM_PIECE), MPI_BYTE, root,
+                        comm));
 }
 
 void comm_barrier(struct comm *c, enum comm_scope scope) {

@@ -1,7 +1,8 @@
 /* The resolved run configuration: every deck key of SPEC §3 as a typed field. A deck is parsed and
- * validated once, on rank 0 (config_load), then broadcast as resolved deck text (config_bcast) that
- * the other ranks parse again; no rank ever sees an unvalidated configuration. This module knows
- * keys, types, ranges and cross-key rules; it does not open data files other than to check them. */
+ * validated once, on rank 0 (config_load), then broadcast as resolved deck text that the other
+ * ranks parse again (both in config_load_collective); no rank ever sees an unvalidated
+ * configuration. This module knows keys, types, ranges and cross-key rules; it does not open data
+ * files other than to check them. */
 #ifndef FMATTN_CONFIG_H
 #define FMATTN_CONFIG_H
 
@@ -10,8 +11,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define CONFIG_STR 512
+#define CONFIG_STR      512
 #define CONFIG_LIST_MAX 32
+
+/* Bytes of the err buffer that callers pass to config_load, config_from_text and
+ * config_check_layout: size it with this, and no message is cut short. */
+#define CONFIG_ERR_LEN 4096
 
 enum run_mode { MODE_TRAIN, MODE_EVAL, MODE_GENERATE, MODE_BENCH };
 enum data_source { SOURCE_FILE, SOURCE_COPY, SOURCE_MAJORITY };
@@ -36,10 +41,10 @@ struct config_run {
 struct config_data {
   enum data_source source;
   char path[CONFIG_STR];
-  double split[3];      /* fractions (sum 1) or byte counts, as given */
-  bool split_is_bytes;  /* true when the split was given in bytes */
-  int symbols;          /* synthetic tasks: alphabet size */
-  int copy_len;         /* copy task: symbols before the separator (0: as many as fit) */
+  double split[3];     /* fractions (sum 1) or byte counts, as given */
+  bool split_is_bytes; /* true when the split was given in bytes */
+  int symbols;         /* synthetic tasks: alphabet size */
+  int copy_len;        /* copy task: symbols before the separator (0: as many as fit) */
 };
 
 struct config_model {
@@ -57,9 +62,9 @@ struct config_model {
 struct config_attention {
   char variant[64];
   enum heads_mode heads_mode;
-  int full_block;                 /* full.block: query/key tile size */
-  int fma_m;                      /* fma.m: fine block */
-  int fma_p;                      /* fma.p: summaries per window */
+  int full_block; /* full.block: query/key tile size */
+  int fma_m;      /* fma.m: fine block */
+  int fma_p;      /* fma.p: summaries per window */
   enum fma_downsample fma_downsample;
   enum fma_init_kind fma_init;
   bool fma_multiplicity;
@@ -149,7 +154,10 @@ int config_load(struct config *cfg, const char *deck_path, const struct config_o
                 char *err, size_t err_len);
 
 /* Parse resolved deck text (as produced by config_load) into cfg; used by the non-root ranks and
- * when a checkpoint's deck is read back. Returns 0 on success. */
+ * when a checkpoint's deck is read back. Returns 0 on success. cfg->deck_path is left empty
+ * (config_load_collective sets it afterwards), and cfg->resolved is a copy of text exactly as
+ * given, not re-generated, so a deck read back is written out again byte for byte. The data file is
+ * not checked again. */
 int config_from_text(struct config *cfg, const char *text, char *err, size_t err_len);
 
 /* Rank 0 loads and validates; every rank receives the result. On a deck error every rank exits

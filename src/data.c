@@ -96,9 +96,13 @@ static void window_bytes(const struct dataset *ds, enum data_split split, uint64
   const struct config *cfg = ds->cfg;
   const long n = cfg->model.context;
   switch (cfg->data.source) {
-    case SOURCE_COPY: copy_window(cfg, a, b, w); return;
-    case SOURCE_MAJORITY: error("data.source = majority is not implemented yet");
-    case SOURCE_FILE: break;
+    case SOURCE_COPY:
+      copy_window(cfg, a, b, w);
+      return;
+    case SOURCE_MAJORITY:
+      error("data.source = majority is not implemented yet");
+    case SOURCE_FILE:
+      break;
   }
   size_t off;
   if (eval_index >= 0) {

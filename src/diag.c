@@ -61,8 +61,10 @@ void diag_train(struct diag *diag, const struct diag_train_record *r) {
     snprintf(path, sizeof path, "/timing/%s_ms", timer_name((enum timer_id)p));
     scalar(f, path, r->phase_ms[p], phase_units);
   }
-  scalar(f, "/comm/bytes_per_step", r->comm_bytes, "bytes sent per rank in this step (max over ranks)");
-  scalar(f, "/memory/peak_bytes", r->peak_bytes, "peak labelled memory per rank so far (max over ranks), bytes");
+  scalar(f, "/comm/bytes_per_step", r->comm_bytes,
+         "bytes sent per rank in this step (max over ranks)");
+  scalar(f, "/memory/peak_bytes", r->peak_bytes,
+         "peak labelled memory per rank so far (max over ranks), bytes");
   h5_close(f);
 }
 

@@ -20,8 +20,8 @@ struct diag_train_record {
   long step;
   double loss, bpc, lr, grad_norm, step_ms, tokens_per_s;
   double phase_ms[TIMER_DIAG_COUNT];
-  double comm_bytes;  /* bytes sent per rank in this step (max over ranks) */
-  double peak_bytes;  /* peak labelled memory, max over ranks */
+  double comm_bytes; /* bytes sent per rank in this step (max over ranks) */
+  double peak_bytes; /* peak labelled memory, max over ranks */
 };
 
 /* Create (or, restarting at step restart_step ≥ 0, reopen and trim) runs/<name>/diag.h5. */

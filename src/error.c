@@ -43,8 +43,8 @@ noreturn void error_at(const char *file, const char *func, int line, const char 
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
   fflush(stdout);
-  fprintf(stderr, "[%d] %s:%s:%d: error: %s\n", error_rank_ < 0 ? 0 : error_rank_, basename_of(file),
-          func, line, text);
+  fprintf(stderr, "[%d] %s:%s:%d: error: %s\n", error_rank_ < 0 ? 0 : error_rank_,
+          basename_of(file), func, line, text);
   fflush(stderr);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

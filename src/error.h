@@ -11,8 +11,8 @@
 void error_set_rank(int rank, int nranks);
 int error_rank(void);
 
-/* A fatal error on this rank: print "[rank] file:function:line: error: ..." and end the job on every
- * rank (MPI_Abort with code 1 when the world has more than one rank, exit(1) otherwise). */
+/* A fatal error on this rank: print "[rank] file:function:line: error: ..." and end the job on
+ * every rank (MPI_Abort with code 1 when the world has more than one rank, exit(1) otherwise). */
 noreturn void error_at(const char *file, const char *func, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void warning_at(const char *file, const char *func, int line, const char *fmt, ...)
@@ -27,26 +27,26 @@ void message_all(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * the one message, every rank finalises MPI and exits with status 1. Collective. */
 noreturn void error_collective(const char *msg);
 
-#define error(...) error_at(__FILE__, __func__, __LINE__, __VA_ARGS__)
+#define error(...)   error_at(__FILE__, __func__, __LINE__, __VA_ARGS__)
 #define warning(...) warning_at(__FILE__, __func__, __LINE__, __VA_ARGS__)
 
-#define MPI_CHECK(call)                                                                            \
-  do {                                                                                             \
-    int mpi_check_rc_ = (call);                                                                    \
-    if (mpi_check_rc_ != MPI_SUCCESS) {                                                            \
-      char mpi_check_msg_[MPI_MAX_ERROR_STRING];                                                   \
-      int mpi_check_len_ = 0;                                                                      \
-      MPI_Error_string(mpi_check_rc_, mpi_check_msg_, &mpi_check_len_);                            \
-      error("%s failed: %s", #call, mpi_check_msg_);                                               \
-    }                                                                                              \
+#define MPI_CHECK(call)                                                 \
+  do {                                                                  \
+    int mpi_check_rc_ = (call);                                         \
+    if (mpi_check_rc_ != MPI_SUCCESS) {                                 \
+      char mpi_check_msg_[MPI_MAX_ERROR_STRING];                        \
+      int mpi_check_len_ = 0;                                           \
+      MPI_Error_string(mpi_check_rc_, mpi_check_msg_, &mpi_check_len_); \
+      error("%s failed: %s", #call, mpi_check_msg_);                    \
+    }                                                                   \
   } while (0)
 
 /* HDF5 calls return a negative value on failure (herr_t or hid_t). */
-#define H5_CHECK(call)                                                                             \
-  ({                                                                                               \
-    __typeof__(call) h5_check_rc_ = (call);                                                        \
-    if (h5_check_rc_ < 0) error("%s failed", #call);                                               \
-    h5_check_rc_;                                                                                  \
+#define H5_CHECK(call)                               \
+  ({                                                 \
+    __typeof__(call) h5_check_rc_ = (call);          \
+    if (h5_check_rc_ < 0) error("%s failed", #call); \
+    h5_check_rc_;                                    \
   })
 
 /* malloc that never returns NULL. */

@@ -11,11 +11,11 @@
 #define FMA_MAX_LEVELS 40
 
 struct fma_tree {
-  long n;       /* sequence length */
-  int m;        /* fine block */
-  int p;        /* summaries per window */
-  int levels;   /* L */
-  long nblocks; /* ⌈n/m⌉ */
+  long n;                            /* sequence length */
+  int m;                             /* fine block */
+  int p;                             /* summaries per window */
+  int levels;                        /* L */
+  long nblocks;                      /* ⌈n/m⌉ */
   long window[FMA_MAX_LEVELS + 1];   /* w_l, l = 1..L (window[0] = m, the fine block) */
   long nwindows[FMA_MAX_LEVELS + 1]; /* windows at level l that exist: ⌈n / w_l⌉ */
 };

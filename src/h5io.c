@@ -15,7 +15,8 @@ static hid_t lcpl_intermediate(void) {
 
 hid_t h5_create(const char *path) {
   hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (f < 0) error("cannot create HDF5 file '%s' (does the directory exist and is it writable?)", path);
+  if (f < 0)
+    error("cannot create HDF5 file '%s' (does the directory exist and is it writable?)", path);
   return f;
 }
 
@@ -49,7 +50,7 @@ bool h5_exists(hid_t loc, const char *path) {
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", path);
   /* check every prefix: H5Lexists fails (rather than returning false) on a missing parent */
-  for (char *p = buf + 1; ; p++) {
+  for (char *p = buf + 1;; p++) {
     if (*p == '/' || *p == '\0') {
       char saved = *p;
       *p = '\0';
@@ -197,7 +198,8 @@ int h5_dataset_shape(hid_t loc, const char *path, long *shape, int maxdim) {
 
 static void shape_text(char *buf, size_t len, int nd, const long *shape) {
   size_t u = (size_t)snprintf(buf, len, "[");
-  for (int i = 0; i < nd && u < len; i++) u += (size_t)snprintf(buf + u, len - u, i ? ", %ld" : "%ld", shape[i]);
+  for (int i = 0; i < nd && u < len; i++)
+    u += (size_t)snprintf(buf + u, len - u, i ? ", %ld" : "%ld", shape[i]);
   if (u < len) snprintf(buf + u, len - u, "]");
 }
 
@@ -212,8 +214,8 @@ void h5_read_floats(hid_t loc, const char *path, int ndim, const long *shape, fl
     char a[128], b[128];
     shape_text(a, sizeof a, nd, have);
     shape_text(b, sizeof b, ndim, shape);
-    error("%s: dataset %s has shape %s, expected %s (a different model configuration?)",
-          file_name, path, a, b);
+    error("%s: dataset %s has shape %s, expected %s (a different model configuration?)", file_name,
+          path, a, b);
   }
   hid_t ds = H5_CHECK(H5Dopen2(loc, path, H5P_DEFAULT));
   if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)

@@ -103,8 +103,10 @@ int kernel_run(const char *in_path, const char *out_path) {
 
   const size_t count = (size_t)(H * n * d);
   const long dims3[3] = {H, n, d};
-  float *q = mem_alloc(MEM_DATA, sizeof(float) * count), *k = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count), *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *q = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *k = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
   h5_read_floats(in, "q", 3, dims3, q, in_path);
   h5_read_floats(in, "k", 3, dims3, k, in_path);
   h5_read_floats(in, "v", 3, dims3, vv, in_path);
@@ -132,8 +134,10 @@ int kernel_run(const char *in_path, const char *out_path) {
   ctx.state = v->setup ? v->setup(&cfg, &ctx.dims) : NULL;
   size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
-  float *out = mem_alloc(MEM_DATA, sizeof(float) * count), *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count), *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
+  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
   const float *pp = list.count ? params : NULL;
   double t0 = timer_now();
   v->forward(&ctx, out, saved, q, k, vv, pp);
@@ -160,8 +164,8 @@ int kernel_run(const char *in_path, const char *out_path) {
   h5_attr_double(f, "/", "backward_ms", 1e3 * (t2 - t1));
   h5_close(f);
   printf("fmattn kernel: %s %s, H %ld, n %ld, d %ld: forward %.2f ms, backward %.2f ms -> %s\n",
-         v->name, ka.causal ? "causal" : "bidirectional", H, n, d, 1e3 * (t1 - t0),
-         1e3 * (t2 - t1), out_path);
+         v->name, ka.causal ? "causal" : "bidirectional", H, n, d, 1e3 * (t1 - t0), 1e3 * (t2 - t1),
+         out_path);
 
   if (v->teardown) v->teardown(ctx.state);
   float *bufs[] = {q, k, vv, dout, params, dparams, saved, out, dq, dk, dv};

@@ -263,8 +263,7 @@ void rope_backward(float *dx, long BH, long T, int d, long t0) {
 /* ---------------------------------------------------------------------------------------------
  * dropout */
 
-static inline uint64_t dropout_bits(const struct dropout_key *key, long b, long t, int c4,
-                                    int C4) {
+static inline uint64_t dropout_bits(const struct dropout_key *key, long b, long t, int c4, int C4) {
   return rng_bits(key->seed, RNG_DROPOUT, (uint64_t)key->step,
                   ((uint64_t)key->site << 40) ^ (uint64_t)(key->sample0 + b),
                   (uint64_t)(key->t0 + t) * (uint64_t)C4 + (uint64_t)c4);

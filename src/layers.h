@@ -18,7 +18,8 @@ void linear_forward(float *out, const float *inp, const float *weight, const flo
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, long N, int IC, int OC);
 
-/* out = (inp − mean) · rstd · weight + bias per row, eps 1e-5. mean, rstd: (N) saved for backward. */
+/* out = (inp − mean) · rstd · weight + bias per row, eps 1e-5. mean, rstd: (N) saved for backward.
+ */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                        const float *bias, long N, int C);
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,

@@ -34,7 +34,8 @@ static void check_runnable(const struct config *cfg, int world) {
   char err[1024];
   if (config_check_layout(cfg, world, err, sizeof err)) error_collective(err);
   long n = cfg->model.context;
-  if (cfg->run.mode != MODE_BENCH && attention_check(cfg, n, cfg->parallel.seq_ranks, err, sizeof err))
+  if (cfg->run.mode != MODE_BENCH &&
+      attention_check(cfg, n, cfg->parallel.seq_ranks, err, sizeof err))
     error_collective(err);
   if (cfg->parallel.device == DEVICE_GPU)
     error_collective("parallel.device = gpu: this build has no GPU back end yet (use cpu or auto)");
@@ -131,10 +132,18 @@ int main(int argc, char **argv) {
   }
   int rc = 0;
   switch (cfg.run.mode) {
-    case MODE_TRAIN: rc = train_run(&cfg, &comm); break;
-    case MODE_EVAL: rc = eval_run(&cfg, &comm); break;
-    case MODE_GENERATE: rc = generate_run(&cfg, &comm); break;
-    case MODE_BENCH: rc = bench_run(&cfg, &comm); break;
+    case MODE_TRAIN:
+      rc = train_run(&cfg, &comm);
+      break;
+    case MODE_EVAL:
+      rc = eval_run(&cfg, &comm);
+      break;
+    case MODE_GENERATE:
+      rc = generate_run(&cfg, &comm);
+      break;
+    case MODE_BENCH:
+      rc = bench_run(&cfg, &comm);
+      break;
   }
   comm_free(&comm);
   config_free(&cfg);

@@ -22,8 +22,8 @@ static size_t mem_peak_[MEM_NLABELS];
 static size_t mem_total_cur_;
 static size_t mem_total_peak_;
 
-static const char *mem_names_[MEM_NLABELS] = {"params", "grads",  "optimizer", "activations",
-                                              "workspace", "data", "comm"};
+static const char *mem_names_[MEM_NLABELS] = {"params",    "grads", "optimizer", "activations",
+                                              "workspace", "data",  "comm"};
 
 void *mem_alloc(enum mem_label label, size_t bytes) {
   void *raw = NULL;

@@ -1,6 +1,6 @@
 /* Labelled memory arenas: every large allocation names what it is for (params, grads, optimizer
- * state, activations, workspace, data, communication buffers), so that current and peak bytes can be
- * reported per label in the console summary and in diag.h5. Allocations are 64-byte aligned and
+ * state, activations, workspace, data, communication buffers), so that current and peak bytes can
+ * be reported per label in the console summary and in diag.h5. Allocations are 64-byte aligned and
  * zeroed. This module does not know about devices; GPU memory is counted by the gpu/ layer. */
 #ifndef FMATTN_MEMORY_H
 #define FMATTN_MEMORY_H

@@ -54,7 +54,8 @@ static void register_params(struct model *m) {
   }
   add(m, "norm_f/weight", 1, m->C, 0, false, INIT_ONE, 0, -1);
   add(m, "norm_f/bias", 1, m->C, 0, false, INIT_ZERO, 0, -1);
-  if (!cfg->model.tie_embeddings) add(m, "head/weight", 2, m->V, m->C, true, INIT_NORMAL, INIT_STD, -1);
+  if (!cfg->model.tie_embeddings)
+    add(m, "head/weight", 2, m->V, m->C, true, INIT_NORMAL, INIT_STD, -1);
 }
 
 static float *view(struct model *m, float *base, const char *name) {
@@ -108,8 +109,7 @@ size_t model_param_count(const struct model *m) {
 
 double model_flops_per_token(struct model *m) {
   double matmul = (double)m->V * m->C; /* head (tied or not) */
-  for (int l = 0; l < m->L; l++)
-    matmul += 4.0 * m->C * (double)m->C + 2.0 * m->C * (double)m->R;
+  for (int l = 0; l < m->L; l++) matmul += 4.0 * m->C * (double)m->C + 2.0 * m->C * (double)m->R;
   double attn = 0.0;
   for (int l = 0; l < m->L; l++) {
     double p2p;
@@ -221,16 +221,16 @@ void model_free(struct model *m) {
   free(m->actx);
   for (int a = 0; a < m->nacts; a++) {
     struct block_acts *x = &m->acts[a];
-    float *bufs[] = {x->ln1, x->ln1_mean, x->ln1_rstd, x->q,   x->k,        x->v,
-                     x->att, x->att_saved, x->atty,    x->res2, x->ln2,     x->ln2_mean,
-                     x->ln2_rstd, x->fch,  x->fch_gelu};
+    float *bufs[] = {x->ln1, x->ln1_mean, x->ln1_rstd,  x->q,    x->k,
+                     x->v,   x->att,      x->att_saved, x->atty, x->res2,
+                     x->ln2, x->ln2_mean, x->ln2_rstd,  x->fch,  x->fch_gelu};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
   }
   free(m->acts);
-  float *bufs[] = {m->residual, m->lnf,   m->lnf_mean, m->lnf_rstd, m->logits,    m->qkv,
-                   m->proj,     m->dres_a, m->dres_b, m->dres2,    m->dproj,     m->dfch,
-                   m->dfch_gelu, m->dln,   m->dqkv,   m->dq,       m->dk,        m->dv,
-                   m->datt,     m->datty, m->params, m->grads,    m->m,         m->v};
+  float *bufs[] = {m->residual,  m->lnf,    m->lnf_mean, m->lnf_rstd, m->logits, m->qkv,
+                   m->proj,      m->dres_a, m->dres_b,   m->dres2,    m->dproj,  m->dfch,
+                   m->dfch_gelu, m->dln,    m->dqkv,     m->dq,       m->dk,     m->dv,
+                   m->datt,      m->datty,  m->params,   m->grads,    m->m,      m->v};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
   mem_free(m->tokens);
   mem_free(m->targets);
@@ -241,9 +241,7 @@ void model_free(struct model *m) {
   param_list_free(&m->plist);
 }
 
-void model_zero_grads(struct model *m) {
-  memset(m->grads, 0, sizeof(float) * m->plist.total);
-}
+void model_zero_grads(struct model *m) { memset(m->grads, 0, sizeof(float) * m->plist.total); }
 
 /* ---------------------------------------------------------------------------------------------
  * forward */
@@ -354,8 +352,8 @@ void model_backward(struct model *m, long step) {
   linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V);
   float *dres = m->dres_a, *dnext = m->dres_b;
   zero(dres, NC);
-  layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L), m->P.lnfw,
-                     m->lnf_mean, m->lnf_rstd, N, C);
+  layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L), m->P.lnfw, m->lnf_mean,
+                     m->lnf_rstd, N, C);
 
   for (int l = m->L - 1; l >= 0; l--) {
     struct block_acts *a = &m->acts[m->recompute ? 0 : l];
@@ -391,8 +389,8 @@ void model_backward(struct model *m, long step) {
     zero(m->dk, NC);
     zero(m->dv, NC);
     timer_start(TIMER_ATTENTION);
-    m->attn->backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v,
-                      w->attn, a->att, a->att_saved);
+    m->attn->backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v, w->attn,
+                      a->att, a->att_saved);
     timer_stop(TIMER_ATTENTION);
     if (m->cfg->model.position == POSITION_ROPE) {
       rope_backward(m->dq, B * H, T, d, m->t0);
@@ -402,8 +400,7 @@ void model_backward(struct model *m, long step) {
     heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, H, d);
     zero(m->dln, NC);
     linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, 3 * C);
-    layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N,
-                       C);
+    layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
     float *t = dres;
     dres = dnext;
     dnext = t;

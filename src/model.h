@@ -66,10 +66,10 @@ struct model {
   int *tokens, *targets; /* (B,T) inputs and targets (−1: not predicted) */
   float *residual;       /* (L+1, B, T, C) block inputs; residual[L] is the final stream */
   struct block_acts *acts;
-  int nacts;                       /* L, or 1 with recompute */
+  int nacts;                        /* L, or 1 with recompute */
   float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-  float *logits;                   /* (B,T,V); dlogits after the loss */
-  float *qkv, *proj;               /* (B,T,3C), (B,T,C) scratch */
+  float *logits;                    /* (B,T,V); dlogits after the loss */
+  float *qkv, *proj;                /* (B,T,3C), (B,T,C) scratch */
 
   /* activation gradients (one block's worth) */
   float *dres_a, *dres_b, *dres2, *dproj, *dfch, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt,

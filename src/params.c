@@ -65,7 +65,9 @@ static uint64_t name_hash(const char *s) {
 
 void param_init(const struct param_desc *p, float *data, uint64_t seed) {
   switch (p->init) {
-    case INIT_ZERO: memset(data, 0, sizeof(float) * p->numel); break;
+    case INIT_ZERO:
+      memset(data, 0, sizeof(float) * p->numel);
+      break;
     case INIT_ONE:
       for (size_t e = 0; e < p->numel; e++) data[e] = 1.0f;
       break;
@@ -78,6 +80,7 @@ void param_init(const struct param_desc *p, float *data, uint64_t seed) {
         data[e] = std * (float)rng_normal(seed, RNG_INIT, key, (uint64_t)e, 0);
       break;
     }
-    case INIT_CUSTOM: error("%s: param_init cannot do a custom initialisation", p->name);
+    case INIT_CUSTOM:
+      error("%s: param_init cannot do a custom initialisation", p->name);
   }
 }

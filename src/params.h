@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PARAM_NAME 160
+#define PARAM_NAME   160
 #define PARAM_MAXDIM 4
 
 enum init_kind {
@@ -28,8 +28,8 @@ struct param_desc {
   bool decay;
   enum init_kind init;
   float std;
-  int layer;  /* owning transformer block, or −1 */
-  int owner;  /* 0: the model; 1: the layer's attention variant */
+  int layer; /* owning transformer block, or −1 */
+  int owner; /* 0: the model; 1: the layer's attention variant */
 };
 
 struct param_list {

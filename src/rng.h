@@ -8,15 +8,15 @@
 
 /* Independent streams: one per purpose, so that adding draws to one never shifts another. */
 enum rng_stream {
-  RNG_INIT = 1,  /* parameter initialisation: (param index, element) */
-  RNG_DATA,      /* training window offsets: (step, global sample) */
-  RNG_DROPOUT,   /* dropout masks: (step, sample, site, token, channel) */
-  RNG_MASK,      /* mlm masking: (step, sample, token) */
-  RNG_TASK,      /* synthetic task symbols: (sample id, token) */
-  RNG_GENERATE,  /* sampling in generate mode */
-  RNG_FEATURES,  /* random features drawn once per run */
-  RNG_NOISE,     /* training-time noise on logits */
-  RNG_TEST       /* tests and benchmarks */
+  RNG_INIT = 1, /* parameter initialisation: (param index, element) */
+  RNG_DATA,     /* training window offsets: (step, global sample) */
+  RNG_DROPOUT,  /* dropout masks: (step, sample, site, token, channel) */
+  RNG_MASK,     /* mlm masking: (step, sample, token) */
+  RNG_TASK,     /* synthetic task symbols: (sample id, token) */
+  RNG_GENERATE, /* sampling in generate mode */
+  RNG_FEATURES, /* random features drawn once per run */
+  RNG_NOISE,    /* training-time noise on logits */
+  RNG_TEST      /* tests and benchmarks */
 };
 
 /* 64 random bits from the key (seed, stream, a, b, c). */

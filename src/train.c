@@ -57,7 +57,8 @@ void train_make_run_dir(const struct config *cfg, struct comm *comm, char *dir, 
       char probe[1100];
       snprintf(probe, sizeof probe, "%s/.fmattn_write_test", dir);
       FILE *f = fopen(probe, "w");
-      if (!f) rc = errno;
+      if (!f)
+        rc = errno;
       else {
         fclose(f);
         remove(probe);
@@ -109,19 +110,22 @@ static void format_eta(double seconds, char *buf, size_t len) {
 
 static void print_decomposition(const struct config *cfg, const struct comm *comm,
                                 const struct model *m, const char *run_dir) {
-  message("run %s: mode %s, %d rank(s) = %d data replica(s) x %d sequence rank(s), %d thread(s) "
-          "per rank",
-          cfg->run.name, config_mode_name(cfg->run.mode), comm->world_size, comm->D, comm->S,
-          threads_count());
-  message("model: %d layers, dim %d, %d heads (size %d), mlp %d, vocab %d, context %ld, %s "
-          "positions, %zu parameters",
-          m->L, m->C, m->H, m->d, m->R, m->V, m->n, config_position_name(cfg->model.position),
-          model_param_count(m));
+  message(
+      "run %s: mode %s, %d rank(s) = %d data replica(s) x %d sequence rank(s), %d thread(s) "
+      "per rank",
+      cfg->run.name, config_mode_name(cfg->run.mode), comm->world_size, comm->D, comm->S,
+      threads_count());
+  message(
+      "model: %d layers, dim %d, %d heads (size %d), mlp %d, vocab %d, context %ld, %s "
+      "positions, %zu parameters",
+      m->L, m->C, m->H, m->d, m->R, m->V, m->n, config_position_name(cfg->model.position),
+      model_param_count(m));
   message("attention: %s, %s; diagnostics in %d distance bands (fma.m = %d tree)", m->attn->name,
           m->causal ? "causal" : "bidirectional", m->diag_bands, cfg->attention.fma_m);
-  message("batch: %d sequences per step (%ld per replica), slab of %ld tokens per rank "
-          "(tokens [%ld, %ld) on sequence rank %d)",
-          cfg->train.batch, m->B, m->T, m->t0, m->t0 + m->T, comm->seq_rank);
+  message(
+      "batch: %d sequences per step (%ld per replica), slab of %ld tokens per rank "
+      "(tokens [%ld, %ld) on sequence rank %d)",
+      cfg->train.batch, m->B, m->T, m->t0, m->t0 + m->T, comm->seq_rank);
   message("output: %s", run_dir);
 }
 
@@ -136,14 +140,16 @@ static void print_summary(const struct config *cfg, struct comm *comm, double wa
   char w[32];
   format_eta(wall, w, sizeof w);
   message("wall time %s (%.1f s)", w, wall);
-  message("peak memory per rank (max over ranks): %.1f MiB resident", peaks[MEM_NLABELS] / 1048576.0);
+  message("peak memory per rank (max over ranks): %.1f MiB resident",
+          peaks[MEM_NLABELS] / 1048576.0);
   for (int i = 0; i < MEM_NLABELS; i++)
     if (peaks[i] > 0)
       message("  %-12s %10.1f MiB", mem_label_name((enum mem_label)i), peaks[i] / 1048576.0);
   message("time by phase (rank 0, inclusive):");
   for (int i = 0; i < TIMER_COUNT; i++)
     if (timer_total_ms((enum timer_id)i) > 0)
-      message("  %-12s %10.1f s", timer_name((enum timer_id)i), timer_total_ms((enum timer_id)i) / 1e3);
+      message("  %-12s %10.1f s", timer_name((enum timer_id)i),
+              timer_total_ms((enum timer_id)i) / 1e3);
 }
 
 /* Diagnostics of the last forward: sums over this rank's queries → averages over all ranks. */
@@ -270,7 +276,8 @@ int train_run(const struct config *cfg, struct comm *comm) {
     timer_start(TIMER_OPTIMIZER);
     const double norm = optimizer_grad_norm(m);
     const double lr = optimizer_lr(cfg, step);
-    const float clip = cfg->train.clip > 0 && norm > cfg->train.clip ? (float)(cfg->train.clip / norm) : 1.0f;
+    const float clip =
+        cfg->train.clip > 0 && norm > cfg->train.clip ? (float)(cfg->train.clip / norm) : 1.0f;
     optimizer_step(m, step + 1, lr, clip);
     timer_stop(TIMER_OPTIMIZER);
     const long done = step + 1;
@@ -286,10 +293,11 @@ int train_run(const struct config *cfg, struct comm *comm) {
       double per_step = steps_timed > 0 ? time_timed / (double)steps_timed : step_ms / 1e3;
       char eta[32];
       format_eta(per_step * (double)(steps - done), eta, sizeof eta);
-      message("step %ld/%ld | loss %.4f | bpc %.3f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | "
-              "eta %s",
-              done, steps, loss, loss / log(2.0), lr, norm, step_ms, tokens_per_step / (step_ms / 1e3),
-              eta);
+      message(
+          "step %ld/%ld | loss %.4f | bpc %.3f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | "
+          "eta %s",
+          done, steps, loss, loss / log(2.0), lr, norm, step_ms, tokens_per_step / (step_ms / 1e3),
+          eta);
       double rec[2] = {(double)(comm->bytes_sent - bytes0), (double)mem_peak_total()};
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, rec, 2, MPI_DOUBLE, MPI_MAX, comm->world));
       struct diag_train_record r = {.step = done,
@@ -367,9 +375,11 @@ int eval_run(const struct config *cfg, struct comm *comm) {
   print_decomposition(cfg, comm, &rs.model, rs.dir);
   long cnt;
   double vl = train_evaluate(&rs.model, &rs.ds, comm, SPLIT_VALID, &cnt);
-  message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", step, vl, vl / log(2.0), cnt);
+  message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", step, vl, vl / log(2.0),
+          cnt);
   double tl = train_evaluate(&rs.model, &rs.ds, comm, SPLIT_TEST, &cnt);
-  message("test step %ld | test loss %.4f | test bpc %.4f | %ld bytes", step, tl, tl / log(2.0), cnt);
+  message("test step %ld | test loss %.4f | test bpc %.4f | %ld bytes", step, tl, tl / log(2.0),
+          cnt);
   print_summary(cfg, comm, timer_now() - wall0, tl);
   finish_run(&rs);
   return 0;
@@ -432,7 +442,8 @@ int generate_run(const struct config *cfg, struct comm *comm) {
         s += probs[j];
       }
     }
-    double u = rng_uniform_double(cfg->run.seed, RNG_GENERATE, (uint64_t)step, (uint64_t)pos, 0) * s;
+    double u =
+        rng_uniform_double(cfg->run.seed, RNG_GENERATE, (uint64_t)step, (uint64_t)pos, 0) * s;
     int pick = 255;
     for (int j = 0; j < 256; j++) {
       u -= probs[j];

@@ -141,13 +141,15 @@ static void check_full(long n, long d, int tile, bool causal) {
   const long B = 2, H = 2, count = B * H * n * d;
   struct config cfg;
   make_config(&cfg, "full", n, (int)H, (int)d, causal, tile);
-  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count), *g = malloc(4 * count);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
+        *g = malloc(4 * count);
   tu_randn(q, count, 10 + n, 1.0f);
   tu_randn(k, count, 20 + n, 1.0f);
   tu_randn(v, count, 30 + n, 1.0f);
   tu_randn(g, count, 40 + n, 1.0f);
   struct run_out r = run_variant(&cfg, B, H, n, d, causal, q, k, v, g);
-  double *o = malloc(8 * count), *dq = malloc(8 * count), *dk = malloc(8 * count), *dv = malloc(8 * count);
+  double *o = malloc(8 * count), *dq = malloc(8 * count), *dk = malloc(8 * count),
+         *dv = malloc(8 * count);
   for (long bh = 0; bh < B * H; bh++) {
     size_t off = (size_t)(bh * n * d);
     double *qd = tu_to_double(q + off, n * d), *kd = tu_to_double(k + off, n * d);
@@ -159,7 +161,8 @@ static void check_full(long n, long d, int tile, bool causal) {
     free(gd);
   }
   char what[128];
-  snprintf(what, sizeof what, "full n=%ld d=%ld tile=%d %s", n, d, tile, causal ? "causal" : "bidir");
+  snprintf(what, sizeof what, "full n=%ld d=%ld tile=%d %s", n, d, tile,
+           causal ? "causal" : "bidir");
   TU_ASSERT_CLOSE(tu_rel_err(r.out, o, count), 1e-5, what);
   TU_ASSERT_CLOSE(tu_rel_err(r.dq, dq, count), 1e-4, what);
   TU_ASSERT_CLOSE(tu_rel_err(r.dk, dk, count), 1e-4, what);
@@ -236,7 +239,8 @@ static void test_full_workspace(void **state) {
   const long B = 1, H = 1, n = 2048, d = 16, count = B * H * n * d;
   struct config cfg;
   make_config(&cfg, "full", n, (int)H, (int)d, true, 64);
-  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count), *g = malloc(4 * count);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
+        *g = malloc(4 * count);
   tu_randn(q, count, 1, 1.0f);
   tu_randn(k, count, 2, 1.0f);
   tu_randn(v, count, 3, 1.0f);

@@ -69,7 +69,8 @@ static void test_linear(void **state) {
 /* ---------------------------------------------------------------------------------------------
  * layernorm */
 
-static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int N, int C) {
+static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int N,
+                          int C) {
   for (int n = 0; n < N; n++) {
     double m = 0.0, v = 0.0;
     for (int c = 0; c < C; c++) m += x[n * C + c];
@@ -350,7 +351,8 @@ static void test_xent(void **state) {
     for (int j = 0; j < V; j++) mx = zd[i * V + j] > mx ? zd[i * V + j] : mx;
     for (int j = 0; j < V; j++) s += exp(zd[i * V + j] - mx);
     expect += log(s) + mx - zd[i * V + tgt[i]];
-    for (int j = 0; j < V; j++) fd[i * V + j] = scale * (exp(zd[i * V + j] - mx) / s - (j == tgt[i]));
+    for (int j = 0; j < V; j++)
+      fd[i * V + j] = scale * (exp(zd[i * V + j] - mx) / s - (j == tgt[i]));
   }
   double got = softmax_xent_forward_backward(z, tgt, N, V, scale);
   TU_ASSERT_CLOSE(fabs(got - expect) / fabs(expect), 1e-6, "cross-entropy loss");

@@ -99,7 +99,7 @@ static void check_gradient(const char *variant, const char *position, const char
   float *u = malloc(sizeof(float) * m.plist.total);
   for (size_t i = 0; i < m.plist.total; i++) u[i] = (float)(g[i] / gn);
   double eps = 1e-4 * L / gn; /* the loss moves by 2·10⁻⁴ of itself: above rounding, small
-                                * enough that the truncation error is ~10⁻⁵ (measured) */
+                               * enough that the truncation error is ~10⁻⁵ (measured) */
   double fd = directional(&m, step, u, 0, m.plist.total, eps);
   snprintf(what, sizeof what, "%s/%s/%s/%s/dropout %g: all parameters", variant, position,
            objective, tied ? "tied" : "untied", dropout);

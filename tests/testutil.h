@@ -62,32 +62,33 @@ static inline double tu_rel_err_dd(const double *a, const double *b, size_t n) {
 }
 
 /* Fail with the measured error when it exceeds tol. */
-#define TU_ASSERT_CLOSE(err, tol, what)                                                      \
-  do {                                                                                       \
-    double tu_e_ = (err);                                                                    \
-    if (!(tu_e_ <= (tol))) fail_msg("%s: relative error %.3e exceeds %.1e", (what), tu_e_, (double)(tol)); \
+#define TU_ASSERT_CLOSE(err, tol, what)                                               \
+  do {                                                                                \
+    double tu_e_ = (err);                                                             \
+    if (!(tu_e_ <= (tol)))                                                            \
+      fail_msg("%s: relative error %.3e exceeds %.1e", (what), tu_e_, (double)(tol)); \
   } while (0)
 
 /* Central finite difference of a scalar function of x[i] (double), step h. */
-#define TU_FD(result, x, i, h, expr)      \
-  do {                                    \
-    double tu_s_ = (x)[i];                \
-    (x)[i] = tu_s_ + (h);                 \
-    double tu_p_ = (expr);                \
-    (x)[i] = tu_s_ - (h);                 \
-    double tu_m_ = (expr);                \
-    (x)[i] = tu_s_;                       \
+#define TU_FD(result, x, i, h, expr)        \
+  do {                                      \
+    double tu_s_ = (x)[i];                  \
+    (x)[i] = tu_s_ + (h);                   \
+    double tu_p_ = (expr);                  \
+    (x)[i] = tu_s_ - (h);                   \
+    double tu_m_ = (expr);                  \
+    (x)[i] = tu_s_;                         \
     (result) = (tu_p_ - tu_m_) / (2 * (h)); \
   } while (0)
 
 /* main() for a cmocka test program that links MPI. */
-#define TU_MAIN(tests)                                            \
-  int main(int argc, char **argv) {                               \
-    MPI_Init(&argc, &argv);                                       \
-    cmocka_set_message_output(CM_OUTPUT_TAP);                     \
-    int tu_rc_ = cmocka_run_group_tests(tests, NULL, NULL);       \
-    MPI_Finalize();                                               \
-    return tu_rc_;                                                \
+#define TU_MAIN(tests)                                      \
+  int main(int argc, char **argv) {                         \
+    MPI_Init(&argc, &argv);                                 \
+    cmocka_set_message_output(CM_OUTPUT_TAP);               \
+    int tu_rc_ = cmocka_run_group_tests(tests, NULL, NULL); \
+    MPI_Finalize();                                         \
+    return tu_rc_;                                          \
   }
 
 #endif
