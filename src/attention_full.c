@@ -5,6 +5,7 @@
  * This is the exact reference every other variant is measured against. */
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "attention.h"
@@ -117,6 +118,18 @@ static void full_block_backward(float *dq, float *dk, float *dv, const float *do
   }
 }
 
+static const char *full_check(const struct config *cfg, long n, int seq_ranks, char *buf,
+                              size_t len) {
+  if (seq_ranks > 1) {
+    snprintf(buf, len,
+             "attention.variant = full with parallel.seq_ranks = %d: sequence parallelism is not "
+             "implemented yet (use parallel.seq_ranks = 1)",
+             seq_ranks);
+    return buf;
+  }
+  return NULL;
+}
+
 static int full_tile(const struct attn_ctx *ctx) { return ctx->cfg->attention.full_block; }
 
 static size_t full_saved_floats(const struct attn_ctx *ctx) {
@@ -210,6 +223,7 @@ const struct attn_variant attention_full = {
     .name = "full",
     .causal_ok = true,
     .bidir_ok = true,
+    .check = full_check,
     .saved_floats = full_saved_floats,
     .forward = full_forward,
     .backward = full_backward,

@@ -76,12 +76,12 @@ static void fill_normal(float *x, size_t count, uint64_t key) {
 }
 
 /* Configuration for one measurement: the deck with variant and context replaced. */
-static int bench_config(const struct config *base, const char *variant, long n, struct config *cfg,
-                        char *err, size_t len) {
+static int bench_config(const struct config *base, const char *variant, long n, int seq_ranks,
+                        struct config *cfg, char *err, size_t len) {
   *cfg = *base;
   snprintf(cfg->attention.variant, sizeof cfg->attention.variant, "%s", variant);
   cfg->model.context = (int)n;
-  return attention_check(cfg, n, 1, err, len);
+  return attention_check(cfg, n, seq_ranks, err, len);
 }
 
 static bool bench_attention_one(const struct config *cfg, long n, int repeats, double sgemm,
@@ -257,7 +257,7 @@ int bench_run(const struct config *cfg, struct comm *comm) {
         for (int ni = 0; ni < cfg->bench.n_count && na < BENCH_ROWS; ni++) {
           struct config c;
           long n = cfg->bench.n_list[ni];
-          if (bench_config(cfg, cfg->bench.variants[vi], n, &c, err, sizeof err)) {
+          if (bench_config(cfg, cfg->bench.variants[vi], n, 1, &c, err, sizeof err)) {
             message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
             continue;
           }
@@ -272,7 +272,7 @@ int bench_run(const struct config *cfg, struct comm *comm) {
     for (int ni = 0; ni < cfg->bench.n_count && nt < BENCH_ROWS; ni++) {
       struct config c;
       long n = cfg->bench.n_list[ni];
-      int bad = bench_config(cfg, cfg->attention.variant, n, &c, err, sizeof err);
+      int bad = bench_config(cfg, cfg->attention.variant, n, comm->S, &c, err, sizeof err);
       if (!bad) bad = config_check_layout(&c, comm->world_size, err, sizeof err);
       if (bad) {
         message("  train      n = %8ld: skipped (%s)", n, err);

@@ -10,7 +10,10 @@
 #include "error.h"
 #include "h5io.h"
 
-static const char *phase_units = "milliseconds per step (rank 0, inclusive)";
+static const char *phase_units =
+    "milliseconds in this step on rank 0; inclusive: attention time is also in forward and "
+    "backward, comm time in the phase that communicates, io holds this step's checkpoint and "
+    "diagnostics writes";
 
 void diag_open(struct diag *diag, const struct config *cfg, const struct comm *comm,
                const char *run_dir, long restart_step) {
@@ -42,19 +45,32 @@ void diag_open(struct diag *diag, const struct config *cfg, const struct comm *c
   h5_close(f);
 }
 
+/* Every append opens and closes the file (a reader never sees a half-written record); the time
+ * counts as I/O. */
+static hid_t diag_file_open(const struct diag *diag) {
+  timer_start(TIMER_IO);
+  return h5_open(diag->path, true);
+}
+
+static void diag_file_close(hid_t f) {
+  h5_close(f);
+  timer_stop(TIMER_IO);
+}
+
 static void scalar(hid_t f, const char *path, double v, const char *units) {
   h5_append_doubles(f, path, 0, NULL, &v, units);
 }
 
 void diag_train(struct diag *diag, const struct diag_train_record *r) {
   if (!diag->active) return;
-  hid_t f = h5_open(diag->path, true);
+  hid_t f = diag_file_open(diag);
   scalar(f, "/train/step", (double)r->step, "optimizer steps completed");
   scalar(f, "/train/loss", r->loss, "nats per predicted byte (training batch, dropout on)");
   scalar(f, "/train/bpc", r->bpc, "bits per byte (loss / ln 2)");
   scalar(f, "/train/lr", r->lr, "learning rate of this step");
   scalar(f, "/train/grad_norm", r->grad_norm, "global L2 norm of the gradient before clipping");
-  scalar(f, "/train/step_ms", r->step_ms, "milliseconds of wall time for this step");
+  scalar(f, "/train/step_ms", r->step_ms,
+         "milliseconds of wall time for this step's data, forward, backward, allreduce and update");
   scalar(f, "/train/tokens_per_s", r->tokens_per_s, "tokens per second, all ranks");
   for (int p = 0; p < TIMER_DIAG_COUNT; p++) {
     char path[64];
@@ -65,49 +81,50 @@ void diag_train(struct diag *diag, const struct diag_train_record *r) {
          "bytes sent per rank in this step (max over ranks)");
   scalar(f, "/memory/peak_bytes", r->peak_bytes,
          "peak labelled memory per rank so far (max over ranks), bytes");
-  h5_close(f);
+  diag_file_close(f);
 }
 
 void diag_eval(struct diag *diag, long step, double loss) {
   if (!diag->active) return;
-  hid_t f = h5_open(diag->path, true);
+  hid_t f = diag_file_open(diag);
   scalar(f, "/eval/step", (double)step, "optimizer steps completed");
   scalar(f, "/eval/valid_loss", loss, "nats per predicted byte on the validation windows");
   scalar(f, "/eval/valid_bpc", loss / log(2.0), "bits per byte on the validation windows");
-  h5_close(f);
+  diag_file_close(f);
 }
 
 void diag_test(struct diag *diag, long step, double loss) {
   if (!diag->active) return;
-  hid_t f = h5_open(diag->path, true);
+  hid_t f = diag_file_open(diag);
   scalar(f, "/test/step", (double)step, "optimizer steps completed");
   scalar(f, "/test/loss", loss, "nats per predicted byte on the test windows");
   scalar(f, "/test/bpc", loss / log(2.0), "bits per byte on the test windows");
-  h5_close(f);
+  diag_file_close(f);
 }
 
 void diag_attention(struct diag *diag, long step, int L, int H, int bands, const double *mass,
                     const double *entropy) {
   if (!diag->active) return;
-  hid_t f = h5_open(diag->path, true);
-  scalar(f, "/attention/step", (double)step, "optimizer steps completed");
+  hid_t f = diag_file_open(diag);
+  scalar(f, "/attention/step", (double)step,
+         "optimizer steps completed before the forward pass that was examined");
   long ms[3] = {L, H, bands}, es[2] = {L, H};
   h5_append_doubles(f, "/attention/level_mass", 3, ms, mass,
                     "share of attention probability on [near field, level 1, ..., level L], "
                     "averaged over queries");
   h5_append_doubles(f, "/attention/entropy", 2, es, entropy,
                     "nats: entropy of the attention distribution, averaged over queries");
-  h5_close(f);
+  diag_file_close(f);
 }
 
 void diag_memory_summary(struct diag *diag, const double *label_peaks, int count,
                          const char *const *names) {
   if (!diag->active) return;
-  hid_t f = h5_open(diag->path, true);
+  hid_t f = diag_file_open(diag);
   for (int i = 0; i < count; i++) {
     char name[64];
     snprintf(name, sizeof name, "%s_peak_bytes", names[i]);
     if (h5_exists(f, "/memory")) h5_attr_double(f, "/memory", name, label_peaks[i]);
   }
-  h5_close(f);
+  diag_file_close(f);
 }

@@ -289,6 +289,10 @@ int train_run(const struct config *cfg, struct comm *comm) {
 
     if (diag_now) record_attention(m, comm, &rs.diag, step);
 
+    /* The console line comes now; its diag.h5 record is written at the end of the iteration so
+     * that its phase times include this step's checkpoint and diagnostics I/O. */
+    struct diag_train_record record;
+    bool have_record = false;
     if (done % cfg->output.log_every == 0 || done == steps || done == step0 + 1) {
       double per_step = steps_timed > 0 ? time_timed / (double)steps_timed : step_ms / 1e3;
       char eta[32];
@@ -307,12 +311,10 @@ int train_run(const struct config *cfg, struct comm *comm) {
                                     .grad_norm = norm,
                                     .step_ms = step_ms,
                                     .tokens_per_s = tokens_per_step / (step_ms / 1e3)};
-      for (int p = 0; p < TIMER_DIAG_COUNT; p++) r.phase_ms[p] = timer_step_ms((enum timer_id)p);
       r.comm_bytes = rec[0];
       r.peak_bytes = rec[1];
-      timer_start(TIMER_IO);
-      diag_train(&rs.diag, &r);
-      timer_stop(TIMER_IO);
+      record = r;
+      have_record = true;
     }
 
     if (cfg->train.eval_every > 0 && done % cfg->train.eval_every == 0 && done != steps) {
@@ -329,6 +331,12 @@ int train_run(const struct config *cfg, struct comm *comm) {
       if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
       message("checkpoint %s/ckpt_%06ld.h5 (%.2f s)", rs.dir, done, s);
       last_ckpt = done;
+    }
+
+    if (have_record) {
+      for (int p = 0; p < TIMER_DIAG_COUNT; p++)
+        record.phase_ms[p] = timer_step_ms((enum timer_id)p);
+      diag_train(&rs.diag, &record);
     }
   }
 
