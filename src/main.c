@@ -36,9 +36,10 @@ static void check_runnable(const struct config *cfg, int world, bool check_only)
    * count it will run with: it says so instead of refusing the deck. */
   if (check_only && world == 1 && cfg->parallel.seq_ranks > 1) {
     if (error_rank() <= 0)
-      printf("; layout not checked: parallel.seq_ranks = %d needs mpirun -n <a multiple of %d>; "
-             "run --check under mpirun to check it\n",
-             cfg->parallel.seq_ranks, cfg->parallel.seq_ranks);
+      printf(
+          "; layout not checked: parallel.seq_ranks = %d needs mpirun -n <a multiple of %d>; "
+          "run --check under mpirun to check it\n",
+          cfg->parallel.seq_ranks, cfg->parallel.seq_ranks);
   } else if (config_check_layout(cfg, world, err, sizeof err)) {
     error_collective(err);
   }
