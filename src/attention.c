@@ -12,9 +12,15 @@
 #include "memory.h"
 
 extern const struct attn_variant attention_full;
+extern const struct attn_variant attention_local;
+extern const struct attn_variant attention_fma;
+extern const struct attn_variant attention_fma_linear;
 
 static const struct attn_variant *const registry[] = {
     &attention_full,
+    &attention_local,
+    &attention_fma,
+    &attention_fma_linear,
 };
 
 /* Variants named by SPEC §6 that a deck may select; those not in the registry are refused with a

@@ -31,6 +31,11 @@ void timer_stop(enum timer_id id) {
   }
 }
 
+void timer_add_ms(enum timer_id id, double ms) {
+  timer_step_[id] += ms;
+  timer_total_[id] += ms;
+}
+
 double timer_step_ms(enum timer_id id) { return timer_step_[id]; }
 
 void timer_step_reset(void) {

@@ -29,6 +29,8 @@ enum timer_id {
 double timer_now(void); /* seconds, monotonic */
 void timer_start(enum timer_id id);
 void timer_stop(enum timer_id id);
+/* Add time measured elsewhere (e.g. summed over threads) to a timer. */
+void timer_add_ms(enum timer_id id, double ms);
 /* Milliseconds accumulated since the last timer_step_reset. */
 double timer_step_ms(enum timer_id id);
 void timer_step_reset(void);

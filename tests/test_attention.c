@@ -8,16 +8,22 @@
 #include "../src/config.h"
 #include "../src/memory.h"
 
+/* Whether query i may see key j: j ≤ i when causal, |i − j| < band when band > 0. */
+static bool allowed(long i, long j, bool causal, long band) {
+  if (causal && j > i) return false;
+  return band <= 0 || (j > i - band && j < i + band);
+}
+
 /* Dense attention of one head in double: out (n, d); with dout, also dq, dk, dv. */
-static void dense_attention(double *out, double *dq, double *dk, double *dv, const double *q,
-                            const double *k, const double *v, const double *dout, long n, long d,
-                            bool causal) {
+static void dense_attention_band(double *out, double *dq, double *dk, double *dv, const double *q,
+                                 const double *k, const double *v, const double *dout, long n,
+                                 long d, bool causal, long band) {
   double *P = calloc((size_t)(n * n), sizeof(double));
   const double scale = 1.0 / sqrt((double)d);
   for (long i = 0; i < n; i++) {
     double mx = -INFINITY;
     for (long j = 0; j < n; j++) {
-      if (causal && j > i) continue;
+      if (!allowed(i, j, causal, band)) continue;
       double s = 0.0;
       for (long c = 0; c < d; c++) s += q[i * d + c] * k[j * d + c];
       P[i * n + j] = s * scale;
@@ -25,7 +31,7 @@ static void dense_attention(double *out, double *dq, double *dk, double *dv, con
     }
     double z = 0.0;
     for (long j = 0; j < n; j++) {
-      P[i * n + j] = (causal && j > i) ? 0.0 : exp(P[i * n + j] - mx);
+      P[i * n + j] = allowed(i, j, causal, band) ? exp(P[i * n + j] - mx) : 0.0;
       z += P[i * n + j];
     }
     for (long j = 0; j < n; j++) P[i * n + j] /= z;
@@ -61,6 +67,12 @@ static void dense_attention(double *out, double *dq, double *dk, double *dv, con
   free(P);
 }
 
+static void dense_attention(double *out, double *dq, double *dk, double *dv, const double *q,
+                            const double *k, const double *v, const double *dout, long n, long d,
+                            bool causal) {
+  dense_attention_band(out, dq, dk, dv, q, k, v, dout, n, d, causal, 0);
+}
+
 static double dense_j(const double *q, const double *k, const double *v, const double *g, long n,
                       long d, bool causal) {
   double *o = malloc(sizeof(double) * n * d);
@@ -90,10 +102,13 @@ static void test_dense_reference_gradients(void **state) {
   }
 }
 
+/* The band of `local` in the next make_config. */
+static int local_band = 128;
+
 /* A configuration with the given variant and tile, from the built-in defaults. */
 static void make_config(struct config *cfg, const char *variant, long n, int H, int d, bool causal,
                         int tile) {
-  char items[8][96];
+  char items[9][96];
   struct config_overrides ov = {0};
   snprintf(items[0], 96, "attention.variant=%s", variant);
   snprintf(items[1], 96, "model.context=%ld", n);
@@ -103,7 +118,8 @@ static void make_config(struct config *cfg, const char *variant, long n, int H, 
   snprintf(items[5], 96, "attention.full.block=%d", tile);
   snprintf(items[6], 96, "data.source=copy");
   snprintf(items[7], 96, "model.position=none");
-  for (int i = 0; i < 8; i++) ov.items[ov.count++] = items[i];
+  snprintf(items[8], 96, "attention.local.band=%d", local_band > 0 ? local_band : 128);
+  for (int i = 0; i < 9; i++) ov.items[ov.count++] = items[i];
   char err[4096];
   if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
 }
@@ -137,10 +153,11 @@ static void free_run(struct run_out *r) {
   free(r->dv);
 }
 
-static void check_full(long n, long d, int tile, bool causal) {
+static void check_exact(const char *variant, long band, long n, long d, int tile, bool causal) {
   const long B = 2, H = 2, count = B * H * n * d;
   struct config cfg;
-  make_config(&cfg, "full", n, (int)H, (int)d, causal, tile);
+  local_band = (int)band;
+  make_config(&cfg, variant, n, (int)H, (int)d, causal, tile);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
         *g = malloc(4 * count);
   tu_randn(q, count, 10 + n, 1.0f);
@@ -154,18 +171,24 @@ static void check_full(long n, long d, int tile, bool causal) {
     size_t off = (size_t)(bh * n * d);
     double *qd = tu_to_double(q + off, n * d), *kd = tu_to_double(k + off, n * d);
     double *vd = tu_to_double(v + off, n * d), *gd = tu_to_double(g + off, n * d);
-    dense_attention(o + off, dq + off, dk + off, dv + off, qd, kd, vd, gd, n, d, causal);
+    dense_attention_band(o + off, dq + off, dk + off, dv + off, qd, kd, vd, gd, n, d, causal,
+                         strcmp(variant, "local") == 0 ? band : 0);
     free(qd);
     free(kd);
     free(vd);
     free(gd);
   }
   char what[128];
-  snprintf(what, sizeof what, "full n=%ld d=%ld tile=%d %s", n, d, tile,
+  snprintf(what, sizeof what, "%s band=%ld n=%ld d=%ld tile=%d %s", variant, band, n, d, tile,
            causal ? "causal" : "bidir");
   TU_ASSERT_CLOSE(tu_rel_err(r.out, o, count), 1e-5, what);
-  TU_ASSERT_CLOSE(tu_rel_err(r.dq, dq, count), 1e-4, what);
-  TU_ASSERT_CLOSE(tu_rel_err(r.dk, dk, count), 1e-4, what);
+  if (band == 1) { /* one key per query: the softmax is constant, dq and dk are exactly zero */
+    for (long i = 0; i < count; i++)
+      if (fabsf(r.dq[i]) > 1e-6f || fabsf(r.dk[i]) > 1e-6f) fail_msg("%s: dq, dk not zero", what);
+  } else {
+    TU_ASSERT_CLOSE(tu_rel_err(r.dq, dq, count), 1e-4, what);
+    TU_ASSERT_CLOSE(tu_rel_err(r.dk, dk, count), 1e-4, what);
+  }
   TU_ASSERT_CLOSE(tu_rel_err(r.dv, dv, count), 1e-4, what);
   free_run(&r);
   free(q);
@@ -179,6 +202,10 @@ static void check_full(long n, long d, int tile, bool causal) {
   config_free(&cfg);
 }
 
+static void check_full(long n, long d, int tile, bool causal) {
+  check_exact("full", 0, n, d, tile, causal);
+}
+
 static void test_full_matches_dense(void **state) {
   const long sizes[] = {2, 5, 16, 17, 64, 100, 257};
   for (int c = 0; c < 2; c++)
@@ -187,11 +214,22 @@ static void test_full_matches_dense(void **state) {
   check_full(130, 32, 128, false);
 }
 
+/* `local`: bands narrower than, equal to and wider than a tile, and wider than the sequence. */
+static void test_local_matches_dense(void **state) {
+  const long bands[] = {1, 5, 16, 23, 40, 300};
+  for (int c = 0; c < 2; c++)
+    for (size_t b = 0; b < sizeof bands / sizeof bands[0]; b++) {
+      check_exact("local", bands[b], 100, 8, 16, c);
+      check_exact("local", bands[b], 64, 8, 16, c);
+    }
+}
+
 /* Outputs before position j must not change when anything at j changes. */
-static void test_full_causality(void **state) {
+static void check_causality(const char *variant) {
   const long B = 1, H = 2, n = 90, d = 8, count = B * H * n * d;
   struct config cfg;
-  make_config(&cfg, "full", n, (int)H, (int)d, true, 16);
+  local_band = 20;
+  make_config(&cfg, variant, n, (int)H, (int)d, true, 16);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
   tu_randn(q, count, 1, 1.0f);
   tu_randn(k, count, 2, 1.0f);
@@ -213,6 +251,7 @@ static void test_full_causality(void **state) {
       }
     struct run_out r = run_variant(&cfg, B, H, n, d, true, q2, k2, v2, NULL);
     bool changed_at_j = false;
+    (void)variant;
     for (long h = 0; h < H; h++)
       for (long i = 0; i < n; i++)
         for (long c = 0; c < d; c++) {
@@ -232,6 +271,11 @@ static void test_full_causality(void **state) {
   free(k);
   free(v);
   config_free(&cfg);
+}
+
+static void test_causality(void **state) {
+  check_causality("full");
+  check_causality("local");
 }
 
 /* Memory stays O(n·d): the workspace of n = 2048 is a few tiles, not n². */
@@ -262,7 +306,8 @@ static void test_full_workspace(void **state) {
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dense_reference_gradients),
     cmocka_unit_test(test_full_matches_dense),
-    cmocka_unit_test(test_full_causality),
+    cmocka_unit_test(test_local_matches_dense),
+    cmocka_unit_test(test_causality),
     cmocka_unit_test(test_full_workspace),
 };
 

@@ -1,0 +1,368 @@
+/* The `fma` (O(n log n)) and `fma_linear` (O(n)) attention variants (SPEC §6.4–6.5): their ops
+ * tables, and the driver that runs the operators over batch and heads — the upward pass (P2M,
+ * M2M), evaluate (P2P, M2P), and in backward the transposes with the downsampling-parameter
+ * gradients summed over heads in a fixed order. Summaries are recomputed in backward rather than
+ * saved: the upward pass costs O(n·d·p), a small share of evaluate. */
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "attention.h"
+#include "error.h"
+#include "fma.h"
+#include "memory.h"
+#include "timer.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Query blocks per forward task: enough work to amortise a task's scratch. */
+#define FMA_CHUNK 32
+/* conv parameters grow like d·p·n/2 per layer; past this many floats, ask for m2m. */
+#define FMA_CONV_MAX_FLOATS (256L << 20)
+
+static const char *check_common(const struct config *cfg, long n, int seq_ranks, char *buf,
+                                size_t len, const char *name) {
+  const int m = cfg->attention.fma_m, p = cfg->attention.fma_p;
+  if (!fma_tree_exact(n, m, p)) {
+    snprintf(buf, len,
+             "attention.variant = %s needs model.context / fma.m a power of two >= 2 and fma.p "
+             "dividing fma.m (context %ld, m %d, p %d)",
+             name, n, m, p);
+    return buf;
+  }
+  if (seq_ranks > 1) {
+    snprintf(buf, len,
+             "attention.variant = %s with parallel.seq_ranks = %d: sequence parallelism is not "
+             "implemented yet (use parallel.seq_ranks = 1)",
+             name, seq_ranks);
+    return buf;
+  }
+  if (cfg->attention.fma_downsample == FMA_DOWN_CONV) {
+    const long d = cfg->model.dim / cfg->model.heads;
+    const double floats = 2.0 * (double)d * p * (double)(n / 2 - m / 2);
+    if (floats > (double)FMA_CONV_MAX_FLOATS) {
+      snprintf(buf, len,
+               "fma.downsample = conv needs %.0f parameters per layer at context %ld (they grow "
+               "like d·p·n); use fma.downsample = m2m, which scales to 1M tokens",
+               floats, n);
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+static const char *fma_check(const struct config *cfg, long n, int seq_ranks, char *buf,
+                             size_t len) {
+  return check_common(cfg, n, seq_ranks, buf, len, "fma");
+}
+
+static const char *fma_linear_check(const struct config *cfg, long n, int seq_ranks, char *buf,
+                                    size_t len) {
+  return check_common(cfg, n, seq_ranks, buf, len, "fma_linear");
+}
+
+static void fma_describe_params(const struct config *cfg, long n, struct param_list *list) {
+  fma_describe(cfg, n, false, list);
+}
+
+static void fma_linear_describe_params(const struct config *cfg, long n, struct param_list *list) {
+  fma_describe(cfg, n, true, list);
+}
+
+static void *setup_common(const struct config *cfg, const struct attn_dims *dims, bool linear) {
+  struct fma_state *st = xcalloc(1, sizeof *st);
+  fma_tree_build(&st->tree, dims->n, cfg->attention.fma_m, cfg->attention.fma_p);
+  st->down = cfg->attention.fma_downsample;
+  st->causal = dims->causal;
+  st->linear = linear;
+  st->multiplicity = cfg->attention.fma_multiplicity;
+  st->d = (int)dims->d;
+  long row = 0;
+  for (int l = 1; l <= st->tree.levels; l++) {
+    st->level_row[l] = row;
+    row += st->tree.nwindows[l] * st->tree.p;
+  }
+  st->level_row[st->tree.levels + 1] = row;
+  st->rows = row;
+  fma_layout_build(cfg, dims->n, linear, &st->layout);
+  return st;
+}
+
+static void *fma_setup(const struct config *cfg, const struct attn_dims *dims) {
+  return setup_common(cfg, dims, false);
+}
+
+static void *fma_linear_setup(const struct config *cfg, const struct attn_dims *dims) {
+  return setup_common(cfg, dims, true);
+}
+
+static void fma_teardown(void *state) { free(state); }
+
+static size_t fma_saved_floats(const struct attn_ctx *ctx) {
+  const struct fma_state *st = ctx->state;
+  const size_t BH = (size_t)(ctx->dims.B * ctx->dims.H);
+  return BH * (size_t)ctx->dims.T + (st->linear ? BH * (size_t)st->rows : 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * timing across threads: each thread keeps its own, the sums go to the global timers */
+
+static void add_times(const struct fma_times *t) {
+  timer_add_ms(TIMER_P2P, 1e3 * t->p2p);
+  timer_add_ms(TIMER_M2P, 1e3 * t->m2p);
+  timer_add_ms(TIMER_P2M, 1e3 * t->p2m);
+  timer_add_ms(TIMER_M2M, 1e3 * t->m2m);
+}
+
+/* The summaries of every (batch, head) for one set: X (BH, rows, d) from x (BH, n, d). */
+static void upward_all(const struct fma_state *st, float *X, const float *x, long BH, long n,
+                       const struct fma_down_weights *w, struct fma_times *times) {
+  const long d = st->d;
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++)
+      fma_upward_pass(st, X + bh * st->rows * d, x + bh * n * d, w, &t);
+#pragma omp critical(fma_times)
+    {
+      times->p2m += t.p2m;
+      times->m2m += t.m2m;
+    }
+  }
+}
+
+static int nsets(const struct fma_state *st) { return st->linear ? 3 : 2; }
+
+static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
+                        const float *k, const float *v, const float *params) {
+  const struct fma_state *st = ctx->state;
+  const long BH = ctx->dims.B * ctx->dims.H, n = ctx->dims.T, d = st->d, rows = st->rows;
+  const float *src[FMA_NSETS] = {k, v, q};
+  float *X[FMA_NSETS] = {NULL, NULL, NULL};
+  struct fma_times times = {0};
+  for (int s = 0; s < nsets(st); s++) {
+    struct fma_down_weights w;
+    fma_weights_load(st, params, (enum fma_set)s, &w);
+    X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * rows * d + 1));
+    upward_all(st, X[s], src[s], BH, n, &w, &times);
+    fma_weights_free(st, &w);
+  }
+  const long nblocks = st->tree.nblocks, chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK;
+  float *lse = saved, *lse_far = saved + BH * n;
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+    if (st->linear) {
+#pragma omp for schedule(dynamic, 1)
+      for (long bh = 0; bh < BH; bh++)
+        fma_linear_forward(st, out + bh * n * d, lse + bh * n, lse_far + bh * rows, q + bh * n * d,
+                           k + bh * n * d, v + bh * n * d, X[FMA_Q] + bh * rows * d,
+                           X[FMA_K] + bh * rows * d, X[FMA_V] + bh * rows * d, &t, NULL, NULL);
+    } else {
+#pragma omp for schedule(dynamic, 1) collapse(2)
+      for (long bh = 0; bh < BH; bh++)
+        for (long ch = 0; ch < chunks; ch++) {
+          long b0 = ch * FMA_CHUNK, b1 = b0 + FMA_CHUNK < nblocks ? b0 + FMA_CHUNK : nblocks;
+          fma_evaluate_forward(st, out + bh * n * d, lse + bh * n, q + bh * n * d, k + bh * n * d,
+                               v + bh * n * d, X[FMA_K] + bh * rows * d, X[FMA_V] + bh * rows * d,
+                               b0, b1, &t, NULL, NULL);
+        }
+    }
+#pragma omp critical(fma_times)
+    {
+      times.p2p += t.p2p;
+      times.m2p += t.m2p;
+    }
+  }
+  for (int s = 0; s < nsets(st); s++) mem_free(X[s]);
+  add_times(&times);
+}
+
+static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                         const float *dout, const float *q, const float *k, const float *v,
+                         const float *params, const float *out, const float *saved) {
+  const struct fma_state *st = ctx->state;
+  const long BH = ctx->dims.B * ctx->dims.H, n = ctx->dims.T, d = st->d, rows = st->rows;
+  const float *src[FMA_NSETS] = {k, v, q};
+  float *dsrc[FMA_NSETS] = {dk, dv, dq};
+  struct fma_down_weights w[FMA_NSETS];
+  float *X[FMA_NSETS] = {NULL, NULL, NULL}, *dX[FMA_NSETS] = {NULL, NULL, NULL};
+  struct fma_times times = {0};
+  for (int s = 0; s < nsets(st); s++) {
+    fma_weights_load(st, params, (enum fma_set)s, &w[s]);
+    X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * rows * d + 1));
+    dX[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * rows * d + 1));
+    upward_all(st, X[s], src[s], BH, n, &w[s], &times);
+  }
+  const float *lse = saved, *lse_far = saved + BH * n;
+  float *D = st->linear ? NULL : mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * n));
+  if (D) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < BH * n; r++) {
+      float acc = 0.0f;
+      for (long f = 0; f < d; f++) acc += dout[r * d + f] * out[r * d + f];
+      D[r] = acc;
+    }
+  }
+  /* evaluate backward, then the downward passes: one (batch, head) per task, so the scattered
+   * updates of near keys and summaries never race */
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++) {
+      const long o = bh * n * d, os = bh * rows * d;
+      if (st->linear)
+        fma_linear_backward(st, dq + o, dk + o, dv + o, dX[FMA_Q] + os, dX[FMA_K] + os,
+                            dX[FMA_V] + os, dout + o, out + o, q + o, k + o, v + o, X[FMA_Q] + os,
+                            X[FMA_K] + os, X[FMA_V] + os, lse + bh * n, lse_far + bh * rows, &t);
+      else
+        fma_evaluate_backward(st, dq + o, dk + o, dv + o, dX[FMA_K] + os, dX[FMA_V] + os, dout + o,
+                              D + bh * n, q + o, k + o, v + o, X[FMA_K] + os, X[FMA_V] + os,
+                              lse + bh * n, &t);
+      for (int s = 0; s < nsets(st); s++) fma_downward_pass(st, dX[s] + os, dsrc[s] + o, &w[s], &t);
+    }
+#pragma omp critical(fma_times)
+    {
+      times.p2p += t.p2p;
+      times.m2p += t.m2p;
+      times.p2m += t.p2m;
+      times.m2m += t.m2m;
+    }
+  }
+  /* downsampling-parameter gradients, summed over every (batch, head) in a fixed order */
+  double t0 = timer_now();
+  for (int s = 0; s < nsets(st); s++) {
+    if (dparams && st->down != FMA_DOWN_AVG) {
+      struct fma_down_weights dw;
+      fma_weights_zero(st, &dw);
+      fma_param_grads(st, &dw, src[s], X[s], dX[s], BH);
+      fma_weights_store_grad(st, dparams, (enum fma_set)s, &dw);
+      fma_weights_free(st, &dw);
+    }
+    fma_weights_free(st, &w[s]);
+    mem_free(X[s]);
+    mem_free(dX[s]);
+  }
+  times.p2m += timer_now() - t0;
+  mem_free(D);
+  add_times(&times);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * diagnostics and FLOPs */
+
+static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
+                            const float *k, const float *v, const float *params) {
+  const struct fma_state *st = ctx->state;
+  const long H = ctx->dims.H, n = ctx->dims.T, d = st->d, rows = st->rows;
+  const int bands = st->tree.levels + 1;
+  const float *src[FMA_NSETS] = {k, v, q};
+  float *X[FMA_NSETS] = {NULL, NULL, NULL};
+  struct fma_times times = {0};
+  for (int s = 0; s < nsets(st); s++) { /* batch element 0: its H heads come first */
+    struct fma_down_weights w;
+    fma_weights_load(st, params, (enum fma_set)s, &w);
+    X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(H * rows * d + 1));
+    upward_all(st, X[s], src[s], H, n, &w, &times);
+    fma_weights_free(st, &w);
+  }
+  float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(n * d));
+  float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(n + rows));
+  float *norms = st->linear ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(n * bands)) : NULL;
+  for (long h = 0; h < H; h++) {
+    const long o = h * n * d, os = h * rows * d;
+    if (st->linear) {
+      fma_linear_forward(st, out, lse, lse + n, q + o, k + o, v + o, X[FMA_Q] + os, X[FMA_K] + os,
+                         X[FMA_V] + os, &times, norms, entropy + h);
+      for (long i = 0; i < n; i++) {
+        double total = 0.0;
+        for (int b = 0; b < bands; b++) total += norms[i * bands + b];
+        for (int b = 0; b < bands && total > 0; b++)
+          mass[h * bands + b] += norms[i * bands + b] / total;
+      }
+    } else {
+      fma_evaluate_forward(st, out, lse, q + o, k + o, v + o, X[FMA_K] + os, X[FMA_V] + os, 0,
+                           st->tree.nblocks, &times, mass + h * bands, entropy + h);
+    }
+  }
+  for (int s = 0; s < nsets(st); s++) mem_free(X[s]);
+  mem_free(out);
+  mem_free(lse);
+  mem_free(norms);
+  return n;
+}
+
+/* Forward FLOPs: 4·d per (query, key) pair the lists allow (scores and values), plus the upward
+ * pass. *p2p_flops: the near-field GEMMs as executed (whole blocks, masked entries included). */
+static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
+  const struct fma_state *st = ctx->state;
+  const struct fma_tree *tr = &st->tree;
+  const double BH = (double)(ctx->dims.B * ctx->dims.H), d = (double)st->d, m = tr->m;
+  const long nb = tr->nblocks;
+  double near_pairs = 0.0, near_exec = 0.0, far = 0.0;
+  long blocks[FMA_LIST_MAX], windows[FMA_LIST_MAX];
+  for (long b = 0; b < nb; b++) {
+    int cnt = fma_lists_near(tr, st->causal, b, blocks);
+    near_exec += m * m * cnt;
+    near_pairs += st->causal ? m * m * (cnt - 1) + m * (m + 1) / 2 : m * m * cnt;
+    for (int l = 1; l <= tr->levels; l++) {
+      int nw = fma_lists_level(tr, st->causal, l, b * tr->m / tr->window[l], windows);
+      far += st->linear ? 0.0 : m * nw * tr->p;
+    }
+  }
+  double up = 0.0;
+  for (int l = 1; l <= tr->levels; l++) {
+    double summaries = (double)tr->nwindows[l] * tr->p;
+    if (st->down == FMA_DOWN_AVG)
+      up += (double)tr->n;
+    else if (st->down == FMA_DOWN_M2M && l > 1)
+      up += 2.0 * summaries * 2 * tr->p;
+    else
+      up += 2.0 * (double)tr->n * tr->p;
+  }
+  if (st->linear) /* each query sub-segment against its list, per level */
+    for (int l = 1; l <= tr->levels; l++)
+      for (long rho = 0; rho < tr->nwindows[l] * tr->p; rho++) {
+        int nw = fma_lists_level(tr, st->causal, l, rho / tr->p, windows);
+        far += (double)nw * tr->p;
+      }
+  *p2p_flops = 4.0 * d * near_exec * BH;
+  return BH * (4.0 * d * (near_pairs + far) + up * d * nsets(st));
+}
+
+const struct attn_variant attention_fma = {
+    .name = "fma",
+    .causal_ok = true,
+    .bidir_ok = true,
+    .check = fma_check,
+    .describe = fma_describe_params,
+    .init_param = fma_init_param,
+    .setup = fma_setup,
+    .teardown = fma_teardown,
+    .saved_floats = fma_saved_floats,
+    .forward = fma_forward,
+    .backward = fma_backward,
+    .diagnostics = fma_diagnostics,
+    .flops = fma_flops,
+};
+
+const struct attn_variant attention_fma_linear = {
+    .name = "fma_linear",
+    .causal_ok = true,
+    .bidir_ok = true,
+    .check = fma_linear_check,
+    .describe = fma_linear_describe_params,
+    .init_param = fma_init_param,
+    .setup = fma_linear_setup,
+    .teardown = fma_teardown,
+    .saved_floats = fma_saved_floats,
+    .forward = fma_forward,
+    .backward = fma_backward,
+    .diagnostics = fma_diagnostics,
+    .flops = fma_flops,
+};

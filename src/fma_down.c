@@ -1,0 +1,323 @@
+/* FMA summaries (SPEC §6.4 "Summaries"): the downsampling parameters (names, shapes, mean or
+ * random initialisation), the upward pass — P2M (tokens → a level's summaries, for conv and avg
+ * every level; for m2m level 1) and M2M (two children → parent, m2m) — and its transpose, the
+ * downward pass, with the parameter gradients summed over heads in a fixed order. Loops run over
+ * channels innermost (weights are transposed to (p, span, d)) so they vectorise. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "fma.h"
+#include "memory.h"
+#include "rng.h"
+#include "timer.h"
+
+static const char *set_names[FMA_NSETS] = {"k_down", "v_down", "q_down"};
+
+static int set_count(bool linear) { return linear ? 3 : 2; }
+
+/* Length of the last axis of level l's weight. */
+static long level_span(enum fma_downsample down, const struct fma_tree *tree, int l) {
+  if (down == FMA_DOWN_M2M) return l == 1 ? tree->m : 2L * tree->p;
+  return tree->window[l];
+}
+
+void fma_describe(const struct config *cfg, long n, bool linear, struct param_list *list) {
+  if (cfg->attention.fma_downsample == FMA_DOWN_AVG) return; /* fixed means: nothing to learn */
+  struct fma_tree tree;
+  fma_tree_build(&tree, n, cfg->attention.fma_m, cfg->attention.fma_p);
+  const long d = cfg->model.dim / cfg->model.heads, p = tree.p;
+  for (int s = 0; s < set_count(linear); s++)
+    for (int l = 1; l <= tree.levels; l++) {
+      char name[PARAM_NAME];
+      long wshape[3] = {d, p, level_span(cfg->attention.fma_downsample, &tree, l)};
+      long bshape[2] = {d, p};
+      snprintf(name, sizeof name, "%s/level_%02d/weight", set_names[s], l);
+      param_list_add(list, name, 3, wshape, true, INIT_CUSTOM, 0.0f);
+      snprintf(name, sizeof name, "%s/level_%02d/bias", set_names[s], l);
+      param_list_add(list, name, 2, bshape, false, INIT_CUSTOM, 0.0f);
+    }
+}
+
+void fma_layout_build(const struct config *cfg, long n, bool linear, struct fma_layout *layout) {
+  memset(layout, 0, sizeof *layout);
+  struct param_list list;
+  param_list_init(&list);
+  fma_describe(cfg, n, linear, &list);
+  struct fma_tree tree;
+  fma_tree_build(&tree, n, cfg->attention.fma_m, cfg->attention.fma_p);
+  int i = 0;
+  if (list.count > 0)
+    for (int s = 0; s < set_count(linear); s++)
+      for (int l = 1; l <= tree.levels; l++) {
+        layout->weight[s][l] = list.p[i++].offset;
+        layout->bias[s][l] = list.p[i++].offset;
+      }
+  for (int l = 1; l <= tree.levels; l++)
+    layout->span[l] = level_span(cfg->attention.fma_downsample, &tree, l);
+  layout->total = list.total;
+  param_list_free(&list);
+}
+
+/* "k_down/level_03/weight" → set, level, is_bias. */
+static void parse_name(const char *name, int *set, int *level, bool *bias) {
+  *set = -1;
+  for (int s = 0; s < FMA_NSETS; s++)
+    if (strncmp(name, set_names[s], strlen(set_names[s])) == 0) *set = s;
+  const char *lv = strstr(name, "level_");
+  if (*set < 0 || !lv) error("not an fma parameter: %s", name);
+  *level = atoi(lv + 6);
+  *bias = strstr(name, "/bias") != NULL;
+}
+
+static uint64_t init_key(const struct param_desc *p) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char *s = p->name; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h ^ ((uint64_t)(p->layer + 1) << 48);
+}
+
+void fma_init_param(const struct config *cfg, const struct param_desc *p, float *data) {
+  int set, level;
+  bool bias;
+  parse_name(p->name, &set, &level, &bias);
+  const long d = p->shape[0], P = p->shape[1];
+  /* inputs each summary sums over: w_l tokens (conv), m tokens (m2m level 1), 2p children */
+  const long m = cfg->attention.fma_m;
+  const long span =
+      cfg->attention.fma_downsample == FMA_DOWN_M2M ? (level > 1 ? 2 * P : m) : m << (level - 1);
+  if (cfg->attention.fma_init == FMA_INIT_RANDOM) {
+    /* uniform ±1/√fan_in, as the paper's code (and PyTorch's conv default) does */
+    const double bound = 1.0 / sqrt((double)span);
+    const uint64_t key = init_key(p);
+    for (size_t e = 0; e < p->numel; e++)
+      data[e] =
+          (float)(bound * (2.0 * rng_uniform_double(cfg->run.seed, RNG_INIT, key, e, 1) - 1.0));
+    return;
+  }
+  /* mean: every learned summary starts as the avg one, bias 0 */
+  memset(data, 0, sizeof(float) * p->numel);
+  if (bias) return;
+  for (long f = 0; f < d; f++)
+    for (long r = 0; r < P; r++) {
+      float *row = data + (f * P + r) * span;
+      if (cfg->attention.fma_downsample == FMA_DOWN_M2M && level > 1) {
+        row[2 * r] = row[2 * r + 1] = 0.5f; /* parent sub-segment r = child sub-segments 2r, 2r+1 */
+      } else {
+        const long seg = span / P;
+        for (long t = r * seg; t < (r + 1) * seg; t++) row[t] = 1.0f / (float)seg;
+      }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * weights in the transposed, channel-contiguous layout */
+
+void fma_weights_load(const struct fma_state *st, const float *params, enum fma_set set,
+                      struct fma_down_weights *w) {
+  memset(w, 0, sizeof *w);
+  if (st->down == FMA_DOWN_AVG) return;
+  const long d = st->d, P = st->tree.p;
+  for (int l = 1; l <= st->tree.levels; l++) {
+    const long span = st->layout.span[l];
+    w->wt[l] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(P * span * d));
+    w->bt[l] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(P * d));
+    if (!params) continue;
+    const float *W = params + st->layout.weight[set][l], *b = params + st->layout.bias[set][l];
+    for (long f = 0; f < d; f++)
+      for (long r = 0; r < P; r++) {
+        for (long t = 0; t < span; t++)
+          w->wt[l][(r * span + t) * d + f] = W[(f * P + r) * span + t];
+        w->bt[l][r * d + f] = b[f * P + r];
+      }
+  }
+}
+
+void fma_weights_zero(const struct fma_state *st, struct fma_down_weights *w) {
+  fma_weights_load(st, NULL, FMA_K, w);
+}
+
+void fma_weights_store_grad(const struct fma_state *st, float *dparams, enum fma_set set,
+                            const struct fma_down_weights *dw) {
+  if (st->down == FMA_DOWN_AVG) return;
+  const long d = st->d, P = st->tree.p;
+  for (int l = 1; l <= st->tree.levels; l++) {
+    const long span = st->layout.span[l];
+    float *W = dparams + st->layout.weight[set][l], *b = dparams + st->layout.bias[set][l];
+    for (long f = 0; f < d; f++)
+      for (long r = 0; r < P; r++) {
+        for (long t = 0; t < span; t++)
+          W[(f * P + r) * span + t] += dw->wt[l][(r * span + t) * d + f];
+        b[f * P + r] += dw->bt[l][r * d + f];
+      }
+  }
+}
+
+void fma_weights_free(const struct fma_state *st, struct fma_down_weights *w) {
+  for (int l = 0; l <= FMA_MAX_LEVELS; l++) {
+    mem_free(w->wt[l]);
+    mem_free(w->bt[l]);
+  }
+  memset(w, 0, sizeof *w);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * upward pass: P2M and M2M */
+
+/* Level l summaries from tokens: X_l[c·p + r] = b_r + Σ_t W[r, t] ∘ x[c·w + t] (conv, and level 1
+ * of m2m), or the mean of sub-segment r (avg). */
+static void fma_P2M(const struct fma_state *st, int l, float *Xl, const float *x,
+                    const struct fma_down_weights *w) {
+  const long d = st->d, P = st->tree.p, win = st->tree.window[l], seg = win / P;
+  const long nwin = st->tree.nwindows[l];
+  for (long c = 0; c < nwin; c++) {
+    float *out = Xl + c * P * d;
+    if (st->down == FMA_DOWN_AVG) {
+      const float inv = 1.0f / (float)seg;
+      for (long r = 0; r < P; r++) {
+        float *o = out + r * d;
+        memset(o, 0, sizeof(float) * (size_t)d);
+        for (long t = r * seg; t < (r + 1) * seg; t++) {
+          const float *xr = x + (c * win + t) * d;
+#pragma omp simd
+          for (long f = 0; f < d; f++) o[f] += xr[f];
+        }
+#pragma omp simd
+        for (long f = 0; f < d; f++) o[f] *= inv;
+      }
+      continue;
+    }
+    memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
+    for (long t = 0; t < win; t++) {
+      const float *xr = x + (c * win + t) * d;
+      for (long r = 0; r < P; r++) {
+        const float *wr = w->wt[l] + (r * win + t) * d;
+        float *o = out + r * d;
+#pragma omp simd
+        for (long f = 0; f < d; f++) o[f] += wr[f] * xr[f];
+      }
+    }
+  }
+}
+
+/* Level l summaries from level l − 1 (m2m): X_l[c·p + r] = b_r + Σ_{j<2p} T[r, j] ∘ X_{l−1}[2c·p +
+ * j]. */
+static void fma_M2M(const struct fma_state *st, int l, float *Xl, const float *Xc,
+                    const struct fma_down_weights *w) {
+  const long d = st->d, P = st->tree.p, nwin = st->tree.nwindows[l];
+  for (long c = 0; c < nwin; c++) {
+    float *out = Xl + c * P * d;
+    memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
+    const float *child = Xc + 2 * c * P * d; /* the two children's 2p rows are contiguous */
+    for (long r = 0; r < P; r++)
+      for (long j = 0; j < 2 * P; j++) {
+        const float *wr = w->wt[l] + (r * 2 * P + j) * d, *cr = child + j * d;
+        float *o = out + r * d;
+#pragma omp simd
+        for (long f = 0; f < d; f++) o[f] += wr[f] * cr[f];
+      }
+  }
+}
+
+void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
+                     const struct fma_down_weights *w, struct fma_times *times) {
+  const long d = st->d;
+  for (int l = 1; l <= st->tree.levels; l++) {
+    float *Xl = X + st->level_row[l] * d;
+    double t0 = timer_now();
+    if (st->down == FMA_DOWN_M2M && l > 1) {
+      fma_M2M(st, l, Xl, X + st->level_row[l - 1] * d, w);
+      times->m2m += timer_now() - t0;
+    } else {
+      fma_P2M(st, l, Xl, x, w);
+      times->p2m += timer_now() - t0;
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * downward pass: the transposes */
+
+void fma_downward_pass(const struct fma_state *st, float *dX, float *dx,
+                       const struct fma_down_weights *w, struct fma_times *times) {
+  const long d = st->d, P = st->tree.p;
+  double t0 = timer_now();
+  if (st->down == FMA_DOWN_M2M) /* coarse to fine: level l is complete before it is pushed down */
+    for (int l = st->tree.levels; l >= 2; l--) {
+      const float *dXl = dX + st->level_row[l] * d;
+      float *dXc = dX + st->level_row[l - 1] * d;
+      for (long c = 0; c < st->tree.nwindows[l]; c++)
+        for (long r = 0; r < P; r++) {
+          const float *g = dXl + (c * P + r) * d;
+          for (long j = 0; j < 2 * P; j++) {
+            const float *wr = w->wt[l] + (r * 2 * P + j) * d;
+            float *o = dXc + (2 * c * P + j) * d;
+#pragma omp simd
+            for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
+          }
+        }
+    }
+  double t1 = timer_now();
+  times->m2m += t1 - t0;
+  const int top = st->down == FMA_DOWN_M2M ? 1 : st->tree.levels;
+  for (int l = 1; l <= top; l++) {
+    const float *dXl = dX + st->level_row[l] * d;
+    const long win = st->tree.window[l], seg = win / P;
+    for (long c = 0; c < st->tree.nwindows[l]; c++)
+      for (long t = 0; t < win; t++) {
+        float *o = dx + (c * win + t) * d;
+        if (st->down == FMA_DOWN_AVG) {
+          const float *g = dXl + (c * P + t / seg) * d;
+          const float inv = 1.0f / (float)seg;
+#pragma omp simd
+          for (long f = 0; f < d; f++) o[f] += g[f] * inv;
+          continue;
+        }
+        for (long r = 0; r < P; r++) {
+          const float *g = dXl + (c * P + r) * d, *wr = w->wt[l] + (r * win + t) * d;
+#pragma omp simd
+          for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
+        }
+      }
+  }
+  times->p2m += timer_now() - t1;
+}
+
+void fma_param_grads(const struct fma_state *st, struct fma_down_weights *dw, const float *x,
+                     const float *X, const float *dX, long count) {
+  if (st->down == FMA_DOWN_AVG) return;
+  const long d = st->d, P = st->tree.p, n = st->tree.n, rows = st->rows;
+  for (int l = 1; l <= st->tree.levels; l++) {
+    const long nwin = st->tree.nwindows[l];
+    const bool from_children = st->down == FMA_DOWN_M2M && l > 1;
+    const long span = st->layout.span[l], win = st->tree.window[l];
+    /* weights: each (r, t) slot is owned by one iteration; heads and windows in fixed order */
+#pragma omp parallel for schedule(static)
+    for (long rt = 0; rt < P * span; rt++) {
+      const long r = rt / span, t = rt % span;
+      float *acc = dw->wt[l] + rt * d;
+      for (long h = 0; h < count; h++) {
+        const float *dXl = dX + h * rows * d + st->level_row[l] * d;
+        for (long c = 0; c < nwin; c++) {
+          const float *g = dXl + (c * P + r) * d;
+          const float *src = from_children
+                                 ? X + h * rows * d + (st->level_row[l - 1] + 2 * c * P + t) * d
+                                 : x + h * n * d + (c * win + t) * d;
+#pragma omp simd
+          for (long f = 0; f < d; f++) acc[f] += g[f] * src[f];
+        }
+      }
+    }
+    for (long h = 0; h < count; h++) {
+      const float *dXl = dX + h * rows * d + st->level_row[l] * d;
+      for (long c = 0; c < nwin; c++)
+        for (long r = 0; r < P; r++) {
+          const float *g = dXl + (c * P + r) * d;
+          float *acc = dw->bt[l] + r * d;
+#pragma omp simd
+          for (long f = 0; f < d; f++) acc[f] += g[f];
+        }
+    }
+  }
+}

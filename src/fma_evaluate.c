@@ -1,0 +1,466 @@
+/* FMA evaluation (SPEC §6.4–6.5): every query block of m queries shares its interaction lists,
+ * so its scores are two GEMMs — P2P against the contiguous near keys, M2P against the gathered
+ * summary rows of every level — followed by ONE row softmax over both (fma), or by separate
+ * softmaxes (fma_linear). Backward recomputes the scores from the saved log-sum-exp. One head per
+ * call; the caller parallelises over heads and blocks. Nothing here is O(n²) or O(n·n/m). */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "fma.h"
+#include "memory.h"
+#include "timer.h"
+#include "vecmath.h"
+
+void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk) {
+  const struct fma_tree *tree = &st->tree;
+  long blocks[FMA_LIST_MAX];
+  int nb = fma_lists_near(tree, st->causal, qb, blocks);
+  bk->near_lo = blocks[0] * tree->m; /* the near blocks are consecutive */
+  bk->near_count = (long)nb * tree->m;
+  bk->nfar = 0;
+  for (int l = 1; l <= tree->levels; l++) {
+    long windows[FMA_LIST_MAX];
+    const long c = qb * tree->m / tree->window[l];
+    const int nw = fma_lists_level(tree, st->causal, l, c, windows);
+    const float logw = st->multiplicity ? logf((float)(tree->window[l] / tree->p)) : 0.0f;
+    for (int k = 0; k < nw; k++)
+      for (long r = 0; r < tree->p; r++) {
+        bk->far_row[bk->nfar] = st->level_row[l] + windows[k] * tree->p + r;
+        bk->far_logw[bk->nfar] = logw;
+        bk->far_level[bk->nfar] = l;
+        bk->nfar++;
+      }
+  }
+}
+
+/* Per-call scratch for one block at a time. */
+struct block_scratch {
+  struct fma_block_keys bk;
+  float *S, *dP;              /* (m, ncols) */
+  float *Kf, *Vf, *dKf, *dVf; /* (nfar, d) */
+  long ncols;
+};
+
+static void scratch_init(struct block_scratch *s, const struct fma_state *st) {
+  const long m = st->tree.m, d = st->d, farmax = (long)FMA_LIST_MAX * st->tree.p * st->tree.levels;
+  s->ncols = 3 * m + farmax;
+  s->bk.far_row = xmalloc(sizeof(long) * (size_t)(farmax + 1));
+  s->bk.far_logw = xmalloc(sizeof(float) * (size_t)(farmax + 1));
+  s->bk.far_level = xmalloc(sizeof(int) * (size_t)(farmax + 1));
+  s->S = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(m * s->ncols));
+  s->dP = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(m * s->ncols));
+  s->Kf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)((farmax + 1) * d));
+  s->Vf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)((farmax + 1) * d));
+  s->dKf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)((farmax + 1) * d));
+  s->dVf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)((farmax + 1) * d));
+}
+
+static void scratch_free(struct block_scratch *s) {
+  free(s->bk.far_row);
+  free(s->bk.far_logw);
+  free(s->bk.far_level);
+  mem_free(s->S);
+  mem_free(s->dP);
+  mem_free(s->Kf);
+  mem_free(s->Vf);
+  mem_free(s->dKf);
+  mem_free(s->dVf);
+}
+
+static void gather(float *dst, const float *src, const long *rows, int count, long d) {
+  for (int i = 0; i < count; i++) memcpy(dst + i * d, src + rows[i] * d, sizeof(float) * (size_t)d);
+}
+
+static void scatter_add(float *dst, const float *src, const long *rows, int count, long d) {
+  for (int i = 0; i < count; i++) {
+    float *o = dst + rows[i] * d;
+    const float *g = src + i * d;
+#pragma omp simd
+    for (long f = 0; f < d; f++) o[f] += g[f];
+  }
+}
+
+/* Scores of block qb into s->S: near columns [0, nn), far columns [nn, nn + nfar), with the
+ * causal mask (−inf) and the multiplicity term. Returns nn. */
+static long block_scores(const struct fma_state *st, long qb, const float *q, const float *k,
+                         struct block_scratch *s, bool with_far, struct fma_times *times) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m;
+  const float scale = 1.0f / sqrtf((float)d);
+  struct fma_block_keys *bk = &s->bk;
+  const long nn = bk->near_count, nf = with_far ? bk->nfar : 0, ld = nn + nf;
+  double t0 = timer_now();
+  /* P2P: the near field, exact */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, scale, q + i0 * d,
+              (int)d, k + bk->near_lo * d, (int)d, 0.0f, s->S, (int)ld);
+  if (st->causal)
+    for (long r = 0; r < m; r++) {
+      float *row = s->S + r * ld;
+      for (long c = i0 + r + 1 - bk->near_lo; c < nn; c++) row[c] = -INFINITY; /* keys after i */
+    }
+  double t1 = timer_now();
+  times->p2p += t1 - t0;
+  if (nf > 0) {
+    /* M2P: the listed summaries of every level */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, scale, q + i0 * d,
+                (int)d, s->Kf, (int)d, 0.0f, s->S + nn, (int)ld);
+    for (long r = 0; r < m; r++) {
+      float *row = s->S + r * ld + nn;
+      for (long c = 0; c < nf; c++) row[c] += bk->far_logw[c];
+    }
+    times->m2p += timer_now() - t1;
+  }
+  return nn;
+}
+
+/* Softmax of each row of S (m, ld) in place; lse[r] = log Σ exp. */
+static void rows_softmax(float *S, long m, long ld, float *lse) {
+  for (long r = 0; r < m; r++) {
+    float *row = S + r * ld;
+    float mx = -INFINITY;
+    for (long c = 0; c < ld; c++) mx = row[c] > mx ? row[c] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (long c = 0; c < ld; c++) {
+      row[c] = expf(row[c] - mx);
+      sum += row[c];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (long c = 0; c < ld; c++) row[c] *= inv;
+    lse[r] = mx + logf(sum);
+  }
+}
+
+/* P = exp(S − lse) per row, in place. */
+static void rows_probabilities(float *S, long m, long ld, const float *lse) {
+  for (long r = 0; r < m; r++) {
+    float *row = S + r * ld;
+    const float L = lse[r];
+#pragma omp simd
+    for (long c = 0; c < ld; c++) row[c] = expf(row[c] - L);
+  }
+}
+
+/* Diagnostics of one block's probability rows: mass per band and entropy (each coarse key stands
+ * for e^{logw} tokens with equal shares, so entropy is that of the token-level distribution). */
+static void block_diagnostics(const struct fma_state *st, const float *P, long m, long nn, long nf,
+                              const struct fma_block_keys *bk, double *mass, double *entropy) {
+  const long ld = nn + nf;
+  for (long r = 0; r < m; r++) {
+    const float *row = P + r * ld;
+    double near = 0.0, ent = 0.0;
+    for (long c = 0; c < nn; c++) {
+      near += row[c];
+      if (row[c] > 0) ent -= row[c] * log((double)row[c]);
+    }
+    mass[0] += near;
+    for (long c = 0; c < nf; c++) {
+      const double a = row[nn + c];
+      mass[bk->far_level[c]] += a;
+      if (a > 0) ent -= a * (log(a) - bk->far_logw[c]);
+    }
+    *entropy += ent;
+  }
+  (void)st;
+}
+
+void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, const float *q,
+                          const float *k, const float *v, const float *K, const float *V, long qb0,
+                          long qb1, struct fma_times *times, double *mass, double *entropy) {
+  const long m = st->tree.m, d = st->d;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long qb = qb0; qb < qb1; qb++) {
+    fma_block_keys(st, qb, &s.bk);
+    const long nf = s.bk.nfar;
+    double t0 = timer_now();
+    gather(s.Kf, K, s.bk.far_row, (int)nf, d);
+    gather(s.Vf, V, s.bk.far_row, (int)nf, d);
+    times->m2p += timer_now() - t0;
+    const long nn = block_scores(st, qb, q, k, &s, true, times);
+    const long ld = nn + nf;
+    t0 = timer_now();
+    rows_softmax(s.S, m, ld, lse + qb * m);
+    if (mass) block_diagnostics(st, s.S, m, nn, nf, &s.bk, mass, entropy);
+    float *o = out + qb * m * d;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
+                (int)ld, v + s.bk.near_lo * d, (int)d, 0.0f, o, (int)d);
+    double t1 = timer_now();
+    times->p2p += t1 - t0;
+    if (nf > 0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f,
+                  s.S + nn, (int)ld, s.Vf, (int)d, 1.0f, o, (int)d);
+      times->m2p += timer_now() - t1;
+    }
+  }
+  scratch_free(&s);
+}
+
+void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, float *dv, float *dK,
+                           float *dV, const float *dout, const float *D, const float *q,
+                           const float *k, const float *v, const float *K, const float *V,
+                           const float *lse, struct fma_times *times) {
+  const long m = st->tree.m, d = st->d, nblocks = st->tree.nblocks;
+  const float scale = 1.0f / sqrtf((float)d);
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long qb = 0; qb < nblocks; qb++) {
+    fma_block_keys(st, qb, &s.bk);
+    const long nf = s.bk.nfar, i0 = qb * m;
+    double t0 = timer_now();
+    gather(s.Kf, K, s.bk.far_row, (int)nf, d);
+    gather(s.Vf, V, s.bk.far_row, (int)nf, d);
+    times->m2p += timer_now() - t0;
+    const long nn = block_scores(st, qb, q, k, &s, true, times);
+    const long ld = nn + nf;
+    const float *g = dout + i0 * d, *qq = q + i0 * d;
+    t0 = timer_now();
+    rows_probabilities(s.S, m, ld, lse + i0);
+    /* dv_near += P_nᵀ dO; dP_n = dO v_nᵀ */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
+                (int)ld, g, (int)d, 1.0f, dv + s.bk.near_lo * d, (int)d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
+                v + s.bk.near_lo * d, (int)d, 0.0f, s.dP, (int)ld);
+    double t1 = timer_now();
+    times->p2p += t1 - t0;
+    if (nf > 0) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, 1.0f, s.S + nn,
+                  (int)ld, g, (int)d, 0.0f, s.dVf, (int)d);
+      scatter_add(dV, s.dVf, s.bk.far_row, (int)nf, d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, 1.0f, g, (int)d,
+                  s.Vf, (int)d, 0.0f, s.dP + nn, (int)ld);
+    }
+    double t2 = timer_now();
+    times->m2p += t2 - t1;
+    /* dS = P ∘ (dP − D), over both parts at once */
+    for (long r = 0; r < m; r++) {
+      const float Di = D[i0 + r];
+      const float *p = s.S + r * ld;
+      float *gp = s.dP + r * ld;
+#pragma omp simd
+      for (long c = 0; c < ld; c++) gp[c] = p[c] * (gp[c] - Di);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, s.dP,
+                (int)ld, k + s.bk.near_lo * d, (int)d, 1.0f, dq + i0 * d, (int)d);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, s.dP,
+                (int)ld, qq, (int)d, 1.0f, dk + s.bk.near_lo * d, (int)d);
+    double t3 = timer_now();
+    times->p2p += t3 - t2;
+    if (nf > 0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale,
+                  s.dP + nn, (int)ld, s.Kf, (int)d, 1.0f, dq + i0 * d, (int)d);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale,
+                  s.dP + nn, (int)ld, qq, (int)d, 0.0f, s.dKf, (int)d);
+      scatter_add(dK, s.dKf, s.bk.far_row, (int)nf, d);
+      times->m2p += timer_now() - t3;
+    }
+  }
+  scratch_free(&s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fma_linear */
+
+long fma_linear_query_row(const struct fma_state *st, int l, long i) {
+  const long seg = st->tree.window[l] / st->tree.p;
+  const long rho = i / seg; /* = ⌊i/w_l⌋·p + ⌊(i mod w_l)·p/w_l⌋: windows are aligned */
+  return st->causal ? rho - 1 : rho;
+}
+
+/* The level-l term of query sub-segment rho: its key rows (≤ 3p) and query row. */
+static int linear_keys(const struct fma_state *st, int l, long rho, long *rows, long *qrow) {
+  const long P = st->tree.p, c = rho / P;
+  *qrow = st->causal ? rho - 1 : rho;
+  if (*qrow < 0) return 0;
+  long windows[FMA_LIST_MAX];
+  const int nw = fma_lists_level(&st->tree, st->causal, l, c, windows);
+  int count = 0;
+  for (int k = 0; k < nw; k++)
+    for (long r = 0; r < P; r++) rows[count++] = windows[k] * P + r; /* within level l */
+  return count;
+}
+
+void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near, float *lse_far,
+                        const float *q, const float *k, const float *v, const float *Q,
+                        const float *K, const float *V, struct fma_times *times, float *band_norms,
+                        double *entropy) {
+  const long m = st->tree.m, d = st->d, P = st->tree.p;
+  const float scale = 1.0f / sqrtf((float)d);
+  struct block_scratch s;
+  scratch_init(&s, st);
+  if (band_norms)
+    memset(band_norms, 0, sizeof(float) * (size_t)(st->tree.n * (st->tree.levels + 1)));
+  /* near field: its own softmax */
+  for (long qb = 0; qb < st->tree.nblocks; qb++) {
+    fma_block_keys(st, qb, &s.bk);
+    const long nn = block_scores(st, qb, q, k, &s, false, times);
+    double t0 = timer_now();
+    rows_softmax(s.S, m, nn, lse_near + qb * m);
+    if (band_norms) {
+      double unused[1] = {0.0};
+      block_diagnostics(st, s.S, m, nn, 0, &s.bk, unused, entropy); /* near-field entropy */
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
+                (int)nn, v + s.bk.near_lo * d, (int)d, 0.0f, out + qb * m * d, (int)d);
+    if (band_norms)
+      for (long r = 0; r < m; r++) {
+        float norm = 0.0f;
+        for (long f = 0; f < d; f++) norm += fabsf(out[(qb * m + r) * d + f]);
+        band_norms[(qb * m + r) * (st->tree.levels + 1)] = norm;
+      }
+    times->p2p += timer_now() - t0;
+  }
+  /* each level: one softmax per query sub-segment over its list, added to its queries */
+  double t0 = timer_now();
+  float *o = xmalloc(sizeof(float) * (size_t)d);
+  float *a = xmalloc(sizeof(float) * (size_t)(FMA_LIST_MAX * P));
+  long *rows = xmalloc(sizeof(long) * (size_t)(FMA_LIST_MAX * P));
+  for (int l = 1; l <= st->tree.levels; l++) {
+    const long base = st->level_row[l], seg = st->tree.window[l] / P;
+    const long nsub = st->tree.nwindows[l] * P;
+    const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
+    for (long rho = 0; rho < nsub; rho++) {
+      long qrow;
+      const int nk = linear_keys(st, l, rho, rows, &qrow);
+      lse_far[base + rho] = 0.0f;
+      if (nk == 0) continue;
+      float mx = -INFINITY;
+      for (int j = 0; j < nk; j++) {
+        float sdot = 0.0f;
+        const float *kr = Kl + rows[j] * d, *qr = Ql + qrow * d;
+#pragma omp simd reduction(+ : sdot)
+        for (long f = 0; f < d; f++) sdot += qr[f] * kr[f];
+        a[j] = sdot * scale;
+        mx = a[j] > mx ? a[j] : mx;
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < nk; j++) {
+        a[j] = expf(a[j] - mx);
+        sum += a[j];
+      }
+      memset(o, 0, sizeof(float) * (size_t)d);
+      for (int j = 0; j < nk; j++) {
+        a[j] /= sum;
+        const float *vr = Vl + rows[j] * d;
+#pragma omp simd
+        for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
+      }
+      lse_far[base + rho] = mx + logf(sum);
+      for (long i = rho * seg; i < (rho + 1) * seg; i++) {
+        float *oi = out + i * d;
+#pragma omp simd
+        for (long f = 0; f < d; f++) oi[f] += o[f];
+      }
+      if (band_norms) {
+        float norm = 0.0f;
+        for (long f = 0; f < d; f++) norm += fabsf(o[f]);
+        for (long i = rho * seg; i < (rho + 1) * seg; i++)
+          band_norms[i * (st->tree.levels + 1) + l] = norm;
+      }
+    }
+  }
+  free(o);
+  free(a);
+  free(rows);
+  times->m2p += timer_now() - t0;
+  scratch_free(&s);
+}
+
+void fma_linear_backward(const struct fma_state *st, float *dq, float *dk, float *dv, float *dQ,
+                         float *dK, float *dV, const float *dout, const float *out, const float *q,
+                         const float *k, const float *v, const float *Q, const float *K,
+                         const float *V, const float *lse_near, const float *lse_far,
+                         struct fma_times *times) {
+  const long m = st->tree.m, d = st->d, P = st->tree.p;
+  const float scale = 1.0f / sqrtf((float)d);
+  struct block_scratch s;
+  scratch_init(&s, st);
+  /* near field: recompute its probabilities and its own output for D = dO · o_near */
+  float *onear = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(m * d));
+  float *Dn = xmalloc(sizeof(float) * (size_t)m);
+  for (long qb = 0; qb < st->tree.nblocks; qb++) {
+    fma_block_keys(st, qb, &s.bk);
+    const long nn = block_scores(st, qb, q, k, &s, false, times);
+    const long i0 = qb * m;
+    const float *g = dout + i0 * d, *qq = q + i0 * d;
+    double t0 = timer_now();
+    rows_probabilities(s.S, m, nn, lse_near + i0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
+                (int)nn, v + s.bk.near_lo * d, (int)d, 0.0f, onear, (int)d);
+    for (long r = 0; r < m; r++) {
+      float acc = 0.0f;
+      for (long f = 0; f < d; f++) acc += g[r * d + f] * onear[r * d + f];
+      Dn[r] = acc;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
+                (int)nn, g, (int)d, 1.0f, dv + s.bk.near_lo * d, (int)d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
+                v + s.bk.near_lo * d, (int)d, 0.0f, s.dP, (int)nn);
+    for (long r = 0; r < m; r++)
+      for (long c = 0; c < nn; c++) s.dP[r * nn + c] = s.S[r * nn + c] * (s.dP[r * nn + c] - Dn[r]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, s.dP,
+                (int)nn, k + s.bk.near_lo * d, (int)d, 1.0f, dq + i0 * d, (int)d);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, s.dP,
+                (int)nn, qq, (int)d, 1.0f, dk + s.bk.near_lo * d, (int)d);
+    times->p2p += timer_now() - t0;
+  }
+  mem_free(onear);
+  free(Dn);
+  /* levels */
+  double t0 = timer_now();
+  float *g = xmalloc(sizeof(float) * (size_t)d), *o = xmalloc(sizeof(float) * (size_t)d);
+  float *a = xmalloc(sizeof(float) * (size_t)(FMA_LIST_MAX * P));
+  long *rows = xmalloc(sizeof(long) * (size_t)(FMA_LIST_MAX * P));
+  for (int l = 1; l <= st->tree.levels; l++) {
+    const long base = st->level_row[l], seg = st->tree.window[l] / P;
+    const long nsub = st->tree.nwindows[l] * P;
+    const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
+    float *dQl = dQ + base * d, *dKl = dK + base * d, *dVl = dV + base * d;
+    for (long rho = 0; rho < nsub; rho++) {
+      long qrow;
+      const int nk = linear_keys(st, l, rho, rows, &qrow);
+      if (nk == 0) continue;
+      /* the gradient of the sub-segment's output: the sum over its queries */
+      memset(g, 0, sizeof(float) * (size_t)d);
+      for (long i = rho * seg; i < (rho + 1) * seg; i++)
+        for (long f = 0; f < d; f++) g[f] += dout[i * d + f];
+      const float *qr = Ql + qrow * d;
+      const float L = lse_far[base + rho];
+      memset(o, 0, sizeof(float) * (size_t)d);
+      for (int j = 0; j < nk; j++) {
+        float sdot = 0.0f;
+        const float *kr = Kl + rows[j] * d;
+        for (long f = 0; f < d; f++) sdot += qr[f] * kr[f];
+        a[j] = expf(sdot * scale - L);
+        const float *vr = Vl + rows[j] * d;
+        for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
+      }
+      float D = 0.0f;
+      for (long f = 0; f < d; f++) D += g[f] * o[f];
+      for (int j = 0; j < nk; j++) {
+        const float *vr = Vl + rows[j] * d, *kr = Kl + rows[j] * d;
+        float *dvr = dVl + rows[j] * d, *dkr = dKl + rows[j] * d, *dqr = dQl + qrow * d;
+        float dp = 0.0f;
+        for (long f = 0; f < d; f++) {
+          dvr[f] += a[j] * g[f];
+          dp += g[f] * vr[f];
+        }
+        const float ds = a[j] * (dp - D) * scale;
+        for (long f = 0; f < d; f++) {
+          dqr[f] += ds * kr[f];
+          dkr[f] += ds * qr[f];
+        }
+      }
+    }
+  }
+  free(g);
+  free(o);
+  free(a);
+  free(rows);
+  times->m2p += timer_now() - t0;
+  scratch_free(&s);
+  (void)out;
+}
