@@ -80,12 +80,52 @@ static void copy_window(const struct config *cfg, uint64_t a, uint64_t b, uint8_
   }
 }
 
+/* Majority task: data symbols 1..S, each the sequence's dominant symbol with probability
+ * MAJORITY_BIAS and uniform otherwise; at the marker positions n/2, n/2 + n/4, ... the byte is
+ * S + 1, and the byte after it — the scored target — is the majority symbol of every data symbol
+ * before the marker (ties: the smallest). The markers are n/4 apart, farther than any near field
+ * or local band this task is meant to test, so an earlier answer is never in a near-field window
+ * of a later marker: only a model that summarises the whole prefix can answer. */
+#define MAJORITY_BIAS 0.1
+
+static bool majority_marker(long n, long t) {
+  const long Q = n / 4 > 0 ? n / 4 : 1;
+  return t >= n / 2 && t < n && (t - n / 2) % Q == 0;
+}
+
+static void majority_window(const struct config *cfg, uint64_t a, uint64_t b, uint8_t *w) {
+  const long n = cfg->model.context;
+  const int S = cfg->data.symbols;
+  const uint64_t seed = cfg->run.seed;
+  const int dom = 1 + (int)rng_below((uint64_t)S, seed, RNG_TASK, a, b, ~0ull);
+  long counts[256] = {0};
+  for (long t = 0; t <= n; t++) {
+    if (t > 0 && majority_marker(n, t - 1)) { /* the answer */
+      int best = 1;
+      for (int s = 2; s <= S; s++)
+        if (counts[s] > counts[best]) best = s;
+      w[t] = (uint8_t)best;
+      continue;
+    }
+    if (majority_marker(n, t)) {
+      w[t] = (uint8_t)(S + 1);
+      continue;
+    }
+    const bool biased = rng_uniform(seed, RNG_TASK, a, b, 2 * (uint64_t)t) < MAJORITY_BIAS;
+    const int sym =
+        biased ? dom : 1 + (int)rng_below((uint64_t)S, seed, RNG_TASK, a, b, 2 * (uint64_t)t + 1);
+    w[t] = (uint8_t)sym;
+    counts[sym]++;
+  }
+}
+
 /* Whether the prediction made at position t (of window[t + 1]) is scored. */
 static bool scored(const struct config *cfg, long t) {
   if (cfg->data.source == SOURCE_COPY) {
     long L = copy_length(cfg);
     return t >= L && t < 2 * L;
   }
+  if (cfg->data.source == SOURCE_MAJORITY) return majority_marker(cfg->model.context, t);
   return true;
 }
 
@@ -100,7 +140,8 @@ static void window_bytes(const struct dataset *ds, enum data_split split, uint64
       copy_window(cfg, a, b, w);
       return;
     case SOURCE_MAJORITY:
-      error("data.source = majority is not implemented yet");
+      majority_window(cfg, a, b, w);
+      return;
     case SOURCE_FILE:
       break;
   }

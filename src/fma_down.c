@@ -114,6 +114,17 @@ void fma_init_param(const struct config *cfg, const struct param_desc *p, float 
 /* ---------------------------------------------------------------------------------------------
  * weights in the transposed, channel-contiguous layout */
 
+/* Causal fma_linear attends with the query summary of the sub-segment before i's (ρ − 1). That is
+ * causal only if summary row r of a window reads nothing after sub-segment r, which learned conv
+ * or m2m weights would otherwise do: in causal mode, tap t of q_down row r is used only when it
+ * lies in sub-segments ≤ r (m2m: child rows ≤ 2r + 1). The mean init already has this form. */
+static bool query_tap_used(const struct fma_state *st, enum fma_set set, int l, long r, long t) {
+  if (set != FMA_Q || !st->causal) return true;
+  const long P = st->tree.p, span = st->layout.span[l];
+  if (st->down == FMA_DOWN_M2M && l > 1) return t <= 2 * r + 1;
+  return t < (r + 1) * (span / P);
+}
+
 void fma_weights_load(const struct fma_state *st, const float *params, enum fma_set set,
                       struct fma_down_weights *w) {
   memset(w, 0, sizeof *w);
@@ -128,7 +139,8 @@ void fma_weights_load(const struct fma_state *st, const float *params, enum fma_
     for (long f = 0; f < d; f++)
       for (long r = 0; r < P; r++) {
         for (long t = 0; t < span; t++)
-          w->wt[l][(r * span + t) * d + f] = W[(f * P + r) * span + t];
+          w->wt[l][(r * span + t) * d + f] =
+              query_tap_used(st, set, l, r, t) ? W[(f * P + r) * span + t] : 0.0f;
         w->bt[l][r * d + f] = b[f * P + r];
       }
   }
@@ -148,7 +160,8 @@ void fma_weights_store_grad(const struct fma_state *st, float *dparams, enum fma
     for (long f = 0; f < d; f++)
       for (long r = 0; r < P; r++) {
         for (long t = 0; t < span; t++)
-          W[(f * P + r) * span + t] += dw->wt[l][(r * span + t) * d + f];
+          if (query_tap_used(st, set, l, r, t))
+            W[(f * P + r) * span + t] += dw->wt[l][(r * span + t) * d + f];
         b[f * P + r] += dw->bt[l][r * d + f];
       }
   }

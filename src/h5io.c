@@ -98,9 +98,17 @@ void h5_attr_double(hid_t loc, const char *obj, const char *name, double value) 
   attr_write(loc, obj, name, H5T_NATIVE_DOUBLE, &value);
 }
 
+/* An attribute holding exactly one value (a read into one variable must not overrun). */
 static hid_t attr_open(hid_t loc, const char *obj, const char *name) {
   if (H5Aexists_by_name(loc, obj, name, H5P_DEFAULT) <= 0) return -1;
-  return H5Aopen_by_name(loc, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t a = H5Aopen_by_name(loc, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+  if (a < 0) return -1;
+  hid_t space = H5_CHECK(H5Aget_space(a));
+  const hssize_t points = H5Sget_simple_extent_npoints(space);
+  H5Sclose(space);
+  if (points != 1)
+    error("attribute %s of %s holds %lld values, expected one", name, obj, (long long)points);
+  return a;
 }
 
 bool h5_read_attr_string(hid_t loc, const char *obj, const char *name, char **value) {
@@ -134,6 +142,21 @@ bool h5_read_attr_long(hid_t loc, const char *obj, const char *name, long *value
   H5_CHECK(H5Aread(a, H5T_NATIVE_LONG, value));
   H5Aclose(a);
   return true;
+}
+
+bool h5_read_attr_bool(hid_t loc, const char *obj, const char *name, long *value) {
+  hid_t a = attr_open(loc, obj, name);
+  if (a < 0) return false;
+  hid_t t = H5_CHECK(H5Aget_type(a));
+  bool ok = H5Tget_class(t) == H5T_ENUM && H5Tget_size(t) <= sizeof(long);
+  if (ok) { /* h5py's booleans: an enum of one byte, FALSE = 0, TRUE = 1 */
+    unsigned char raw[sizeof(long)] = {0};
+    H5_CHECK(H5Aread(a, t, raw));
+    *value = raw[0] != 0;
+  }
+  H5Tclose(t);
+  H5Aclose(a);
+  return ok;
 }
 
 bool h5_read_attr_double(hid_t loc, const char *obj, const char *name, double *value) {
@@ -188,7 +211,7 @@ int h5_dataset_shape(hid_t loc, const char *path, long *shape, int maxdim) {
   if (ds < 0) return -1;
   hid_t space = H5_CHECK(H5Dget_space(ds));
   int nd = H5Sget_simple_extent_ndims(space);
-  hsize_t dims[16];
+  hsize_t dims[H5S_MAX_RANK];
   H5Sget_simple_extent_dims(space, dims, NULL);
   for (int i = 0; i < nd && i < maxdim; i++) shape[i] = (long)dims[i];
   H5Sclose(space);
@@ -232,7 +255,7 @@ static hid_t series_open(hid_t loc, const char *path, hid_t type, int rec_ndim,
     hid_t ds = H5_CHECK(H5Dopen2(loc, path, H5P_DEFAULT));
     hid_t space = H5_CHECK(H5Dget_space(ds));
     int nd = H5Sget_simple_extent_ndims(space);
-    hsize_t dims[16];
+    hsize_t dims[H5S_MAX_RANK];
     H5Sget_simple_extent_dims(space, dims, NULL);
     H5Sclose(space);
     bool same = nd == rec_ndim + 1;
@@ -240,7 +263,8 @@ static hid_t series_open(hid_t loc, const char *path, hid_t type, int rec_ndim,
     if (!same) error("diagnostics series %s exists with another record shape", path);
     return ds;
   }
-  hsize_t dims[16], maxdims[16], chunk[16];
+  hsize_t dims[H5S_MAX_RANK], maxdims[H5S_MAX_RANK], chunk[H5S_MAX_RANK];
+  if (rec_ndim + 1 > H5S_MAX_RANK) error("series %s: too many dimensions", path);
   dims[0] = 0;
   maxdims[0] = H5S_UNLIMITED;
   chunk[0] = 64;
@@ -263,10 +287,10 @@ static hid_t series_open(hid_t loc, const char *path, hid_t type, int rec_ndim,
 static void series_append(hid_t ds, hid_t type, int rec_ndim, const long *rec_shape,
                           const void *values) {
   hid_t space = H5_CHECK(H5Dget_space(ds));
-  hsize_t dims[16];
+  hsize_t dims[H5S_MAX_RANK];
   H5Sget_simple_extent_dims(space, dims, NULL);
   H5Sclose(space);
-  hsize_t start[16] = {0}, count[16];
+  hsize_t start[H5S_MAX_RANK] = {0}, count[H5S_MAX_RANK];
   start[0] = dims[0];
   dims[0] += 1;
   count[0] = 1;
@@ -308,7 +332,7 @@ static herr_t truncate_one(hid_t group, const char *name, const H5L_info_t *info
     return 0;
   }
   hid_t space = H5Dget_space(ds);
-  hsize_t dims[16], maxdims[16];
+  hsize_t dims[H5S_MAX_RANK], maxdims[H5S_MAX_RANK];
   int nd = H5Sget_simple_extent_dims(space, dims, maxdims);
   H5Sclose(space);
   if (nd >= 1 && maxdims[0] == H5S_UNLIMITED && dims[0] > ctx->keep) {
@@ -324,6 +348,7 @@ void h5_truncate_series(hid_t loc, const char *group, const char *key, double la
   hid_t ds = H5_CHECK(H5Dopen2(loc, key, H5P_DEFAULT));
   hid_t space = H5_CHECK(H5Dget_space(ds));
   hsize_t n = 0;
+  if (H5Sget_simple_extent_ndims(space) != 1) error("%s is not a 1-D series", key);
   H5Sget_simple_extent_dims(space, &n, NULL);
   H5Sclose(space);
   double *v = xmalloc(sizeof(double) * (n ? n : 1));

@@ -28,6 +28,8 @@ void h5_attr_double(hid_t loc, const char *obj, const char *name, double value);
 bool h5_read_attr_string(hid_t loc, const char *obj, const char *name, char **value);
 bool h5_read_attr_long(hid_t loc, const char *obj, const char *name, long *value);
 bool h5_read_attr_double(hid_t loc, const char *obj, const char *name, double *value);
+/* A boolean as h5py writes it (a one-byte enum); false when absent or another type. */
+bool h5_read_attr_bool(hid_t loc, const char *obj, const char *name, long *value);
 
 /* Create a float32 dataset of the given shape at path and write data. With a collective file,
  * every rank calls this and only `writer` (a rank of the file's communicator, or −1 for all)

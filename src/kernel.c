@@ -15,52 +15,60 @@
 #include "memory.h"
 #include "timer.h"
 
-/* Attributes of IN turned into deck overrides. */
+/* Attributes of IN turned into deck overrides (six more are fixed: variant, objective, sizes). */
+#define KERNEL_MAX_KEYS 48
+
 struct kernel_attrs {
+  const char *path;
   char variant[64];
   int causal; /* −1 until read */
   int count;
-  char items[64][160];
+  char items[KERNEL_MAX_KEYS][160];
 };
 
 static herr_t read_attr(hid_t loc, const char *name, const H5A_info_t *info, void *data) {
   struct kernel_attrs *ka = data;
-  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-  hid_t t = H5Aget_type(a);
-  char value[128] = "";
+  hid_t a = H5_CHECK(H5Aopen(loc, name, H5P_DEFAULT));
+  hid_t space = H5_CHECK(H5Aget_space(a));
+  const bool scalar = H5Sget_simple_extent_npoints(space) == 1;
+  H5Sclose(space);
+  hid_t t = H5_CHECK(H5Aget_type(a));
   H5T_class_t cls = H5Tget_class(t);
+  H5Tclose(t);
+  H5Aclose(a);
+  if (!scalar) error("%s: attribute '%s' must hold one value", ka->path, name);
+  char value[128] = "";
+  int len = 0;
   if (cls == H5T_INTEGER) {
-    long v;
-    H5_CHECK(H5Aread(a, H5T_NATIVE_LONG, &v));
-    snprintf(value, sizeof value, "%ld", v);
+    long v = 0;
+    h5_read_attr_long(loc, ".", name, &v);
+    len = snprintf(value, sizeof value, "%ld", v);
   } else if (cls == H5T_FLOAT) {
-    double v;
-    H5_CHECK(H5Aread(a, H5T_NATIVE_DOUBLE, &v));
-    snprintf(value, sizeof value, "%.17g", v);
+    double v = 0;
+    h5_read_attr_double(loc, ".", name, &v);
+    len = snprintf(value, sizeof value, "%.17g", v);
   } else if (cls == H5T_ENUM) { /* numpy bool as written by h5py: FALSE = 0, TRUE = 1 */
-    unsigned char raw[16] = {0};
-    size_t size = H5Tget_size(t);
-    if (size > sizeof raw) error("%s: attribute %s is too large an enum", "kernel", name);
-    H5_CHECK(H5Aread(a, t, raw));
-    snprintf(value, sizeof value, "%s", raw[0] ? "true" : "false");
+    long v = 0;
+    if (!h5_read_attr_bool(loc, ".", name, &v))
+      error("%s: attribute '%s' is an enum other than a boolean", ka->path, name);
+    len = snprintf(value, sizeof value, "%s", v ? "true" : "false");
   } else if (cls == H5T_STRING) {
     char *s = NULL;
-    H5Aclose(a);
-    H5Tclose(t);
     h5_read_attr_string(loc, ".", name, &s);
-    snprintf(value, sizeof value, "%s", s);
+    len = snprintf(value, sizeof value, "%s", s);
     free(s);
-    a = t = -1;
   } else {
-    error("IN attribute %s has an unsupported type", name);
+    error("%s: attribute '%s' has an unsupported type", ka->path, name);
   }
-  if (t >= 0) H5Tclose(t);
-  if (a >= 0) H5Aclose(a);
+  if (len < 0 || (size_t)len >= sizeof value)
+    error("%s: attribute '%s' is too long", ka->path, name);
   if (strcmp(name, "variant") == 0) {
     snprintf(ka->variant, sizeof ka->variant, "%s", value);
   } else if (strcmp(name, "causal") == 0) {
     ka->causal = strcmp(value, "true") == 0 || strcmp(value, "1") == 0;
-  } else if (ka->count < 64) {
+  } else {
+    if (ka->count == KERNEL_MAX_KEYS)
+      error("%s: more than %d variant attributes", ka->path, KERNEL_MAX_KEYS);
     snprintf(ka->items[ka->count++], sizeof ka->items[0], "%s=%s", name, value);
   }
   return 0;
@@ -72,7 +80,7 @@ int kernel_run(const char *in_path, const char *out_path) {
   if (world != 1) error_collective("fmattn kernel runs on one rank");
 
   hid_t in = h5_open(in_path, false);
-  struct kernel_attrs ka = {.causal = -1};
+  struct kernel_attrs ka = {.path = in_path, .causal = -1};
   H5_CHECK(H5Aiterate2(in, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, read_attr, &ka));
   if (!ka.variant[0]) error("%s: root attribute 'variant' is missing", in_path);
   if (ka.causal < 0) error("%s: root attribute 'causal' is missing", in_path);
@@ -83,7 +91,7 @@ int kernel_run(const char *in_path, const char *out_path) {
 
   /* The variant keys share the deck's prefix: fma_linear uses the fma.* keys. */
   const char *prefix = strcmp(ka.variant, "fma_linear") == 0 ? "fma" : ka.variant;
-  char items[72][200];
+  char items[KERNEL_MAX_KEYS + 6][200];
   struct config_overrides ov = {0};
   snprintf(items[0], sizeof items[0], "attention.variant=%s", ka.variant);
   snprintf(items[1], sizeof items[1], "model.objective=%s", ka.causal ? "clm" : "mlm");
@@ -93,7 +101,9 @@ int kernel_run(const char *in_path, const char *out_path) {
   snprintf(items[5], sizeof items[5], "data.source=copy");
   int ni = 6;
   for (int i = 0; i < ka.count; i++)
-    snprintf(items[ni++], sizeof items[0], "attention.%s.%s", prefix, ka.items[i]);
+    if (snprintf(items[ni++], sizeof items[0], "attention.%s.%s", prefix, ka.items[i]) >=
+        (int)sizeof items[0])
+      error("%s: attribute %s is too long", in_path, ka.items[i]);
   for (int i = 0; i < ni; i++) ov.items[ov.count++] = items[i];
   struct config cfg;
   char err[1024];

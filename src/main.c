@@ -98,13 +98,12 @@ int main(int argc, char **argv) {
   const char *deck = NULL;
   struct config_overrides ov = {0};
   for (; argi < argc; argi++) {
-    if (strcmp(argv[argi], "--set") == 0) {
-      if (argi + 1 >= argc) error_collective("--set needs section.key=value");
+    const bool set_split = strcmp(argv[argi], "--set") == 0;
+    if (set_split || strncmp(argv[argi], "--set=", 6) == 0) {
+      if (set_split && argi + 1 >= argc) error_collective("--set needs section.key=value");
       if (ov.count == (int)(sizeof ov.items / sizeof ov.items[0]))
-        error_collective("too many --set options");
-      ov.items[ov.count++] = argv[++argi];
-    } else if (strncmp(argv[argi], "--set=", 6) == 0) {
-      ov.items[ov.count++] = argv[argi] + 6;
+        error_collective("too many --set options (at most 64)");
+      ov.items[ov.count++] = set_split ? argv[++argi] : argv[argi] + 6;
     } else if (argv[argi][0] == '-') {
       char msg[256];
       snprintf(msg, sizeof msg, "unknown option '%s' (see fmattn --help)", argv[argi]);

@@ -409,10 +409,10 @@ int generate_run(const struct config *cfg, struct comm *comm) {
   const int V = m->V;
   const char *prompt = cfg->generate.prompt;
   long len = (long)strlen(prompt);
-  long total = len + cfg->generate.length;
-  unsigned char *text = xmalloc((size_t)total + 1);
+  unsigned char *text = xmalloc((size_t)len + 1 + (size_t)cfg->generate.length + 1);
   memcpy(text, prompt, (size_t)len);
   if (len == 0) text[len++] = '\n'; /* something to condition on */
+  const long total = len + cfg->generate.length;
   message("generating %d bytes from step %ld (temperature %.2f, top_k %d)", cfg->generate.length,
           step, cfg->generate.temperature, cfg->generate.top_k);
   float *probs = xmalloc(sizeof(float) * (size_t)V);

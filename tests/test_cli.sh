@@ -49,6 +49,9 @@ printf '[data]\npath = no/such/file.txt\n' > no_data.in
 expect_fail "missing data file" "data.path = 'no/such/file.txt': cannot open" "$F" no_data.in
 expect_fail "missing deck" "cannot read deck 'absent.in'" "$F" absent.in
 expect_fail "bad override" "did you mean" "$F" good.in --set train.stpes=4
+many=""
+for i in $(seq 70); do many="$many --set=train.steps=1"; done
+expect_fail "more than 64 --set= options are refused" "too many --set options" "$F" good.in $many
 expect_fail "unknown option" "unknown option '--frobnicate'" "$F" good.in --frobnicate
 expect_fail "unimplemented variant is named as such" "attention.variant = linear is not implemented" "$F" good.in --set attention.variant=linear
 check "nothing was written by the failed runs" sh -c "! test -e out"

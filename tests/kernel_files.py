@@ -1,0 +1,58 @@
+#!/usr/bin/python3
+"""Kernel-file helpers for test_kernel.sh (SPEC §8.3).
+
+  kernel_files.py make IN.h5 VARIANT CAUSAL H N D [key=value ...] [--ones-v] [--bad-attr]
+  kernel_files.py close A.h5 B.h5 TOL          out, dq, dk, dv of two OUT files agree
+  kernel_files.py ones OUT.h5 TOL              every output equals 1
+  kernel_files.py dparams OUT.h5 NAME SHAPE    dparams/NAME exists with SHAPE (e.g. 8,2,16)
+"""
+import sys
+
+import h5py
+import numpy as np
+
+
+def make(path, variant, causal, H, n, d, extra):
+    rng = np.random.default_rng(7)
+    with h5py.File(path, "w") as f:
+        for name in ("q", "k", "v", "dout"):
+            f[name] = rng.standard_normal((H, n, d)).astype(np.float32)
+        if "--ones-v" in extra:
+            f["v"][...] = 1.0
+        f.attrs["variant"] = variant
+        f.attrs["causal"] = np.bool_(causal == "1")
+        for kv in extra:
+            if "=" in kv:
+                key, value = kv.split("=", 1)
+                f.attrs[key] = int(value) if value.isdigit() else value
+        if "--bad-attr" in extra:
+            f.attrs["m"] = np.arange(4)
+
+
+def main(argv):
+    cmd = argv[1]
+    if cmd == "make":
+        make(argv[2], argv[3], argv[4], int(argv[5]), int(argv[6]), int(argv[7]), argv[8:])
+    elif cmd == "close":
+        with h5py.File(argv[2], "r") as a, h5py.File(argv[3], "r") as b:
+            for name in ("out", "dq", "dk", "dv"):
+                x, y = a[name][...], b[name][...]
+                err = np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)
+                if err > float(argv[4]):
+                    sys.exit(f"{name}: relative difference {err:.3e}")
+    elif cmd == "ones":
+        with h5py.File(argv[2], "r") as f:
+            err = np.max(np.abs(f["out"][...] - 1.0))
+            if err > float(argv[3]):
+                sys.exit(f"out differs from 1 by {err:.3e}")
+    elif cmd == "dparams":
+        with h5py.File(argv[2], "r") as f:
+            name, shape = "dparams/" + argv[3], tuple(int(x) for x in argv[4].split(","))
+            if name not in f or f[name].shape != shape:
+                sys.exit(f"{name}: {f[name].shape if name in f else 'missing'}, expected {shape}")
+            if not np.all(np.isfinite(f[name][...])) or not np.any(f[name][...] != 0):
+                sys.exit(f"{name} is not a finite, non-zero gradient")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,36 @@
+#!/bin/sh
+# `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3) for full, local, fma and fma_linear: OUT holds out, dq,
+# dk, dv and the variant's dparams under their checkpoint names; fma with n = 2m (no levels)
+# equals full; fma with avg summaries and v ≡ 1 gives 1 everywhere; bad kernel files get one
+# clear message. The numerical ladder against the dense oracle is test_fma.
+. "$TESTDIR/tap.sh"
+cd "$WORK" || exit 1
+F="$FMATTN"
+K="$TESTDIR/kernel_files.py"
+for c in 1 0; do
+  py "$K" make full.h5 full $c 2 64 8
+  py "$K" make fma2m.h5 fma $c 2 64 8 m=32 p=4 downsample=avg
+  check "causal=$c: kernel runs full" "$F" kernel full.h5 full_out.h5
+  check "causal=$c: kernel runs fma with n = 2m" "$F" kernel fma2m.h5 fma2m_out.h5
+  check "causal=$c: fma with n = 2m equals full" py "$K" close fma2m_out.h5 full_out.h5 1e-5
+  py "$K" make ones.h5 fma $c 2 256 8 m=8 p=2 downsample=avg multiplicity=false --ones-v
+  check "causal=$c: kernel runs fma on v = 1" "$F" kernel ones.h5 ones_out.h5
+  check "causal=$c: fma, avg summaries, v = 1: every output is 1" py "$K" ones ones_out.h5 1e-6
+done
+py "$K" make conv.h5 fma 1 2 128 8 m=16 p=2 downsample=conv
+check "fma conv: kernel runs" "$F" kernel conv.h5 conv_out.h5
+check "fma conv: dparams/k_down/level_02/weight has shape [d, p, w_2]" py "$K" dparams conv_out.h5 k_down/level_02/weight 8,2,32
+py "$K" make lin.h5 fma_linear 1 2 128 8 m=16 p=2 downsample=m2m init=random
+check "fma_linear m2m: kernel runs" "$F" kernel lin.h5 lin_out.h5
+check "fma_linear m2m: dparams/q_down/level_02/weight has shape [d, p, 2p]" py "$K" dparams lin_out.h5 q_down/level_02/weight 8,2,4
+py "$K" make loc.h5 local 0 1 100 8 band=7
+check "local: kernel runs (odd n)" "$F" kernel loc.h5 loc_out.h5
+
+py "$K" make bad.h5 fma 1 2 128 8 m=16 p=2 --bad-attr
+expect_fail "a kernel attribute with several values is refused" "attribute 'm' must hold one value" "$F" kernel bad.h5 bad_out.h5
+py "$K" make badn.h5 fma 1 2 96 8 m=16 p=2
+expect_fail "fma refuses n/m not a power of two" "power of two" "$F" kernel badn.h5 badn_out.h5
+py "$K" make unknown.h5 fma 1 2 128 8 m=16 frobnicate=3
+expect_fail "an unknown kernel attribute is named" "frobnicate" "$F" kernel unknown.h5 unknown_out.h5
+expect_fail "a missing IN file" "cannot open HDF5 file 'absent.h5'" "$F" kernel absent.h5 out.h5
+tap_done
