@@ -205,8 +205,8 @@ def plot_attention(a, attrs, title, out_dir, written):
     for lab, ix in lines.items():
         ax.plot(n[ix], scaled[ix], "o-", label=lab)
     style(ax, "sequence length n (tokens)", "time / (n·log₂n)  (ns)",
-          f"{title}\nattention time per n·log₂n (flat = O(n log n))", logy=False)
-    ax.set_ylim(bottom=0)
+          f"{title}\nattention time per n·log₂n (flat = O(n log n))", logy=True)
+    ax.set_ylim(bottom=max(scaled.min() / 3, 1e-3))
     n_ticks(ax, n)
     save(fig, out_dir, "attention_scaled.png", written)
 

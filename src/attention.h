@@ -64,8 +64,9 @@ struct attn_variant {
    * returns how many queries were examined per head. */
   long (*diagnostics)(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                       const float *k, const float *v, const float *params);
-  /* Forward floating-point operations for these dims (model FLOPs, not recomputation); when the
-   * variant has a near field, *p2p_flops receives its share (else 0). */
+  /* Forward floating-point operations for these dims (model FLOPs: the pairs the variant allows,
+   * no recomputation); when the variant has a near field, *p2p_flops receives the FLOPs its
+   * near-field GEMMs execute in forward (whole blocks, masked entries included), else 0. */
   double (*flops)(const struct attn_ctx *ctx, double *p2p_flops);
 };
 

@@ -21,7 +21,7 @@
 /* Query blocks per forward task: enough work to amortise a task's scratch. */
 #define FMA_CHUNK 32
 /* conv parameters grow like d·p·n/2 per layer; past this many floats, ask for m2m. */
-#define FMA_CONV_MAX_FLOATS (256L << 20)
+#define FMA_CONV_MAX_FLOATS (128L << 20)
 
 static const char *check_common(const struct config *cfg, long n, int seq_ranks, char *buf,
                                 size_t len, const char *name) {

@@ -178,6 +178,12 @@ void fma_weights_free(const struct fma_state *st, struct fma_down_weights *w) {
 /* ---------------------------------------------------------------------------------------------
  * upward pass: P2M and M2M */
 
+/* Taps per chunk of a conv level: p·chunk·d weights of 256 KiB, about half an L2. */
+static long tap_chunk(long P, long d) {
+  long c = 65536 / (P * d);
+  return c > 0 ? c : 1;
+}
+
 /* Level l summaries from tokens: X_l[c·p + r] = b_r + Σ_t W[r, t] ∘ x[c·w + t] (conv, and level 1
  * of m2m), or the mean of sub-segment r (avg). */
 static void fma_P2M(const struct fma_state *st, int l, float *Xl, const float *x,
@@ -202,13 +208,23 @@ static void fma_P2M(const struct fma_state *st, int l, float *Xl, const float *x
       continue;
     }
     memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
-    for (long t = 0; t < win; t++) {
-      const float *xr = x + (c * win + t) * d;
-      for (long r = 0; r < P; r++) {
-        const float *wr = w->wt[l] + (r * win + t) * d;
-        float *o = out + r * d;
+  }
+  if (st->down == FMA_DOWN_AVG) return;
+  /* conv: taps in chunks whose weights stay in cache while every window uses them (a coarse
+   * level's weights span w_l taps: streaming them once per window would be memory-bound) */
+  const long chunk = tap_chunk(P, d);
+  for (long t0 = 0; t0 < win; t0 += chunk) {
+    const long t1 = t0 + chunk < win ? t0 + chunk : win;
+    for (long c = 0; c < nwin; c++) {
+      float *out = Xl + c * P * d;
+      for (long t = t0; t < t1; t++) {
+        const float *xr = x + (c * win + t) * d;
+        for (long r = 0; r < P; r++) {
+          const float *wr = w->wt[l] + (r * win + t) * d;
+          float *o = out + r * d;
 #pragma omp simd
-        for (long f = 0; f < d; f++) o[f] += wr[f] * xr[f];
+          for (long f = 0; f < d; f++) o[f] += wr[f] * xr[f];
+        }
       }
     }
   }
@@ -274,25 +290,33 @@ void fma_downward_pass(const struct fma_state *st, float *dX, float *dx,
   double t1 = timer_now();
   times->m2m += t1 - t0;
   const int top = st->down == FMA_DOWN_M2M ? 1 : st->tree.levels;
+  const long chunk = tap_chunk(P, d);
   for (int l = 1; l <= top; l++) {
     const float *dXl = dX + st->level_row[l] * d;
-    const long win = st->tree.window[l], seg = win / P;
-    for (long c = 0; c < st->tree.nwindows[l]; c++)
-      for (long t = 0; t < win; t++) {
-        float *o = dx + (c * win + t) * d;
-        if (st->down == FMA_DOWN_AVG) {
+    const long win = st->tree.window[l], seg = win / P, nwin = st->tree.nwindows[l];
+    if (st->down == FMA_DOWN_AVG) {
+      const float inv = 1.0f / (float)seg;
+      for (long c = 0; c < nwin; c++)
+        for (long t = 0; t < win; t++) {
+          float *o = dx + (c * win + t) * d;
           const float *g = dXl + (c * P + t / seg) * d;
-          const float inv = 1.0f / (float)seg;
 #pragma omp simd
           for (long f = 0; f < d; f++) o[f] += g[f] * inv;
-          continue;
         }
-        for (long r = 0; r < P; r++) {
-          const float *g = dXl + (c * P + r) * d, *wr = w->wt[l] + (r * win + t) * d;
+      continue;
+    }
+    for (long t0 = 0; t0 < win; t0 += chunk) { /* as in P2M: a chunk of weights stays in cache */
+      const long t1 = t0 + chunk < win ? t0 + chunk : win;
+      for (long c = 0; c < nwin; c++)
+        for (long t = t0; t < t1; t++) {
+          float *o = dx + (c * win + t) * d;
+          for (long r = 0; r < P; r++) {
+            const float *g = dXl + (c * P + r) * d, *wr = w->wt[l] + (r * win + t) * d;
 #pragma omp simd
-          for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
+            for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
+          }
         }
-      }
+    }
   }
   times->p2m += timer_now() - t1;
 }
@@ -305,20 +329,22 @@ void fma_param_grads(const struct fma_state *st, struct fma_down_weights *dw, co
     const long nwin = st->tree.nwindows[l];
     const bool from_children = st->down == FMA_DOWN_M2M && l > 1;
     const long span = st->layout.span[l], win = st->tree.window[l];
-    /* weights: each (r, t) slot is owned by one iteration; heads and windows in fixed order */
+    /* weights: tap t's slots (every r) are owned by one iteration, which reads each source row
+     * once for all p summaries; heads and windows in a fixed order */
 #pragma omp parallel for schedule(static)
-    for (long rt = 0; rt < P * span; rt++) {
-      const long r = rt / span, t = rt % span;
-      float *acc = dw->wt[l] + rt * d;
+    for (long t = 0; t < span; t++) {
       for (long h = 0; h < count; h++) {
         const float *dXl = dX + h * rows * d + st->level_row[l] * d;
         for (long c = 0; c < nwin; c++) {
-          const float *g = dXl + (c * P + r) * d;
           const float *src = from_children
                                  ? X + h * rows * d + (st->level_row[l - 1] + 2 * c * P + t) * d
                                  : x + h * n * d + (c * win + t) * d;
+          for (long r = 0; r < P; r++) {
+            const float *g = dXl + (c * P + r) * d;
+            float *acc = dw->wt[l] + (r * span + t) * d;
 #pragma omp simd
-          for (long f = 0; f < d; f++) acc[f] += g[f] * src[f];
+            for (long f = 0; f < d; f++) acc[f] += g[f] * src[f];
+          }
         }
       }
     }

@@ -51,4 +51,14 @@ check "fma's diagnostics put attention mass on the far levels" py -c "
 import h5py, sys
 m = h5py.File('out/fma/diag.h5')['/attention/level_mass'][-1]
 sys.exit(0 if m[..., 1:].sum(axis=-1).mean() > 0.05 else 1)"
+check "the fma checkpoint holds the downsampling tensors under SPEC 8.2 names" py -c "
+import h5py, sys
+f = h5py.File('out/fma/ckpt_000400.h5')
+want = {'k_down/level_01/weight': (32, 4, 16), 'k_down/level_03/weight': (32, 4, 64),
+        'v_down/level_02/bias': (32, 4)}
+for name, shape in want.items():
+    for prefix in ('/model/', '/optimizer/m/', '/optimizer/v/'):
+        path = prefix + 'layer_001/attn/fma/' + name
+        if path not in f or f[path].shape != shape:
+            sys.exit(path + ' missing or misshapen')"
 tap_done
