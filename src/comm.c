@@ -3,6 +3,9 @@
  * the ring-algorithm volume 2(P−1)/P · bytes, the usual cost model of an allreduce. */
 #include "comm.h"
 
+#include <limits.h>
+#include <stdlib.h>
+
 #include "error.h"
 
 #define COMM_PIECE ((size_t)1 << 28)
@@ -89,3 +92,33 @@ void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int de
                          tag, c->seq, MPI_STATUS_IGNORE));
   if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
 }
+
+void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                          const size_t *sdispl, float *recv, const size_t *rcount,
+                          const size_t *rdispl) {
+  const int S = c->S;
+  int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
+  for (int r = 0; r < S; r++) {
+    if (scount[r] > COMM_PIECE || rcount[r] > COMM_PIECE || sdispl[r] > (size_t)INT_MAX ||
+        rdispl[r] > (size_t)INT_MAX)
+      error("alltoallv of %zu floats is too large for one MPI call", scount[r] + sdispl[r]);
+    sc[r] = (int)scount[r];
+    sd[r] = (int)sdispl[r];
+    rc[r] = (int)rcount[r];
+    rd[r] = (int)rdispl[r];
+    if (r != c->seq_rank) c->bytes_sent += scount[r] * sizeof(float);
+  }
+  MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->seq));
+  free(sc);
+}
+
+void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                          size_t rcount, int src, int tag, struct comm_request *r) {
+  if (count > COMM_PIECE || rcount > COMM_PIECE)
+    error("point-to-point message of %zu floats is too large", count > rcount ? count : rcount);
+  MPI_CHECK(MPI_Irecv(recv, (int)rcount, MPI_FLOAT, src, tag, c->seq, &r->req[0]));
+  MPI_CHECK(MPI_Isend(send, (int)count, MPI_FLOAT, dest, tag, c->seq, &r->req[1]));
+  if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
+}
+
+void comm_wait(struct comm_request *r) { MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE)); }

@@ -35,4 +35,20 @@ void comm_barrier(struct comm *c, enum comm_scope scope);
 void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                          size_t rcount, int src, int tag);
 
+/* Within the sequence group: every rank sends scount[r] floats from send + sdispl[r] to rank r and
+ * receives rcount[r] floats into recv + rdispl[r] (counts and displacements in floats, one entry
+ * per sequence rank). Only the off-rank traffic is counted as sent. */
+void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                          const size_t *sdispl, float *recv, const size_t *rcount,
+                          const size_t *rdispl);
+
+/* Non-blocking exchange within the sequence group (for rings that overlap compute): start sending
+ * count floats to dest and receiving rcount floats from src; comm_wait completes both. */
+struct comm_request {
+  MPI_Request req[2];
+};
+void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                          size_t rcount, int src, int tag, struct comm_request *r);
+void comm_wait(struct comm_request *r);
+
 #endif

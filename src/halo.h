@@ -1,0 +1,35 @@
+/* Token halos within a sequence group (SPEC §7): rank s holds tokens [s·T, (s+1)·T) of `rows`
+ * independent rows (batch × heads) of d floats, and needs `before` tokens before its slab and
+ * `after` tokens after it (clipped to [0, n)) — a band's or a near field's reach, which may cover
+ * several ranks when slabs are short. The plan is a pure function of the rank, so every rank knows
+ * what every other needs and one alltoallv moves it all; scatter_add is the transpose (backward).
+ */
+#ifndef FMATTN_HALO_H
+#define FMATTN_HALO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "comm.h"
+
+struct halo {
+  long n, T, t0;
+  long lo, hi; /* my extended range [lo, hi): the slab and its halos */
+  int S;
+  long *send_a, *send_b; /* (S) tokens [a, b) of my slab that rank r needs */
+  long *recv_a, *recv_b; /* (S) tokens [a, b) of rank r's slab that I need */
+};
+
+void halo_plan(struct halo *h, const struct comm *c, long n, long T, long before, long after);
+void halo_free(struct halo *h);
+/* True when no token comes from another rank (one rank, or nothing reaches past the slab). */
+bool halo_local(const struct halo *h);
+/* ext (rows, hi − lo, d) ← the local slab (rows, T, d) and the halos from their owners. */
+void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *local, long rows,
+                 long d);
+/* local (rows, T, d) += the slab part of ext (rows, hi − lo, d), and the halo parts of ext go back
+ * to their owners and are added there. */
+void halo_scatter_add(const struct halo *h, struct comm *c, float *local, const float *ext,
+                      long rows, long d);
+
+#endif

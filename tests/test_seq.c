@@ -1,0 +1,244 @@
+/* Sequence parallelism against one rank (SPEC §7): run under mpirun with S ranks, every rank
+ * computes the 1-rank result of an attention op on the whole sequence itself, then the
+ * distributed op on its slab [s·n/S, (s+1)·n/S) through the ops table with the sequence
+ * communicator; out, dq, dk, dv of the slab and the parameter gradients (summed over ranks, as the
+ * model's allreduce does) must agree within 1e-5 relative. Cases include slabs shorter than the
+ * three windows a list can reach and coarse windows that span several ranks. Prints TAP from rank
+ * 0; the harness runs it for S = 1, 2, 4, 8 (test_seq.sh). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/attention.h"
+#include "../src/comm.h"
+#include "../src/config.h"
+#include "../src/error.h"
+#include "../src/rng.h"
+
+static int tap_count = 0, tap_failed = 0;
+
+static void tap(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tap(bool ok, const char *fmt, ...) {
+  tap_count++;
+  if (!ok) tap_failed++;
+  if (error_rank() != 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  printf("%sok %d - ", ok ? "" : "not ", tap_count);
+  vprintf(fmt, ap);
+  printf("\n");
+  va_end(ap);
+  fflush(stdout);
+}
+
+struct seq_case {
+  const char *variant;
+  bool causal;
+  const char *down; /* fma variants */
+  long n;
+  int m, p, band, tile;
+};
+
+static void make_config(struct config *cfg, const struct seq_case *t, int H, int d, int S) {
+  char items[12][96];
+  struct config_overrides ov = {0};
+  int k = 0;
+  snprintf(items[k++], 96, "attention.variant=%s", t->variant);
+  snprintf(items[k++], 96, "model.context=%ld", t->n);
+  snprintf(items[k++], 96, "model.heads=%d", H);
+  snprintf(items[k++], 96, "model.dim=%d", H * d);
+  snprintf(items[k++], 96, "model.objective=%s", t->causal ? "clm" : "mlm");
+  snprintf(items[k++], 96, "data.source=copy");
+  snprintf(items[k++], 96, "attention.full.block=%d", t->tile ? t->tile : 8);
+  snprintf(items[k++], 96, "attention.local.band=%d", t->band ? t->band : 8);
+  snprintf(items[k++], 96, "attention.fma.m=%d", t->m ? t->m : 4);
+  snprintf(items[k++], 96, "attention.fma.p=%d", t->p ? t->p : 2);
+  snprintf(items[k++], 96, "attention.fma.downsample=%s", t->down ? t->down : "conv");
+  snprintf(items[k++], 96, "parallel.seq_ranks=%d", S);
+  for (int i = 0; i < k; i++) ov.items[ov.count++] = items[i];
+  char err[CONFIG_ERR_LEN];
+  if (config_load(cfg, NULL, &ov, err, sizeof err)) error("config: %s", err);
+}
+
+/* Run one op on rows [t0, t0 + T) of the global (B, H, n, d) tensors; outputs are slab-sized. */
+struct result {
+  float *out, *dq, *dk, *dv, *dparams;
+  size_t nparams;
+};
+
+static struct result run(const struct config *cfg, struct comm *comm, long B, long H, long n,
+                         long d, long t0, long T, bool causal, const float *q, const float *k,
+                         const float *v, const float *g) {
+  const struct attn_variant *var = attention_find(cfg->attention.variant);
+  if (!var) error("variant %s is not registered", cfg->attention.variant);
+  struct attn_ctx ctx = {.cfg = cfg, .variant = var, .comm = comm, .layer = 0};
+  ctx.dims = (struct attn_dims){B, H, T, d, n, t0, causal};
+  ctx.state = var->setup ? var->setup(cfg, &ctx.dims) : NULL;
+  struct param_list list;
+  param_list_init(&list);
+  attention_register_params(cfg, var, n, 0, &list);
+  float *params = calloc(list.total + 1, sizeof(float));
+  struct result r = {0};
+  r.nparams = list.total;
+  r.dparams = calloc(list.total + 1, sizeof(float));
+  for (int i = 0; i < list.count; i++) {
+    attention_init_param(cfg, var, &list.p[i], params + list.p[i].offset);
+    /* move the parameters off their initial values, identically on every rank */
+    for (size_t e = 0; e < list.p[i].numel; e++)
+      params[list.p[i].offset + e] += 0.1f * (float)rng_normal(3, RNG_TEST, 77, (uint64_t)i, e);
+  }
+  const size_t count = (size_t)(B * H * T * d);
+  float *ql = malloc(4 * count), *kl = malloc(4 * count), *vl = malloc(4 * count),
+        *gl = malloc(4 * count);
+  for (long bh = 0; bh < B * H; bh++) {
+    const size_t src = (size_t)((bh * n + t0) * d), dst = (size_t)(bh * T * d);
+    memcpy(ql + dst, q + src, 4 * (size_t)(T * d));
+    memcpy(kl + dst, k + src, 4 * (size_t)(T * d));
+    memcpy(vl + dst, v + src, 4 * (size_t)(T * d));
+    memcpy(gl + dst, g + src, 4 * (size_t)(T * d));
+  }
+  r.out = calloc(count, 4);
+  r.dq = calloc(count, 4);
+  r.dk = calloc(count, 4);
+  r.dv = calloc(count, 4);
+  float *saved = calloc(var->saved_floats(&ctx) + 1, 4);
+  const float *pp = list.count ? params : NULL;
+  var->forward(&ctx, r.out, saved, ql, kl, vl, pp);
+  var->backward(&ctx, r.dq, r.dk, r.dv, list.count ? r.dparams : NULL, gl, ql, kl, vl, pp, r.out,
+                saved);
+  if (var->teardown) var->teardown(ctx.state);
+  free(saved);
+  free(ql);
+  free(kl);
+  free(vl);
+  free(gl);
+  free(params);
+  param_list_free(&list);
+  return r;
+}
+
+static void free_result(struct result *r) {
+  free(r->out);
+  free(r->dq);
+  free(r->dk);
+  free(r->dv);
+  free(r->dparams);
+}
+
+/* max |a − b| over the slab and max |ref| over the whole reference, combined over ranks. */
+static double slab_error(const float *a, const float *ref_global, long B, long H, long n, long d,
+                         long t0, long T, MPI_Comm comm) {
+  double num = 0.0, den = 1e-30;
+  for (long bh = 0; bh < B * H; bh++)
+    for (long i = 0; i < T * d; i++) {
+      double x = a[bh * T * d + i], y = ref_global[(bh * n + t0) * d + i];
+      double e = fabs(x - y);
+      if (!(e <= num)) num = e;
+    }
+  for (long i = 0; i < B * H * n * d; i++)
+    if (fabs(ref_global[i]) > den) den = fabs(ref_global[i]);
+  MPI_Allreduce(MPI_IN_PLACE, &num, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return num / den;
+}
+
+static void check_case(const struct seq_case *t, struct comm *comm) {
+  const long B = 2, H = 2, d = 8, n = t->n, S = comm->S, T = n / S, t0 = comm->seq_rank * T;
+  struct config cfg1, cfgS;
+  make_config(&cfg1, t, (int)H, (int)d, 1);
+  make_config(&cfgS, t, (int)H, (int)d, (int)S);
+  char err[CONFIG_ERR_LEN];
+  char what[200];
+  snprintf(what, sizeof what, "S=%ld %s %s%s%s n=%ld m=%d p=%d band=%d", S, t->variant,
+           t->causal ? "causal" : "bidir", t->down ? " " : "", t->down ? t->down : "", n, t->m,
+           t->p, t->band);
+  if (attention_check(&cfgS, n, (int)S, err, sizeof err)) {
+    tap(false, "%s: refused: %s", what, err);
+    return;
+  }
+  const size_t count = (size_t)(B * H * n * d);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
+        *g = malloc(4 * count);
+  for (size_t i = 0; i < count; i++) {
+    q[i] = (float)rng_normal(11, RNG_TEST, 1, i, 0);
+    k[i] = (float)rng_normal(11, RNG_TEST, 2, i, 0);
+    v[i] = (float)rng_normal(11, RNG_TEST, 3, i, 0);
+    g[i] = (float)rng_normal(11, RNG_TEST, 4, i, 0);
+  }
+  struct result ref = run(&cfg1, NULL, B, H, n, d, 0, n, t->causal, q, k, v, g);
+  const uint64_t bytes0 = comm->bytes_sent;
+  struct result dist = run(&cfgS, comm, B, H, n, d, t0, T, t->causal, q, k, v, g);
+  const uint64_t sent = comm->bytes_sent - bytes0;
+  if (dist.nparams) /* the model sums parameter gradients over ranks */
+    MPI_Allreduce(MPI_IN_PLACE, dist.dparams, (int)dist.nparams, MPI_FLOAT, MPI_SUM, comm->seq);
+  double e_out = slab_error(dist.out, ref.out, B, H, n, d, t0, T, comm->seq);
+  double e_dq = slab_error(dist.dq, ref.dq, B, H, n, d, t0, T, comm->seq);
+  double e_dk = slab_error(dist.dk, ref.dk, B, H, n, d, t0, T, comm->seq);
+  double e_dv = slab_error(dist.dv, ref.dv, B, H, n, d, t0, T, comm->seq);
+  double e_dp = 0.0;
+  if (ref.nparams) {
+    double num = 0.0, den = 1e-30;
+    for (size_t i = 0; i < ref.nparams; i++) {
+      double e = fabs((double)dist.dparams[i] - ref.dparams[i]);
+      if (!(e <= num)) num = e;
+      if (fabs(ref.dparams[i]) > den) den = fabs(ref.dparams[i]);
+    }
+    e_dp = num / den;
+  }
+  const double tol = 1e-5;
+  bool ok = e_out <= tol && e_dq <= tol && e_dk <= tol && e_dv <= tol && e_dp <= tol;
+  unsigned long long maxsent = sent;
+  MPI_Allreduce(MPI_IN_PLACE, &maxsent, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm->seq);
+  tap(ok, "%s: out %.1e dq %.1e dk %.1e dv %.1e dparams %.1e (max bytes sent per rank %llu)", what,
+      e_out, e_dq, e_dk, e_dv, e_dp, maxsent);
+  free_result(&ref);
+  free_result(&dist);
+  free(q);
+  free(k);
+  free(v);
+  free(g);
+  config_free(&cfg1);
+  config_free(&cfgS);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank, world;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  error_set_rank(rank, world);
+  struct comm comm;
+  comm_init(&comm, world); /* every rank shares the one sequence */
+  const char *only = argc > 1 ? argv[1] : NULL;
+  const char *downs[] = {"conv", "m2m", "avg"};
+  for (int causal = 1; causal >= 0; causal--) {
+    if (!only || strcmp(only, "full") == 0) {
+      check_case(&(struct seq_case){"full", causal, NULL, 64, 0, 0, 0, 8}, &comm);
+      check_case(&(struct seq_case){"full", causal, NULL, 128, 0, 0, 0, 16}, &comm);
+    }
+    if (!only || strcmp(only, "local") == 0) {
+      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 5, 8}, &comm);
+      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 20, 8}, &comm);
+    }
+    for (int v = 0; v < 2; v++) {
+      const char *name = v ? "fma_linear" : "fma";
+      if (only && strcmp(only, name) != 0) continue;
+      for (int dn = 0; dn < 3; dn++) {
+        /* n/m = 16, 3 levels: at S = 8 slabs of 8 tokens, level-3 windows of 16 span 2 ranks */
+        check_case(&(struct seq_case){name, causal, downs[dn], 64, 4, 2, 0, 0}, &comm);
+        /* n/m = 32, 4 levels, windows up to 64 tokens: at S = 8 (slabs of 32) they span 2 */
+        check_case(&(struct seq_case){name, causal, downs[dn], 256, 8, 4, 0, 0}, &comm);
+      }
+    }
+  }
+  if (rank == 0) {
+    printf("1..%d\n", tap_count);
+    fflush(stdout);
+  }
+  comm_free(&comm);
+  MPI_Finalize();
+  return tap_failed ? 1 : 0;
+}
