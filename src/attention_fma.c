@@ -11,6 +11,8 @@
 #include "attention.h"
 #include "error.h"
 #include "fma.h"
+#include "fma_let.h"
+#include "halo.h"
 #include "memory.h"
 #include "timer.h"
 
@@ -33,11 +35,11 @@ static const char *check_common(const struct config *cfg, long n, int seq_ranks,
              name, n, m, p);
     return buf;
   }
-  if (seq_ranks > 1) {
+  if (seq_ranks > 1 && (n % seq_ranks != 0 || (n / seq_ranks) % m != 0)) {
     snprintf(buf, len,
-             "attention.variant = %s with parallel.seq_ranks = %d: sequence parallelism is not "
-             "implemented yet (use parallel.seq_ranks = 1)",
-             name, seq_ranks);
+             "attention.variant = %s with parallel.seq_ranks = %d: each rank's slab (model.context "
+             "/ seq_ranks = %ld / %d) must be a whole number of fine blocks of fma.m = %d tokens",
+             name, seq_ranks, n, seq_ranks, m);
     return buf;
   }
   if (cfg->attention.fma_downsample == FMA_DOWN_CONV) {
@@ -80,6 +82,9 @@ static void *setup_common(const struct config *cfg, const struct attn_dims *dims
   st->linear = linear;
   st->multiplicity = cfg->attention.fma_multiplicity;
   st->d = (int)dims->d;
+  st->t0 = dims->t0;
+  st->T = dims->T;
+  st->klo = dims->t0;
   long row = 0;
   for (int l = 1; l <= st->tree.levels; l++) {
     st->level_row[l] = row;
@@ -99,7 +104,11 @@ static void *fma_linear_setup(const struct config *cfg, const struct attn_dims *
   return setup_common(cfg, dims, true);
 }
 
-static void fma_teardown(void *state) { free(state); }
+static void fma_teardown(void *state) {
+  struct fma_state *st = state;
+  if (st) fma_let_free(st->let);
+  free(st);
+}
 
 static size_t fma_saved_floats(const struct attn_ctx *ctx) {
   const struct fma_state *st = ctx->state;
@@ -117,68 +126,112 @@ static void add_times(const struct fma_times *t) {
   timer_add_ms(TIMER_M2M, 1e3 * t->m2m);
 }
 
-/* The summaries of every (batch, head) for one set: X (BH, rows, d) from x (BH, n, d). */
-static void upward_all(const struct fma_state *st, float *X, const float *x, long BH, long n,
-                       const struct fma_down_weights *w, struct fma_times *times) {
-  const long d = st->d;
-#pragma omp parallel
-  {
-    struct fma_times t = {0};
-#pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++)
-      fma_upward_pass(st, X + bh * st->rows * d, x + bh * n * d, w, &t);
+static void merge_times(struct fma_times *into, const struct fma_times *t) {
 #pragma omp critical(fma_times)
-    {
-      times->p2m += t.p2m;
-      times->m2m += t.m2m;
-    }
+  {
+    into->p2p += t->p2p;
+    into->m2p += t->m2p;
+    into->p2m += t->p2m;
+    into->m2m += t->m2m;
   }
 }
 
 static int nsets(const struct fma_state *st) { return st->linear ? 3 : 2; }
 
+/* Everything evaluate reads, for `count` heads: the summaries of every set (under sequence
+ * parallelism, completed and fetched by the locally essential tree) and the keys and values from
+ * global row st->klo (the slab itself, or a copy with the near-field halo). */
+struct fma_inputs {
+  struct fma_down_weights w[FMA_NSETS];
+  float *X[FMA_NSETS]; /* (count, rows, d) */
+  const float *k, *v;  /* (count, kstride, d) */
+  float *kext, *vext;  /* the halo copies, when there are any */
+  long kstride;
+};
+
+static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q, const float *k,
+                    const float *v, const float *params, long count, struct fma_times *times) {
+  struct fma_state *st = ctx->state;
+  const long T = st->T, d = st->d, rows = st->rows;
+  if (ctx->comm && ctx->comm->S > 1 && !st->let) { /* planned once per layer */
+    st->let = fma_let_plan(st, ctx->comm);
+    st->klo = st->let->near.lo;
+  }
+  memset(in, 0, sizeof *in);
+  const float *src[FMA_NSETS] = {k, v, q};
+  for (int s = 0; s < nsets(st); s++) {
+    fma_weights_load(st, params, (enum fma_set)s, &in->w[s]);
+    in->X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * rows * d + 1));
+    float *X = in->X[s];
+    const struct fma_down_weights *w = &in->w[s];
+#pragma omp parallel
+    {
+      struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+      for (long h = 0; h < count; h++)
+        fma_upward_pass(st, X + h * rows * d, src[s] + h * T * d, w, &t);
+      merge_times(times, &t);
+    }
+  }
+  in->k = k;
+  in->v = v;
+  in->kstride = T;
+  if (st->let) {
+    fma_let_upward(st, ctx->comm, in->X, nsets(st), count, in->w, times);
+    const struct halo *h = &st->let->near;
+    in->kstride = h->hi - h->lo;
+    in->kext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
+    in->vext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
+    halo_gather(h, ctx->comm, in->kext, k, count, d);
+    halo_gather(h, ctx->comm, in->vext, v, count, d);
+    in->k = in->kext;
+    in->v = in->vext;
+  }
+}
+
+static void release(const struct fma_state *st, struct fma_inputs *in) {
+  for (int s = 0; s < nsets(st); s++) {
+    fma_weights_free(st, &in->w[s]);
+    mem_free(in->X[s]);
+  }
+  mem_free(in->kext);
+  mem_free(in->vext);
+}
+
 static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                         const float *k, const float *v, const float *params) {
   const struct fma_state *st = ctx->state;
-  const long BH = ctx->dims.B * ctx->dims.H, n = ctx->dims.T, d = st->d, rows = st->rows;
-  const float *src[FMA_NSETS] = {k, v, q};
-  float *X[FMA_NSETS] = {NULL, NULL, NULL};
+  const long BH = ctx->dims.B * ctx->dims.H, T = st->T, d = st->d, rows = st->rows;
   struct fma_times times = {0};
-  for (int s = 0; s < nsets(st); s++) {
-    struct fma_down_weights w;
-    fma_weights_load(st, params, (enum fma_set)s, &w);
-    X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * rows * d + 1));
-    upward_all(st, X[s], src[s], BH, n, &w, &times);
-    fma_weights_free(st, &w);
-  }
-  const long nblocks = st->tree.nblocks, chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK;
-  float *lse = saved, *lse_far = saved + BH * n;
+  struct fma_inputs in;
+  prepare(ctx, &in, q, k, v, params, BH, &times);
+  const long b0 = st->t0 / st->tree.m, nblocks = T / st->tree.m;
+  const long chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK, ks = in.kstride;
+  float *lse = saved, *lse_far = saved + BH * T;
 #pragma omp parallel
   {
     struct fma_times t = {0};
     if (st->linear) {
 #pragma omp for schedule(dynamic, 1)
       for (long bh = 0; bh < BH; bh++)
-        fma_linear_forward(st, out + bh * n * d, lse + bh * n, lse_far + bh * rows, q + bh * n * d,
-                           k + bh * n * d, v + bh * n * d, X[FMA_Q] + bh * rows * d,
-                           X[FMA_K] + bh * rows * d, X[FMA_V] + bh * rows * d, &t, NULL, NULL);
+        fma_linear_forward(st, out + bh * T * d, lse + bh * T, lse_far + bh * rows, q + bh * T * d,
+                           in.k + bh * ks * d, in.v + bh * ks * d, in.X[FMA_Q] + bh * rows * d,
+                           in.X[FMA_K] + bh * rows * d, in.X[FMA_V] + bh * rows * d, &t, NULL,
+                           NULL);
     } else {
 #pragma omp for schedule(dynamic, 1) collapse(2)
       for (long bh = 0; bh < BH; bh++)
         for (long ch = 0; ch < chunks; ch++) {
-          long b0 = ch * FMA_CHUNK, b1 = b0 + FMA_CHUNK < nblocks ? b0 + FMA_CHUNK : nblocks;
-          fma_evaluate_forward(st, out + bh * n * d, lse + bh * n, q + bh * n * d, k + bh * n * d,
-                               v + bh * n * d, X[FMA_K] + bh * rows * d, X[FMA_V] + bh * rows * d,
-                               b0, b1, &t, NULL, NULL);
+          const long c0 = b0 + ch * FMA_CHUNK;
+          const long c1 = c0 + FMA_CHUNK < b0 + nblocks ? c0 + FMA_CHUNK : b0 + nblocks;
+          fma_evaluate_forward(st, out + bh * T * d, lse + bh * T, q + bh * T * d,
+                               in.k + bh * ks * d, in.v + bh * ks * d, in.X[FMA_K] + bh * rows * d,
+                               in.X[FMA_V] + bh * rows * d, c0, c1, &t, NULL, NULL);
         }
     }
-#pragma omp critical(fma_times)
-    {
-      times.p2p += t.p2p;
-      times.m2p += t.m2p;
-    }
+    merge_times(&times, &t);
   }
-  for (int s = 0; s < nsets(st); s++) mem_free(X[s]);
+  release(st, &in);
   add_times(&times);
 }
 
@@ -186,53 +239,64 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
                          const float *dout, const float *q, const float *k, const float *v,
                          const float *params, const float *out, const float *saved) {
   const struct fma_state *st = ctx->state;
-  const long BH = ctx->dims.B * ctx->dims.H, n = ctx->dims.T, d = st->d, rows = st->rows;
+  const long BH = ctx->dims.B * ctx->dims.H, T = st->T, d = st->d, rows = st->rows;
   const float *src[FMA_NSETS] = {k, v, q};
   float *dsrc[FMA_NSETS] = {dk, dv, dq};
-  struct fma_down_weights w[FMA_NSETS];
-  float *X[FMA_NSETS] = {NULL, NULL, NULL}, *dX[FMA_NSETS] = {NULL, NULL, NULL};
   struct fma_times times = {0};
-  for (int s = 0; s < nsets(st); s++) {
-    fma_weights_load(st, params, (enum fma_set)s, &w[s]);
-    X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * rows * d + 1));
+  struct fma_inputs in;
+  prepare(ctx, &in, q, k, v, params, BH, &times);
+  const long ks = in.kstride;
+  float *dX[FMA_NSETS] = {NULL, NULL, NULL};
+  for (int s = 0; s < nsets(st); s++)
     dX[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * rows * d + 1));
-    upward_all(st, X[s], src[s], BH, n, &w[s], &times);
+  /* gradients of the keys and values evaluate read: the slab, or the halo copies */
+  float *dkx = dk, *dvx = dv;
+  if (st->let) {
+    dkx = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * ks * d + 1));
+    dvx = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * ks * d + 1));
   }
-  const float *lse = saved, *lse_far = saved + BH * n;
-  float *D = st->linear ? NULL : mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * n));
+  const float *lse = saved, *lse_far = saved + BH * T;
+  float *D = st->linear ? NULL : mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
   if (D) {
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < BH * n; r++) {
+    for (long r = 0; r < BH * T; r++) {
       float acc = 0.0f;
       for (long f = 0; f < d; f++) acc += dout[r * d + f] * out[r * d + f];
       D[r] = acc;
     }
   }
-  /* evaluate backward, then the downward passes: one (batch, head) per task, so the scattered
-   * updates of near keys and summaries never race */
+  /* evaluate backward: one (batch, head) per task, so scattered updates never race */
 #pragma omp parallel
   {
     struct fma_times t = {0};
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < BH; bh++) {
-      const long o = bh * n * d, os = bh * rows * d;
+      const long o = bh * T * d, os = bh * rows * d, ok = bh * ks * d;
       if (st->linear)
-        fma_linear_backward(st, dq + o, dk + o, dv + o, dX[FMA_Q] + os, dX[FMA_K] + os,
-                            dX[FMA_V] + os, dout + o, out + o, q + o, k + o, v + o, X[FMA_Q] + os,
-                            X[FMA_K] + os, X[FMA_V] + os, lse + bh * n, lse_far + bh * rows, &t);
+        fma_linear_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_Q] + os, dX[FMA_K] + os,
+                            dX[FMA_V] + os, dout + o, out + o, q + o, in.k + ok, in.v + ok,
+                            in.X[FMA_Q] + os, in.X[FMA_K] + os, in.X[FMA_V] + os, lse + bh * T,
+                            lse_far + bh * rows, &t);
       else
-        fma_evaluate_backward(st, dq + o, dk + o, dv + o, dX[FMA_K] + os, dX[FMA_V] + os, dout + o,
-                              D + bh * n, q + o, k + o, v + o, X[FMA_K] + os, X[FMA_V] + os,
-                              lse + bh * n, &t);
-      for (int s = 0; s < nsets(st); s++) fma_downward_pass(st, dX[s] + os, dsrc[s] + o, &w[s], &t);
+        fma_evaluate_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_K] + os, dX[FMA_V] + os,
+                              dout + o, D + bh * T, q + o, in.k + ok, in.v + ok, in.X[FMA_K] + os,
+                              in.X[FMA_V] + os, lse + bh * T, &t);
     }
-#pragma omp critical(fma_times)
-    {
-      times.p2p += t.p2p;
-      times.m2p += t.m2p;
-      times.p2m += t.p2m;
-      times.m2m += t.m2m;
-    }
+    merge_times(&times, &t);
+  }
+  if (st->let) { /* the transposes of the exchanges, then the local downward pass */
+    halo_scatter_add(&st->let->near, ctx->comm, dk, dkx, BH, d);
+    halo_scatter_add(&st->let->near, ctx->comm, dv, dvx, BH, d);
+    fma_let_downward(st, ctx->comm, (const float *const *)in.X, dX, nsets(st), BH, in.w, &times);
+  }
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++)
+      for (int s = 0; s < nsets(st); s++)
+        fma_downward_pass(st, dX[s] + bh * rows * d, dsrc[s] + bh * T * d, &in.w[s], &t);
+    merge_times(&times, &t);
   }
   /* downsampling-parameter gradients, summed over every (batch, head) in a fixed order */
   double t0 = timer_now();
@@ -240,16 +304,19 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
     if (dparams && st->down != FMA_DOWN_AVG) {
       struct fma_down_weights dw;
       fma_weights_zero(st, &dw);
-      fma_param_grads(st, &dw, src[s], X[s], dX[s], BH);
+      fma_param_grads(st, &dw, src[s], in.X[s], dX[s], BH);
       fma_weights_store_grad(st, dparams, (enum fma_set)s, &dw);
       fma_weights_free(st, &dw);
     }
-    fma_weights_free(st, &w[s]);
-    mem_free(X[s]);
     mem_free(dX[s]);
   }
   times.p2m += timer_now() - t0;
+  if (st->let) {
+    mem_free(dkx);
+    mem_free(dvx);
+  }
   mem_free(D);
+  release(st, &in);
   add_times(&times);
 }
 
@@ -259,42 +326,38 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
 static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                             const float *k, const float *v, const float *params) {
   const struct fma_state *st = ctx->state;
-  const long H = ctx->dims.H, n = ctx->dims.T, d = st->d, rows = st->rows;
+  const long H = ctx->dims.H, T = st->T, d = st->d, rows = st->rows;
   const int bands = st->tree.levels + 1;
-  const float *src[FMA_NSETS] = {k, v, q};
-  float *X[FMA_NSETS] = {NULL, NULL, NULL};
   struct fma_times times = {0};
-  for (int s = 0; s < nsets(st); s++) { /* batch element 0: its H heads come first */
-    struct fma_down_weights w;
-    fma_weights_load(st, params, (enum fma_set)s, &w);
-    X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(H * rows * d + 1));
-    upward_all(st, X[s], src[s], H, n, &w, &times);
-    fma_weights_free(st, &w);
-  }
-  float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(n * d));
-  float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(n + rows));
-  float *norms = st->linear ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(n * bands)) : NULL;
+  struct fma_inputs in;
+  prepare(ctx, &in, q, k, v, params, H, &times); /* batch element 0: its H heads come first */
+  const long ks = in.kstride;
+  float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * d));
+  float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T + rows));
+  float *norms = st->linear ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * bands)) : NULL;
   for (long h = 0; h < H; h++) {
-    const long o = h * n * d, os = h * rows * d;
+    const long o = h * T * d, os = h * rows * d, ok = h * ks * d;
     if (st->linear) {
-      fma_linear_forward(st, out, lse, lse + n, q + o, k + o, v + o, X[FMA_Q] + os, X[FMA_K] + os,
-                         X[FMA_V] + os, &times, norms, entropy + h);
-      for (long i = 0; i < n; i++) {
+      fma_linear_forward(st, out, lse, lse + T, q + o, in.k + ok, in.v + ok, in.X[FMA_Q] + os,
+                         in.X[FMA_K] + os, in.X[FMA_V] + os, &times, norms, entropy + h);
+      for (long i = 0; i < T; i++) {
         double total = 0.0;
         for (int b = 0; b < bands; b++) total += norms[i * bands + b];
         for (int b = 0; b < bands && total > 0; b++)
           mass[h * bands + b] += norms[i * bands + b] / total;
       }
     } else {
-      fma_evaluate_forward(st, out, lse, q + o, k + o, v + o, X[FMA_K] + os, X[FMA_V] + os, 0,
-                           st->tree.nblocks, &times, mass + h * bands, entropy + h);
+      const long b0 = st->t0 / st->tree.m;
+      fma_evaluate_forward(st, out, lse, q + o, in.k + ok, in.v + ok, in.X[FMA_K] + os,
+                           in.X[FMA_V] + os, b0, b0 + T / st->tree.m, &times, mass + h * bands,
+                           entropy + h);
     }
   }
-  for (int s = 0; s < nsets(st); s++) mem_free(X[s]);
+  release(st, &in);
   mem_free(out);
   mem_free(lse);
   mem_free(norms);
-  return n;
+  return T;
 }
 
 /* Forward FLOPs: 4·d per (query, key) pair the lists allow (scores and values), plus the upward

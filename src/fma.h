@@ -31,12 +31,17 @@ struct fma_layout {
   size_t total; /* floats of the block, padding included */
 };
 
+struct fma_let;
+
 struct fma_state {
   struct fma_tree tree;
   enum fma_downsample down;
   bool causal, linear, multiplicity;
   int d;
-  long rows;                          /* summary rows per (batch, head): Σ_l windows_l · p */
+  long t0, T; /* this rank's slab of queries and tokens: [t0, t0 + T) (the whole sequence: 0, n) */
+  long klo;   /* global index of row 0 of the key/value arrays evaluate reads (slab or halo) */
+  struct fma_let *let; /* the locally essential tree under sequence parallelism, else NULL */
+  long rows;           /* summary rows per (batch, head): Σ_l windows_l · p */
   long level_row[FMA_MAX_LEVELS + 2]; /* first row of level l; level_row[L + 1] = rows */
   struct fma_layout layout;
 };
@@ -61,17 +66,28 @@ void fma_weights_store_grad(const struct fma_state *st, float *dparams, enum fma
 void fma_weights_free(const struct fma_state *st, struct fma_down_weights *w);
 void fma_weights_zero(const struct fma_state *st, struct fma_down_weights *w);
 
-/* Upward pass of one head: every level's summaries X (rows, d) of x (n, d). P2M makes level 1
- * from tokens (every level, for conv and avg); M2M makes level l + 1 from level l (m2m). */
+/* Windows [*c0, *c1) of level l this rank computes: those inside its slab, or the one spanning
+ * window that contains it. */
+void fma_slab_windows(const struct fma_state *st, int l, long *c0, long *c1);
+/* M2M for one parent window c of level l, and its transpose restricted to children [j0, j1). */
+void fma_M2M_window(const struct fma_state *st, int l, long c, float *X,
+                    const struct fma_down_weights *w);
+void fma_M2M_window_backward(const struct fma_state *st, int l, long c, float *dX, long j0, long j1,
+                             const struct fma_down_weights *w);
+
+/* Upward pass of one head over this rank's slab: summaries X (rows, d), indexed by global window,
+ * from the slab's tokens x (T, d). P2M makes level 1 from tokens (every level, for conv and avg;
+ * for a window spanning ranks, the slab's share of its sums); M2M makes level l + 1 from level l
+ * (m2m, up to the first level whose windows span ranks). */
 void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
                      const struct fma_down_weights *w, struct fma_times *times);
-/* Downward pass (the transpose) of one head: dX (rows, d) is consumed — for m2m, coarser levels
- * are pushed into finer ones in place — and dx (n, d) += its contribution. Parameter gradients
- * are NOT formed here (see fma_param_grads). */
+/* Downward pass (the transpose) of one head over this rank's slab: dX (rows, d) is consumed —
+ * for m2m, coarser levels are pushed into finer ones in place — and dx (T, d) += its
+ * contribution. Parameter gradients are NOT formed here (see fma_param_grads). */
 void fma_downward_pass(const struct fma_state *st, float *dX, float *dx,
                        const struct fma_down_weights *w, struct fma_times *times);
-/* Parameter gradients summed over `count` heads in a fixed order: x, X, dX (after the downward
- * pass) of head h at x + h·n·d, X + h·rows·d, dX + h·rows·d. dw += . */
+/* Parameter gradients summed over `count` heads in a fixed order, over this rank's windows: x, X,
+ * dX (after the downward pass) of head h at x + h·T·d, X + h·rows·d, dX + h·rows·d. dw += . */
 void fma_param_grads(const struct fma_state *st, struct fma_down_weights *dw, const float *x,
                      const float *X, const float *dX, long count);
 

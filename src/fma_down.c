@@ -176,7 +176,27 @@ void fma_weights_free(const struct fma_state *st, struct fma_down_weights *w) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * upward pass: P2M and M2M */
+ * the slab: under sequence parallelism this rank holds tokens [t0, t0 + T) of x. A level whose
+ * windows fit in a slab (w_l ≤ T) has whole windows here; a coarser level's one window that
+ * contains the slab spans several ranks: for conv and avg this rank computes the part of its sums
+ * over its own tokens (the bias on the window's first rank only), which fma_let adds up; for m2m
+ * fma_let brings the sibling child, and the parent is computed on every rank of the window. */
+
+/* Windows [*c0, *c1) of level l that this rank computes (whole, or its share of a spanning one). */
+void fma_slab_windows(const struct fma_state *st, int l, long *c0, long *c1) {
+  const long w = st->tree.window[l];
+  *c0 = st->t0 / w;
+  *c1 = w <= st->T ? (st->t0 + st->T) / w : *c0 + 1;
+}
+
+/* Taps [*a, *b) of window c of level l that lie in this slab, and whether the bias is added here
+ * (once per window: on the rank holding its first token). */
+static void slab_taps(const struct fma_state *st, int l, long c, long *a, long *b, bool *bias) {
+  const long w = st->tree.window[l];
+  *a = st->t0 > c * w ? st->t0 - c * w : 0;
+  *b = c * w + w < st->t0 + st->T ? w : st->t0 + st->T - c * w;
+  *bias = c * w >= st->t0;
+}
 
 /* Taps per chunk of a conv level: p·chunk·d weights of 256 KiB, about half an L2. */
 static long tap_chunk(long P, long d) {
@@ -185,29 +205,33 @@ static long tap_chunk(long P, long d) {
 }
 
 /* Level l summaries from tokens: X_l[c·p + r] = b_r + Σ_t W[r, t] ∘ x[c·w + t] (conv, and level 1
- * of m2m), or the mean of sub-segment r (avg). */
+ * of m2m), or the mean of sub-segment r (avg); over this slab's taps. x: the slab's tokens. */
 static void fma_P2M(const struct fma_state *st, int l, float *Xl, const float *x,
                     const struct fma_down_weights *w) {
   const long d = st->d, P = st->tree.p, win = st->tree.window[l], seg = win / P;
-  const long nwin = st->tree.nwindows[l];
-  for (long c = 0; c < nwin; c++) {
+  long c0, c1;
+  fma_slab_windows(st, l, &c0, &c1);
+  for (long c = c0; c < c1; c++) {
+    long a, b;
+    bool bias;
+    slab_taps(st, l, c, &a, &b, &bias);
     float *out = Xl + c * P * d;
+    const float *xw = x + (c * win - st->t0) * d; /* tap t is xw + t·d (a ≤ t < b) */
     if (st->down == FMA_DOWN_AVG) {
       const float inv = 1.0f / (float)seg;
-      for (long r = 0; r < P; r++) {
-        float *o = out + r * d;
-        memset(o, 0, sizeof(float) * (size_t)d);
-        for (long t = r * seg; t < (r + 1) * seg; t++) {
-          const float *xr = x + (c * win + t) * d;
+      memset(out, 0, sizeof(float) * (size_t)(P * d));
+      for (long t = a; t < b; t++) {
+        float *o = out + (t / seg) * d;
+        const float *xr = xw + t * d;
 #pragma omp simd
-          for (long f = 0; f < d; f++) o[f] += xr[f];
-        }
-#pragma omp simd
-        for (long f = 0; f < d; f++) o[f] *= inv;
+        for (long f = 0; f < d; f++) o[f] += xr[f] * inv;
       }
       continue;
     }
-    memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
+    if (bias)
+      memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
+    else
+      memset(out, 0, sizeof(float) * (size_t)(P * d));
   }
   if (st->down == FMA_DOWN_AVG) return;
   /* conv: taps in chunks whose weights stay in cache while every window uses them (a coarse
@@ -215,10 +239,15 @@ static void fma_P2M(const struct fma_state *st, int l, float *Xl, const float *x
   const long chunk = tap_chunk(P, d);
   for (long t0 = 0; t0 < win; t0 += chunk) {
     const long t1 = t0 + chunk < win ? t0 + chunk : win;
-    for (long c = 0; c < nwin; c++) {
+    for (long c = c0; c < c1; c++) {
+      long a, b;
+      bool bias;
+      slab_taps(st, l, c, &a, &b, &bias);
+      const long ta = t0 > a ? t0 : a, tb = t1 < b ? t1 : b;
       float *out = Xl + c * P * d;
-      for (long t = t0; t < t1; t++) {
-        const float *xr = x + (c * win + t) * d;
+      const float *xw = x + (c * win - st->t0) * d;
+      for (long t = ta; t < tb; t++) {
+        const float *xr = xw + t * d;
         for (long r = 0; r < P; r++) {
           const float *wr = w->wt[l] + (r * win + t) * d;
           float *o = out + r * d;
@@ -230,36 +259,52 @@ static void fma_P2M(const struct fma_state *st, int l, float *Xl, const float *x
   }
 }
 
-/* Level l summaries from level l − 1 (m2m): X_l[c·p + r] = b_r + Σ_{j<2p} T[r, j] ∘ X_{l−1}[2c·p +
- * j]. */
-static void fma_M2M(const struct fma_state *st, int l, float *Xl, const float *Xc,
+/* Parent window c of level l from its children at level l − 1 (m2m):
+ * X_l[c·p + r] = b_r + Σ_{j<2p} T[r, j] ∘ X_{l−1}[2c·p + j]. */
+void fma_M2M_window(const struct fma_state *st, int l, long c, float *X,
                     const struct fma_down_weights *w) {
-  const long d = st->d, P = st->tree.p, nwin = st->tree.nwindows[l];
-  for (long c = 0; c < nwin; c++) {
-    float *out = Xl + c * P * d;
-    memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
-    const float *child = Xc + 2 * c * P * d; /* the two children's 2p rows are contiguous */
-    for (long r = 0; r < P; r++)
-      for (long j = 0; j < 2 * P; j++) {
-        const float *wr = w->wt[l] + (r * 2 * P + j) * d, *cr = child + j * d;
-        float *o = out + r * d;
+  const long d = st->d, P = st->tree.p;
+  float *out = X + (st->level_row[l] + c * P) * d;
+  memcpy(out, w->bt[l], sizeof(float) * (size_t)(P * d));
+  const float *child = X + (st->level_row[l - 1] + 2 * c * P) * d; /* 2p contiguous rows */
+  for (long r = 0; r < P; r++)
+    for (long j = 0; j < 2 * P; j++) {
+      const float *wr = w->wt[l] + (r * 2 * P + j) * d, *cr = child + j * d;
+      float *o = out + r * d;
 #pragma omp simd
-        for (long f = 0; f < d; f++) o[f] += wr[f] * cr[f];
-      }
-  }
+      for (long f = 0; f < d; f++) o[f] += wr[f] * cr[f];
+    }
+}
+
+/* The transpose for one parent window: dX_{l−1}[2c·p + j] += Σ_r T[r, j] ∘ dX_l[c·p + r], for
+ * children j in [j0, j1) (both children: 0, 2p). */
+void fma_M2M_window_backward(const struct fma_state *st, int l, long c, float *dX, long j0, long j1,
+                             const struct fma_down_weights *w) {
+  const long d = st->d, P = st->tree.p;
+  const float *g0 = dX + (st->level_row[l] + c * P) * d;
+  float *dc = dX + (st->level_row[l - 1] + 2 * c * P) * d;
+  for (long r = 0; r < P; r++)
+    for (long j = j0; j < j1; j++) {
+      const float *wr = w->wt[l] + (r * 2 * P + j) * d, *g = g0 + r * d;
+      float *o = dc + j * d;
+#pragma omp simd
+      for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
+    }
 }
 
 void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
                      const struct fma_down_weights *w, struct fma_times *times) {
   const long d = st->d;
   for (int l = 1; l <= st->tree.levels; l++) {
-    float *Xl = X + st->level_row[l] * d;
     double t0 = timer_now();
     if (st->down == FMA_DOWN_M2M && l > 1) {
-      fma_M2M(st, l, Xl, X + st->level_row[l - 1] * d, w);
+      if (st->tree.window[l] > st->T) break; /* spanning: fma_let's hypercube exchange */
+      long c0, c1;
+      fma_slab_windows(st, l, &c0, &c1);
+      for (long c = c0; c < c1; c++) fma_M2M_window(st, l, c, X, w);
       times->m2m += timer_now() - t0;
     } else {
-      fma_P2M(st, l, Xl, x, w);
+      fma_P2M(st, l, X + st->level_row[l] * d, x, w);
       times->p2m += timer_now() - t0;
     }
   }
@@ -274,48 +319,51 @@ void fma_downward_pass(const struct fma_state *st, float *dX, float *dx,
   double t0 = timer_now();
   if (st->down == FMA_DOWN_M2M) /* coarse to fine: level l is complete before it is pushed down */
     for (int l = st->tree.levels; l >= 2; l--) {
-      const float *dXl = dX + st->level_row[l] * d;
-      float *dXc = dX + st->level_row[l - 1] * d;
-      for (long c = 0; c < st->tree.nwindows[l]; c++)
-        for (long r = 0; r < P; r++) {
-          const float *g = dXl + (c * P + r) * d;
-          for (long j = 0; j < 2 * P; j++) {
-            const float *wr = w->wt[l] + (r * 2 * P + j) * d;
-            float *o = dXc + (2 * c * P + j) * d;
-#pragma omp simd
-            for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
-          }
-        }
+      if (st->tree.window[l] > st->T) continue; /* spanning: done by fma_let */
+      long c0, c1;
+      fma_slab_windows(st, l, &c0, &c1);
+      for (long c = c0; c < c1; c++) fma_M2M_window_backward(st, l, c, dX, 0, 2 * P, w);
     }
   double t1 = timer_now();
   times->m2m += t1 - t0;
-  const int top = st->down == FMA_DOWN_M2M ? 1 : st->tree.levels;
+  const int top = st->down == FMA_DOWN_M2M && st->tree.levels > 0 ? 1 : st->tree.levels;
   const long chunk = tap_chunk(P, d);
   for (int l = 1; l <= top; l++) {
     const float *dXl = dX + st->level_row[l] * d;
-    const long win = st->tree.window[l], seg = win / P, nwin = st->tree.nwindows[l];
+    const long win = st->tree.window[l], seg = win / P;
+    long c0, c1;
+    fma_slab_windows(st, l, &c0, &c1);
     if (st->down == FMA_DOWN_AVG) {
       const float inv = 1.0f / (float)seg;
-      for (long c = 0; c < nwin; c++)
-        for (long t = 0; t < win; t++) {
-          float *o = dx + (c * win + t) * d;
+      for (long c = c0; c < c1; c++) {
+        long a, b;
+        bool bias;
+        slab_taps(st, l, c, &a, &b, &bias);
+        for (long t = a; t < b; t++) {
+          float *o = dx + (c * win + t - st->t0) * d;
           const float *g = dXl + (c * P + t / seg) * d;
 #pragma omp simd
           for (long f = 0; f < d; f++) o[f] += g[f] * inv;
         }
+      }
       continue;
     }
-    for (long t0 = 0; t0 < win; t0 += chunk) { /* as in P2M: a chunk of weights stays in cache */
-      const long t1 = t0 + chunk < win ? t0 + chunk : win;
-      for (long c = 0; c < nwin; c++)
-        for (long t = t0; t < t1; t++) {
-          float *o = dx + (c * win + t) * d;
+    for (long tc = 0; tc < win; tc += chunk) { /* as in P2M: a chunk of weights stays in cache */
+      const long tc1 = tc + chunk < win ? tc + chunk : win;
+      for (long c = c0; c < c1; c++) {
+        long a, b;
+        bool bias;
+        slab_taps(st, l, c, &a, &b, &bias);
+        const long ta = tc > a ? tc : a, tb = tc1 < b ? tc1 : b;
+        for (long t = ta; t < tb; t++) {
+          float *o = dx + (c * win + t - st->t0) * d;
           for (long r = 0; r < P; r++) {
             const float *g = dXl + (c * P + r) * d, *wr = w->wt[l] + (r * win + t) * d;
 #pragma omp simd
             for (long f = 0; f < d; f++) o[f] += wr[f] * g[f];
           }
         }
+      }
     }
   }
   times->p2m += timer_now() - t1;
@@ -324,9 +372,10 @@ void fma_downward_pass(const struct fma_state *st, float *dX, float *dx,
 void fma_param_grads(const struct fma_state *st, struct fma_down_weights *dw, const float *x,
                      const float *X, const float *dX, long count) {
   if (st->down == FMA_DOWN_AVG) return;
-  const long d = st->d, P = st->tree.p, n = st->tree.n, rows = st->rows;
+  const long d = st->d, P = st->tree.p, T = st->T, rows = st->rows;
   for (int l = 1; l <= st->tree.levels; l++) {
-    const long nwin = st->tree.nwindows[l];
+    long c0, c1;
+    fma_slab_windows(st, l, &c0, &c1);
     const bool from_children = st->down == FMA_DOWN_M2M && l > 1;
     const long span = st->layout.span[l], win = st->tree.window[l];
     /* weights: tap t's slots (every r) are owned by one iteration, which reads each source row
@@ -335,10 +384,14 @@ void fma_param_grads(const struct fma_state *st, struct fma_down_weights *dw, co
     for (long t = 0; t < span; t++) {
       for (long h = 0; h < count; h++) {
         const float *dXl = dX + h * rows * d + st->level_row[l] * d;
-        for (long c = 0; c < nwin; c++) {
+        for (long c = c0; c < c1; c++) {
+          long a = 0, b = span;
+          bool bias;
+          if (!from_children) slab_taps(st, l, c, &a, &b, &bias);
+          if (t < a || t >= b) continue;
           const float *src = from_children
                                  ? X + h * rows * d + (st->level_row[l - 1] + 2 * c * P + t) * d
-                                 : x + h * n * d + (c * win + t) * d;
+                                 : x + h * T * d + (c * win + t - st->t0) * d;
           for (long r = 0; r < P; r++) {
             const float *g = dXl + (c * P + r) * d;
             float *acc = dw->wt[l] + (r * span + t) * d;
@@ -348,15 +401,22 @@ void fma_param_grads(const struct fma_state *st, struct fma_down_weights *dw, co
         }
       }
     }
+    /* bias: once per window; for a conv window shared by several ranks, on its first rank (the
+     * others hold the same total gradient); an m2m parent's gradient is this rank's share */
     for (long h = 0; h < count; h++) {
       const float *dXl = dX + h * rows * d + st->level_row[l] * d;
-      for (long c = 0; c < nwin; c++)
+      for (long c = c0; c < c1; c++) {
+        long a, b;
+        bool bias = true;
+        if (!from_children) slab_taps(st, l, c, &a, &b, &bias);
+        if (!bias) continue;
         for (long r = 0; r < P; r++) {
           const float *g = dXl + (c * P + r) * d;
           float *acc = dw->bt[l] + r * d;
 #pragma omp simd
           for (long f = 0; f < d; f++) acc[f] += g[f];
         }
+      }
     }
   }
 }

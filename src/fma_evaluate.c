@@ -93,8 +93,9 @@ static long block_scores(const struct fma_state *st, long qb, const float *q, co
   const long nn = bk->near_count, nf = with_far ? bk->nfar : 0, ld = nn + nf;
   double t0 = timer_now();
   /* P2P: the near field, exact */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, scale, q + i0 * d,
-              (int)d, k + bk->near_lo * d, (int)d, 0.0f, s->S, (int)ld);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, scale,
+              q + (i0 - st->t0) * d, (int)d, k + (bk->near_lo - st->klo) * d, (int)d, 0.0f, s->S,
+              (int)ld);
   if (st->causal)
     for (long r = 0; r < m; r++) {
       float *row = s->S + r * ld;
@@ -104,8 +105,8 @@ static long block_scores(const struct fma_state *st, long qb, const float *q, co
   times->p2p += t1 - t0;
   if (nf > 0) {
     /* M2P: the listed summaries of every level */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, scale, q + i0 * d,
-                (int)d, s->Kf, (int)d, 0.0f, s->S + nn, (int)ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, scale,
+                q + (i0 - st->t0) * d, (int)d, s->Kf, (int)d, 0.0f, s->S + nn, (int)ld);
     for (long r = 0; r < m; r++) {
       float *row = s->S + r * ld + nn;
       for (long c = 0; c < nf; c++) row[c] += bk->far_logw[c];
@@ -183,11 +184,11 @@ void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, co
     const long nn = block_scores(st, qb, q, k, &s, true, times);
     const long ld = nn + nf;
     t0 = timer_now();
-    rows_softmax(s.S, m, ld, lse + qb * m);
+    rows_softmax(s.S, m, ld, lse + (qb * m - st->t0));
     if (mass) block_diagnostics(st, s.S, m, nn, nf, &s.bk, mass, entropy);
-    float *o = out + qb * m * d;
+    float *o = out + (qb * m - st->t0) * d;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
-                (int)ld, v + s.bk.near_lo * d, (int)d, 0.0f, o, (int)d);
+                (int)ld, v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, o, (int)d);
     double t1 = timer_now();
     times->p2p += t1 - t0;
     if (nf > 0) {
@@ -203,11 +204,11 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
                            float *dV, const float *dout, const float *D, const float *q,
                            const float *k, const float *v, const float *K, const float *V,
                            const float *lse, struct fma_times *times) {
-  const long m = st->tree.m, d = st->d, nblocks = st->tree.nblocks;
+  const long m = st->tree.m, d = st->d;
   const float scale = 1.0f / sqrtf((float)d);
   struct block_scratch s;
   scratch_init(&s, st);
-  for (long qb = 0; qb < nblocks; qb++) {
+  for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
     fma_block_keys(st, qb, &s.bk);
     const long nf = s.bk.nfar, i0 = qb * m;
     double t0 = timer_now();
@@ -216,14 +217,14 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
     times->m2p += timer_now() - t0;
     const long nn = block_scores(st, qb, q, k, &s, true, times);
     const long ld = nn + nf;
-    const float *g = dout + i0 * d, *qq = q + i0 * d;
+    const float *g = dout + (i0 - st->t0) * d, *qq = q + (i0 - st->t0) * d;
     t0 = timer_now();
-    rows_probabilities(s.S, m, ld, lse + i0);
+    rows_probabilities(s.S, m, ld, lse + (i0 - st->t0));
     /* dv_near += P_nᵀ dO; dP_n = dO v_nᵀ */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
-                (int)ld, g, (int)d, 1.0f, dv + s.bk.near_lo * d, (int)d);
+                (int)ld, g, (int)d, 1.0f, dv + (s.bk.near_lo - st->klo) * d, (int)d);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
-                v + s.bk.near_lo * d, (int)d, 0.0f, s.dP, (int)ld);
+                v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, s.dP, (int)ld);
     double t1 = timer_now();
     times->p2p += t1 - t0;
     if (nf > 0) {
@@ -237,21 +238,22 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
     times->m2p += t2 - t1;
     /* dS = P ∘ (dP − D), over both parts at once */
     for (long r = 0; r < m; r++) {
-      const float Di = D[i0 + r];
+      const float Di = D[i0 - st->t0 + r];
       const float *p = s.S + r * ld;
       float *gp = s.dP + r * ld;
 #pragma omp simd
       for (long c = 0; c < ld; c++) gp[c] = p[c] * (gp[c] - Di);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, s.dP,
-                (int)ld, k + s.bk.near_lo * d, (int)d, 1.0f, dq + i0 * d, (int)d);
+                (int)ld, k + (s.bk.near_lo - st->klo) * d, (int)d, 1.0f, dq + (i0 - st->t0) * d,
+                (int)d);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, s.dP,
-                (int)ld, qq, (int)d, 1.0f, dk + s.bk.near_lo * d, (int)d);
+                (int)ld, qq, (int)d, 1.0f, dk + (s.bk.near_lo - st->klo) * d, (int)d);
     double t3 = timer_now();
     times->p2p += t3 - t2;
     if (nf > 0) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale,
-                  s.dP + nn, (int)ld, s.Kf, (int)d, 1.0f, dq + i0 * d, (int)d);
+                  s.dP + nn, (int)ld, s.Kf, (int)d, 1.0f, dq + (i0 - st->t0) * d, (int)d);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale,
                   s.dP + nn, (int)ld, qq, (int)d, 0.0f, s.dKf, (int)d);
       scatter_add(dK, s.dKf, s.bk.far_row, (int)nf, d);
@@ -268,6 +270,13 @@ long fma_linear_query_row(const struct fma_state *st, int l, long i) {
   const long seg = st->tree.window[l] / st->tree.p;
   const long rho = i / seg; /* = ⌊i/w_l⌋·p + ⌊(i mod w_l)·p/w_l⌋: windows are aligned */
   return st->causal ? rho - 1 : rho;
+}
+
+/* Query positions of [a, b) that lie in this rank's slab: [slab_lo(a), slab_hi(b)). A query
+ * sub-segment may be longer than a slab; each rank adds the shared term to its own queries. */
+static long slab_lo(const struct fma_state *st, long a) { return a > st->t0 ? a : st->t0; }
+static long slab_hi(const struct fma_state *st, long b) {
+  return b < st->t0 + st->T ? b : st->t0 + st->T;
 }
 
 /* The level-l term of query sub-segment rho: its key rows (≤ 3p) and query row. */
@@ -294,22 +303,23 @@ void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near,
   if (band_norms)
     memset(band_norms, 0, sizeof(float) * (size_t)(st->tree.n * (st->tree.levels + 1)));
   /* near field: its own softmax */
-  for (long qb = 0; qb < st->tree.nblocks; qb++) {
+  for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
     fma_block_keys(st, qb, &s.bk);
     const long nn = block_scores(st, qb, q, k, &s, false, times);
     double t0 = timer_now();
-    rows_softmax(s.S, m, nn, lse_near + qb * m);
+    rows_softmax(s.S, m, nn, lse_near + (qb * m - st->t0));
     if (band_norms) {
       double unused[1] = {0.0};
       block_diagnostics(st, s.S, m, nn, 0, &s.bk, unused, entropy); /* near-field entropy */
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
-                (int)nn, v + s.bk.near_lo * d, (int)d, 0.0f, out + qb * m * d, (int)d);
+                (int)nn, v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f,
+                out + (qb * m - st->t0) * d, (int)d);
     if (band_norms)
       for (long r = 0; r < m; r++) {
         float norm = 0.0f;
-        for (long f = 0; f < d; f++) norm += fabsf(out[(qb * m + r) * d + f]);
-        band_norms[(qb * m + r) * (st->tree.levels + 1)] = norm;
+        for (long f = 0; f < d; f++) norm += fabsf(out[(qb * m - st->t0 + r) * d + f]);
+        band_norms[(qb * m - st->t0 + r) * (st->tree.levels + 1)] = norm;
       }
     times->p2p += timer_now() - t0;
   }
@@ -320,9 +330,8 @@ void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near,
   long *rows = xmalloc(sizeof(long) * (size_t)(FMA_LIST_MAX * P));
   for (int l = 1; l <= st->tree.levels; l++) {
     const long base = st->level_row[l], seg = st->tree.window[l] / P;
-    const long nsub = st->tree.nwindows[l] * P;
     const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
-    for (long rho = 0; rho < nsub; rho++) {
+    for (long rho = st->t0 / seg; rho <= (st->t0 + st->T - 1) / seg; rho++) {
       long qrow;
       const int nk = linear_keys(st, l, rho, rows, &qrow);
       lse_far[base + rho] = 0.0f;
@@ -349,16 +358,16 @@ void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near,
         for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
       }
       lse_far[base + rho] = mx + logf(sum);
-      for (long i = rho * seg; i < (rho + 1) * seg; i++) {
-        float *oi = out + i * d;
+      for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++) {
+        float *oi = out + (i - st->t0) * d;
 #pragma omp simd
         for (long f = 0; f < d; f++) oi[f] += o[f];
       }
       if (band_norms) {
         float norm = 0.0f;
         for (long f = 0; f < d; f++) norm += fabsf(o[f]);
-        for (long i = rho * seg; i < (rho + 1) * seg; i++)
-          band_norms[i * (st->tree.levels + 1) + l] = norm;
+        for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++)
+          band_norms[(i - st->t0) * (st->tree.levels + 1) + l] = norm;
       }
     }
   }
@@ -381,30 +390,31 @@ void fma_linear_backward(const struct fma_state *st, float *dq, float *dk, float
   /* near field: recompute its probabilities and its own output for D = dO · o_near */
   float *onear = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(m * d));
   float *Dn = xmalloc(sizeof(float) * (size_t)m);
-  for (long qb = 0; qb < st->tree.nblocks; qb++) {
+  for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
     fma_block_keys(st, qb, &s.bk);
     const long nn = block_scores(st, qb, q, k, &s, false, times);
     const long i0 = qb * m;
-    const float *g = dout + i0 * d, *qq = q + i0 * d;
+    const float *g = dout + (i0 - st->t0) * d, *qq = q + (i0 - st->t0) * d;
     double t0 = timer_now();
-    rows_probabilities(s.S, m, nn, lse_near + i0);
+    rows_probabilities(s.S, m, nn, lse_near + (i0 - st->t0));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
-                (int)nn, v + s.bk.near_lo * d, (int)d, 0.0f, onear, (int)d);
+                (int)nn, v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, onear, (int)d);
     for (long r = 0; r < m; r++) {
       float acc = 0.0f;
       for (long f = 0; f < d; f++) acc += g[r * d + f] * onear[r * d + f];
       Dn[r] = acc;
     }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
-                (int)nn, g, (int)d, 1.0f, dv + s.bk.near_lo * d, (int)d);
+                (int)nn, g, (int)d, 1.0f, dv + (s.bk.near_lo - st->klo) * d, (int)d);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
-                v + s.bk.near_lo * d, (int)d, 0.0f, s.dP, (int)nn);
+                v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, s.dP, (int)nn);
     for (long r = 0; r < m; r++)
       for (long c = 0; c < nn; c++) s.dP[r * nn + c] = s.S[r * nn + c] * (s.dP[r * nn + c] - Dn[r]);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, s.dP,
-                (int)nn, k + s.bk.near_lo * d, (int)d, 1.0f, dq + i0 * d, (int)d);
+                (int)nn, k + (s.bk.near_lo - st->klo) * d, (int)d, 1.0f, dq + (i0 - st->t0) * d,
+                (int)d);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, s.dP,
-                (int)nn, qq, (int)d, 1.0f, dk + s.bk.near_lo * d, (int)d);
+                (int)nn, qq, (int)d, 1.0f, dk + (s.bk.near_lo - st->klo) * d, (int)d);
     times->p2p += timer_now() - t0;
   }
   mem_free(onear);
@@ -416,17 +426,16 @@ void fma_linear_backward(const struct fma_state *st, float *dq, float *dk, float
   long *rows = xmalloc(sizeof(long) * (size_t)(FMA_LIST_MAX * P));
   for (int l = 1; l <= st->tree.levels; l++) {
     const long base = st->level_row[l], seg = st->tree.window[l] / P;
-    const long nsub = st->tree.nwindows[l] * P;
     const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
     float *dQl = dQ + base * d, *dKl = dK + base * d, *dVl = dV + base * d;
-    for (long rho = 0; rho < nsub; rho++) {
+    for (long rho = st->t0 / seg; rho <= (st->t0 + st->T - 1) / seg; rho++) {
       long qrow;
       const int nk = linear_keys(st, l, rho, rows, &qrow);
       if (nk == 0) continue;
       /* the gradient of the sub-segment's output: the sum over its queries */
       memset(g, 0, sizeof(float) * (size_t)d);
-      for (long i = rho * seg; i < (rho + 1) * seg; i++)
-        for (long f = 0; f < d; f++) g[f] += dout[i * d + f];
+      for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++)
+        for (long f = 0; f < d; f++) g[f] += dout[(i - st->t0) * d + f];
       const float *qr = Ql + qrow * d;
       const float L = lse_far[base + rho];
       memset(o, 0, sizeof(float) * (size_t)d);
