@@ -2,16 +2,20 @@
  * `local` (SPEC §6.2), the same restricted to a band of keys. Computed tile by tile with an online
  * softmax (running max and sum per query row), so memory is O(n·d) and never O(n²); backward
  * recomputes score tiles from the saved log-sum-exp. The block kernels take the global offsets of
- * their query and key rows, so a ring exchange of key blocks can reuse them. `full` is the exact
- * reference every other variant is measured against. */
+ * their query and key rows, so the sequence-parallel paths (SPEC §7) reuse them: `full` passes
+ * key/value blocks round a ring (zigzag order when causal), `local` gathers the band's halo; they
+ * must never hold the whole sequence's k, v on one rank (the ring holds two slabs' worth at a time,
+ * `local` its band). `full` is the reference every variant is measured against. */
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
 #include "error.h"
+#include "halo.h"
 #include "memory.h"
 #include "vecmath.h"
 
@@ -145,7 +149,8 @@ static void exact_block_backward(float *dq, float *dk, float *dv, const float *d
 }
 
 /* ---------------------------------------------------------------------------------------------
- * the two variants */
+ * one slab of queries against one contiguous range of keys: the whole op on one rank, and `local`
+ * against its halo-extended keys */
 
 extern const struct attn_variant attention_local;
 
@@ -155,32 +160,27 @@ static struct key_mask mask_of(const struct attn_ctx *ctx) {
   return mk;
 }
 
-static const char *exact_check(const struct config *cfg, long n, int seq_ranks, char *buf,
-                               size_t len) {
-  if (seq_ranks > 1) {
-    snprintf(buf, len,
-             "attention.variant = %s with parallel.seq_ranks = %d: sequence parallelism is not "
-             "implemented yet (use parallel.seq_ranks = 1)",
-             cfg->attention.variant, seq_ranks);
-    return buf;
-  }
-  return NULL;
-}
-
 static int exact_tile(const struct attn_ctx *ctx) { return ctx->cfg->attention.full_block; }
 
-static size_t exact_saved_floats(const struct attn_ctx *ctx) {
-  return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T); /* log-sum-exp per query row */
+/* D (rows) = rowsum(dout ∘ out), the softmax backward's per-row correction. */
+static void exact_rowdot(float *D, const float *dout, const float *out, long rows, int d) {
+#pragma omp parallel for schedule(static)
+  for (long r = 0; r < rows; r++) {
+    float s = 0.0f;
+    for (int c = 0; c < d; c++) s += dout[r * d + c] * out[r * d + c];
+    D[r] = s;
+  }
 }
 
-static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
-                          const float *k, const float *v, const float *params) {
+/* out (B, H, T, d), lse (B, H, T) for queries at global qoff against keys k, v (B, H, Tk, d) at
+ * global koff. */
+static void slab_forward(const struct attn_ctx *ctx, float *out, float *lse, const float *q,
+                         long qoff, const float *k, const float *v, long Tk, long koff) {
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, BH = dm->B * dm->H;
   const int d = (int)dm->d, tile = exact_tile(ctx);
   const long ntiles = (T + tile - 1) / tile;
   const struct key_mask mk = mask_of(ctx);
-  float *lse = saved;                                                         /* (B, H, T) */
   float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l */
 #pragma omp parallel
   {
@@ -189,15 +189,15 @@ static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const 
     for (long bh = 0; bh < BH; bh++)
       for (long it = 0; it < ntiles; it++) {
         const long i0 = it * tile, i1 = i0 + tile < T ? i0 + tile : T;
-        const size_t off = (size_t)bh * T * d;
+        const size_t off = (size_t)bh * T * d, koff_bh = (size_t)bh * Tk * d;
         struct online_state st = {ml + bh * T, ml + BH * T + bh * T, out + off};
         for (long i = i0; i < i1; i++) {
           st.m[i] = -INFINITY;
           st.l[i] = 0.0f;
         }
         memset(out + off + i0 * d, 0, sizeof(float) * (size_t)((i1 - i0) * d));
-        exact_block_forward(st, q + off, dm->t0, k + off, v + off, T, dm->t0, d, mk, tile, i0, i1,
-                            S);
+        exact_block_forward(st, q + off, qoff, k + koff_bh, v + koff_bh, Tk, koff, d, mk, tile, i0,
+                            i1, S);
         for (long i = i0; i < i1; i++) {
           const float inv = 1.0f / st.l[i];
           for (int c = 0; c < d; c++) st.acc[i * d + c] *= inv;
@@ -209,34 +209,423 @@ static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const 
   mem_free(ml);
 }
 
-static void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
-                           const float *dout, const float *q, const float *k, const float *v,
-                           const float *params, const float *out, const float *saved) {
+/* dq (B, H, T, d) and dk, dv (B, H, Tk, d) += the gradients of slab_forward's op. */
+static void slab_backward(const struct attn_ctx *ctx, float *dq, float *dk, float *dv,
+                          const float *dout, const float *q, long qoff, const float *k,
+                          const float *v, long Tk, long koff, const float *out, const float *lse) {
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, BH = dm->B * dm->H;
   const int d = (int)dm->d, tile = exact_tile(ctx);
   const struct key_mask mk = mask_of(ctx);
-  const float *lse = saved;
   float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
-#pragma omp parallel for schedule(static)
-  for (long r = 0; r < BH * T; r++) {
-    float s = 0.0f;
-    for (int c = 0; c < d; c++) s += dout[r * d + c] * out[r * d + c];
-    D[r] = s;
-  }
+  exact_rowdot(D, dout, out, BH * T, d);
 #pragma omp parallel
   {
     float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)tile * tile);
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < BH; bh++) {
-      const size_t off = (size_t)bh * T * d;
-      exact_block_backward(dq + off, dk + off, dv + off, dout + off, q + off, lse + bh * T,
-                           D + bh * T, T, dm->t0, k + off, v + off, T, dm->t0, d, mk, tile, S,
+      const size_t off = (size_t)bh * T * d, koff_bh = (size_t)bh * Tk * d;
+      exact_block_backward(dq + off, dk + koff_bh, dv + koff_bh, dout + off, q + off, lse + bh * T,
+                           D + bh * T, T, qoff, k + koff_bh, v + koff_bh, Tk, koff, d, mk, tile, S,
                            S + (size_t)tile * tile);
     }
     mem_free(S);
   }
   mem_free(D);
+}
+
+/* `local` under sequence parallelism: the band's halo (band − 1 tokens before the slab, and after
+ * it when bidirectional, clipped to [0, n), possibly from several ranks) gathered into extended
+ * k, v (B, H, hi − lo, d); k and v travel stacked as 2·B·H rows so one alltoallv moves both. */
+static float *local_halo(const struct attn_ctx *ctx, struct halo *h, const float *k,
+                         const float *v) {
+  const struct attn_dims *dm = &ctx->dims;
+  const long BH = dm->B * dm->H, X = BH * dm->T * dm->d, reach = ctx->cfg->attention.local_band - 1;
+  halo_plan(h, ctx->comm, dm->n, dm->T, reach, dm->causal ? 0 : reach);
+  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
+  memcpy(kv, k, sizeof(float) * (size_t)X);
+  memcpy(kv + X, v, sizeof(float) * (size_t)X);
+  float *ext = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * (h->hi - h->lo) * dm->d));
+  halo_gather(h, ctx->comm, ext, kv, 2 * BH, dm->d);
+  mem_free(kv);
+  return ext; /* (2, B, H, hi − lo, d) */
+}
+
+static void local_forward(struct attn_ctx *ctx, float *out, float *lse, const float *q,
+                          const float *k, const float *v) {
+  const struct attn_dims *dm = &ctx->dims;
+  struct halo h;
+  float *ext = local_halo(ctx, &h, k, v);
+  const long E = h.hi - h.lo;
+  slab_forward(ctx, out, lse, q, dm->t0, ext, ext + dm->B * dm->H * E * dm->d, E, h.lo);
+  mem_free(ext);
+  halo_free(&h);
+}
+
+/* Backward gathers the halo again (saved holds only the log-sum-exp), forms dk, dv over the
+ * extended range and sends the halo parts back to their owners. */
+static void local_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                           const float *q, const float *k, const float *v, const float *out,
+                           const float *lse) {
+  const struct attn_dims *dm = &ctx->dims;
+  const long BH = dm->B * dm->H, X = BH * dm->T * dm->d;
+  struct halo h;
+  float *ext = local_halo(ctx, &h, k, v);
+  const long E = h.hi - h.lo, XE = BH * E * dm->d;
+  float *dext = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)XE); /* (2, B, H, E, d) */
+  slab_backward(ctx, dq, dext, dext + XE, dout, q, dm->t0, ext, ext + XE, E, h.lo, out, lse);
+  mem_free(ext);
+  float *dkv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
+  halo_scatter_add(&h, ctx->comm, dkv, dext, 2 * BH, dm->d);
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < X; i++) {
+    dk[i] += dkv[i];
+    dv[i] += dkv[X + i];
+  }
+  mem_free(dkv);
+  mem_free(dext);
+  halo_free(&h);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * `full` under sequence parallelism: a ring of S steps. At step t rank z holds the k, v of rank
+ * z − t and folds them into the online softmax of its queries, while sending them on to z + 1 and
+ * receiving those of z − t − 1 (double buffering, so the transfer overlaps the block GEMMs).
+ *
+ * Causal: the sequence is cut into 2S chunks of c = T/2 tokens and, inside the op only, rank z
+ * works on chunks z and 2S−1−z (zigzag), so every rank has the same share of the causal triangle;
+ * one alltoallv moves the inputs from the model's contiguous slabs (rank s: chunks 2s, 2s+1) and
+ * one moves the results back. When T is odd the causal ring runs on the contiguous slabs instead
+ * (exact, but rank S − 1 then does about twice the average work). Bidirectional: contiguous. */
+
+struct ring {
+  struct comm *cm;
+  int S, me, next, prev;
+  int pieces; /* 2 (chunks me and 2S−1−me) in the zigzag layout, 1 (the slab) when contiguous */
+  long L;     /* tokens per piece */
+  long BH, T;
+  int d, tile;
+  struct key_mask mk;
+};
+
+static struct ring ring_plan(const struct attn_ctx *ctx) {
+  const struct attn_dims *dm = &ctx->dims;
+  struct ring rg = {.cm = ctx->comm, .S = ctx->comm->S, .me = ctx->comm->seq_rank};
+  rg.next = (rg.me + 1) % rg.S;
+  rg.prev = (rg.me + rg.S - 1) % rg.S;
+  rg.pieces = dm->causal && dm->T % 2 == 0 ? 2 : 1;
+  rg.L = dm->T / rg.pieces;
+  rg.BH = dm->B * dm->H;
+  rg.T = dm->T;
+  rg.d = (int)dm->d;
+  rg.tile = exact_tile(ctx);
+  rg.mk = mask_of(ctx);
+  return rg;
+}
+
+/* Global index of token 0 of piece p of rank r. */
+static long ring_offset(const struct ring *rg, int r, int p) {
+  if (rg->pieces == 1) return (long)r * rg->T;
+  return (p == 0 ? (long)r : 2L * rg->S - 1 - r) * rg->L;
+}
+
+/* Where chunk j of the 2S lives: its rank and its place (0 or 1) there. */
+static int chunk_rank(int S, long j, bool zig) {
+  return zig ? (int)(j < S ? j : 2L * S - 1 - j) : (int)(j / 2);
+}
+static long chunk_place(int S, long j, bool zig) { return zig ? (j < S ? 0 : 1) : j % 2; }
+
+/* Move nt tensors between the contiguous and the zigzag layout with one alltoallv; tensor i is
+ * (BH, 2c, w[i]) on both sides. The message from rank a to rank b holds, for each chunk that moves
+ * from a to b in ascending order, each tensor's (BH, c, w[i]) block, so both ends walk one order.
+ */
+static void zigzag_move(struct comm *cm, bool to_zig, int nt, const float *const *src,
+                        float *const *dst, const long *w, long BH, long c) {
+  const int S = cm->S, me = cm->seq_rank;
+  size_t chunk = 0; /* floats per chunk, all tensors */
+  for (int i = 0; i < nt; i++) chunk += (size_t)(BH * c * w[i]);
+  size_t *sc = xcalloc(6 * (size_t)S, sizeof(size_t)), *sd = sc + S, *rc = sc + 2 * S,
+         *rd = sc + 3 * S, *sfill = sc + 4 * S, *rfill = sc + 5 * S;
+  for (long j = 0; j < 2L * S; j++) {
+    if (chunk_rank(S, j, !to_zig) == me) sc[chunk_rank(S, j, to_zig)] += chunk;
+    if (chunk_rank(S, j, to_zig) == me) rc[chunk_rank(S, j, !to_zig)] += chunk;
+  }
+  for (int r = 1; r < S; r++) {
+    sd[r] = sd[r - 1] + sc[r - 1];
+    rd[r] = rd[r - 1] + rc[r - 1];
+  }
+  memcpy(sfill, sd, sizeof(size_t) * (size_t)S);
+  memcpy(rfill, rd, sizeof(size_t) * (size_t)S);
+  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * 2 * chunk); /* every rank holds two chunks */
+  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * 2 * chunk);
+  for (long j = 0; j < 2L * S; j++) {
+    if (chunk_rank(S, j, !to_zig) != me) continue;
+    const long p = chunk_place(S, j, !to_zig);
+    float *m = sbuf + sfill[chunk_rank(S, j, to_zig)];
+    for (int i = 0; i < nt; i++)
+      for (long bh = 0; bh < BH; bh++, m += c * w[i])
+        memcpy(m, src[i] + (bh * 2 * c + p * c) * w[i], sizeof(float) * (size_t)(c * w[i]));
+    sfill[chunk_rank(S, j, to_zig)] += chunk;
+  }
+  comm_alltoallv_float(cm, sbuf, sc, sd, rbuf, rc, rd);
+  for (long j = 0; j < 2L * S; j++) {
+    if (chunk_rank(S, j, to_zig) != me) continue;
+    const long p = chunk_place(S, j, to_zig);
+    const float *m = rbuf + rfill[chunk_rank(S, j, !to_zig)];
+    for (int i = 0; i < nt; i++)
+      for (long bh = 0; bh < BH; bh++, m += c * w[i])
+        memcpy(dst[i] + (bh * 2 * c + p * c) * w[i], m, sizeof(float) * (size_t)(c * w[i]));
+    rfill[chunk_rank(S, j, !to_zig)] += chunk;
+  }
+  mem_free(sbuf);
+  mem_free(rbuf);
+  free(sc);
+}
+
+/* One ring transfer (send to next, receive from prev), in pieces far below MPI's int counts. */
+#define RING_PIECE   ((size_t)1 << 26)
+#define RING_TAG_KV  7301
+#define RING_TAG_ACC 7302
+struct ring_xfer {
+  struct comm_request *req;
+  size_t count;
+};
+
+static void ring_start(const struct ring *rg, const float *send, float *recv, size_t count, int tag,
+                       struct ring_xfer *x) {
+  x->count = (count + RING_PIECE - 1) / RING_PIECE;
+  x->req = xmalloc(sizeof *x->req * (x->count + 1));
+  for (size_t i = 0; i < x->count; i++) {
+    const size_t off = i * RING_PIECE, len = count - off < RING_PIECE ? count - off : RING_PIECE;
+    comm_isendrecv_float(rg->cm, send + off, len, rg->next, recv + off, len, rg->prev, tag,
+                         &x->req[i]);
+  }
+}
+
+static void ring_finish(struct ring_xfer *x) {
+  for (size_t i = 0; i < x->count; i++) comm_wait(&x->req[i]);
+  free(x->req);
+}
+
+/* Fold the keys kv (k then v, each (BH, T, d), of rank src) into the online state of my queries
+ * q (BH, T, d); OpenMP over (b, h, query piece and tile). */
+static void ring_forward_step(const struct ring *rg, struct online_state st, const float *q,
+                              const float *kv, int src) {
+  const long L = rg->L, T = rg->T, ntp = (L + rg->tile - 1) / rg->tile, X = rg->BH * T * rg->d;
+  const int d = rg->d;
+#pragma omp parallel
+  {
+    float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)rg->tile * rg->tile);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (long bh = 0; bh < rg->BH; bh++)
+      for (long it = 0; it < rg->pieces * ntp; it++) {
+        const int p = (int)(it / ntp);
+        const long i0 = it % ntp * rg->tile, i1 = i0 + rg->tile < L ? i0 + rg->tile : L;
+        const long qo = bh * T + p * L;
+        struct online_state s = {st.m + qo, st.l + qo, st.acc + qo * d};
+        for (int kp = 0; kp < rg->pieces; kp++) {
+          const long ko = (bh * T + kp * L) * d;
+          exact_block_forward(s, q + qo * d, ring_offset(rg, rg->me, p), kv + ko, kv + X + ko, L,
+                              ring_offset(rg, src, kp), d, rg->mk, rg->tile, i0, i1, S);
+        }
+      }
+    mem_free(S);
+  }
+}
+
+static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const float *q,
+                         const float *k, const float *v) {
+  const struct ring rg = ring_plan(ctx);
+  const bool zig = rg.pieces == 2;
+  const long BH = rg.BH, T = rg.T, X = BH * T * rg.d;
+  const int d = rg.d;
+  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 4 * (size_t)X); /* 2 × (k, v) (BH, T, d) */
+  float *cur = kv, *nxt = kv + 2 * X;
+  float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l (BH, T) */
+  float *qz = (float *)q, *oz = out; /* my queries and their output, in the ring's layout */
+  if (zig) {
+    qz = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
+    oz = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
+    const long w[3] = {d, d, d};
+    zigzag_move(rg.cm, true, 3, (const float *[]){q, k, v}, (float *[]){qz, cur, cur + X}, w, BH,
+                rg.L);
+  } else {
+    memcpy(cur, k, sizeof(float) * (size_t)X);
+    memcpy(cur + X, v, sizeof(float) * (size_t)X);
+    memset(out, 0, sizeof(float) * (size_t)X);
+  }
+  for (long i = 0; i < BH * T; i++) ml[i] = -INFINITY;
+  const struct online_state st = {ml, ml + BH * T, oz};
+  for (int t = 0; t < rg.S; t++) {
+    struct ring_xfer x = {0};
+    if (t < rg.S - 1) ring_start(&rg, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &x);
+    ring_forward_step(&rg, st, qz, cur, (rg.me - t + rg.S) % rg.S);
+    if (t < rg.S - 1) {
+      ring_finish(&x);
+      float *tmp = cur;
+      cur = nxt;
+      nxt = tmp;
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < BH * T; i++) {
+    const float inv = 1.0f / st.l[i];
+    for (int c = 0; c < d; c++) oz[i * d + c] *= inv;
+    lse[i] = st.m[i] + logf(st.l[i]); /* saved in the ring's layout */
+  }
+  mem_free(kv);
+  mem_free(ml);
+  if (zig) {
+    zigzag_move(rg.cm, false, 1, (const float *[]){oz}, (float *[]){out}, (const long[]){d}, BH,
+                rg.L);
+    mem_free(qz);
+    mem_free(oz);
+  }
+}
+
+/* Gradients of my queries against the keys kv of rank src: dq (BH, T, d) and dkv (dk then dv,
+ * each (BH, T, d), src's accumulators) +=; OpenMP over (b, h) as in slab_backward. */
+static void ring_backward_step(const struct ring *rg, float *dq, float *dkv, const float *dout,
+                               const float *q, const float *lse, const float *D, const float *kv,
+                               int src) {
+  const long L = rg->L, T = rg->T, X = rg->BH * T * rg->d;
+  const int d = rg->d, tile = rg->tile;
+#pragma omp parallel
+  {
+    float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)tile * tile);
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < rg->BH; bh++)
+      for (int p = 0; p < rg->pieces; p++)
+        for (int kp = 0; kp < rg->pieces; kp++) {
+          const long qo = bh * T + p * L, ko = (bh * T + kp * L) * d;
+          exact_block_backward(dq + qo * d, dkv + ko, dkv + X + ko, dout + qo * d, q + qo * d,
+                               lse + qo, D + qo, L, ring_offset(rg, rg->me, p), kv + ko,
+                               kv + X + ko, L, ring_offset(rg, src, kp), d, rg->mk, tile, S,
+                               S + (size_t)tile * tile);
+        }
+    mem_free(S);
+  }
+}
+
+/* The ring again, with each rank's dk, dv accumulators following its k, v one step behind: at
+ * step t a rank forms the contributions of its queries in a fresh buffer while the accumulator of
+ * the same keys arrives from the previous rank and the one it completed at step t − 1 leaves for
+ * the next, so both transfers overlap the GEMMs; after the S steps one last pass takes every
+ * accumulator home. */
+static void ring_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse) {
+  const struct ring rg = ring_plan(ctx);
+  const bool zig = rg.pieces == 2;
+  const long BH = rg.BH, T = rg.T, X = BH * T * rg.d;
+  const int d = rg.d;
+  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 4 * (size_t)X); /* 2 × (k, v) (BH, T, d) */
+  float *cur = kv, *nxt = kv + 2 * X;
+  float *acc = mem_alloc(MEM_COMM, sizeof(float) * 6 * (size_t)X); /* 3 × (dk, dv) (BH, T, d) */
+  float *part = acc, *done = acc + 2 * X, *in = acc + 4 * X;
+  float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T)); /* (BH, T) */
+  exact_rowdot(D, dout, out, BH * T, d); /* per row, so formed before the move: 1/d the traffic */
+  const float *qz = q, *doz = dout, *Dz = D;
+  float *dqz = dq; /* contiguous: dq accumulates in place */
+  float *zbuf = NULL;
+  if (zig) {
+    zbuf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(3 * X + BH * T));
+    float *qw = zbuf, *dow = zbuf + X, *Dw = zbuf + 3 * X;
+    dqz = zbuf + 2 * X; /* zeroed */
+    const long w[5] = {d, d, d, d, 1};
+    zigzag_move(rg.cm, true, 5, (const float *[]){q, k, v, dout, D},
+                (float *[]){qw, cur, cur + X, dow, Dw}, w, BH, rg.L);
+    qz = qw, doz = dow, Dz = Dw;
+  } else {
+    memcpy(cur, k, sizeof(float) * (size_t)X);
+    memcpy(cur + X, v, sizeof(float) * (size_t)X);
+  }
+  for (int t = 0; t < rg.S; t++) {
+    struct ring_xfer xkv = {0}, xacc = {0};
+    if (t < rg.S - 1) ring_start(&rg, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &xkv);
+    if (t > 0) ring_start(&rg, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc);
+    memset(part, 0, sizeof(float) * 2 * (size_t)X);
+    ring_backward_step(&rg, dqz, part, doz, qz, lse, Dz, cur, (rg.me - t + rg.S) % rg.S);
+    if (t > 0) {
+      ring_finish(&xacc);
+#pragma omp parallel for schedule(static)
+      for (long i = 0; i < 2 * X; i++) part[i] += in[i];
+    }
+    if (t < rg.S - 1) {
+      ring_finish(&xkv);
+      float *tmp = cur;
+      cur = nxt;
+      nxt = tmp;
+    }
+    float *tmp = done;
+    done = part;
+    part = tmp;
+  }
+  struct ring_xfer xacc;
+  ring_start(&rg, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc); /* home: my dk, dv in `in` */
+  ring_finish(&xacc);
+  mem_free(kv);
+  mem_free(D);
+  const float *hq = NULL, *hk = in, *hv = in + X; /* what to add into the caller's dq, dk, dv */
+  if (zig) { /* back to the contiguous slab, into acc[0, 3X), free by now (`in` is acc + 4X) */
+    const long w[3] = {d, d, d};
+    zigzag_move(rg.cm, false, 3, (const float *[]){dqz, in, in + X},
+                (float *[]){acc, acc + X, acc + 2 * X}, w, BH, rg.L);
+    hq = acc, hk = acc + X, hv = acc + 2 * X;
+    mem_free(zbuf);
+  }
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < X; i++) {
+    if (hq) dq[i] += hq[i];
+    dk[i] += hk[i];
+    dv[i] += hv[i];
+  }
+  mem_free(acc);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the two variants */
+
+static const char *exact_check(const struct config *cfg, long n, int seq_ranks, char *buf,
+                               size_t len) {
+  if (seq_ranks > 1 && n % seq_ranks != 0) {
+    snprintf(buf, len,
+             "attention.variant = %s with parallel.seq_ranks = %d needs model.context (%ld) "
+             "divisible by parallel.seq_ranks",
+             cfg->attention.variant, seq_ranks, n);
+    return buf;
+  }
+  return NULL;
+}
+
+static size_t exact_saved_floats(const struct attn_ctx *ctx) {
+  /* log-sum-exp per query row; in the ring's (zigzag) order when the causal ring ran */
+  return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T);
+}
+
+static bool exact_distributed(const struct attn_ctx *ctx) { return ctx->comm && ctx->comm->S > 1; }
+
+static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
+                          const float *k, const float *v, const float *params) {
+  const struct attn_dims *dm = &ctx->dims;
+  if (!exact_distributed(ctx))
+    slab_forward(ctx, out, saved, q, dm->t0, k, v, dm->T, dm->t0);
+  else if (mask_of(ctx).band > 0)
+    local_forward(ctx, out, saved, q, k, v);
+  else
+    ring_forward(ctx, out, saved, q, k, v);
+}
+
+static void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const float *params, const float *out, const float *saved) {
+  const struct attn_dims *dm = &ctx->dims;
+  if (!exact_distributed(ctx))
+    slab_backward(ctx, dq, dk, dv, dout, q, dm->t0, k, v, dm->T, dm->t0, out, saved);
+  else if (mask_of(ctx).band > 0)
+    local_backward(ctx, dq, dk, dv, dout, q, k, v, out, saved);
+  else
+    ring_backward(ctx, dq, dk, dv, dout, q, k, v, out, saved);
 }
 
 static bool exact_allowed(const struct attn_ctx *ctx, long i, long j) {

@@ -86,6 +86,22 @@ static int bench_config(const struct config *base, const char *variant, long n, 
   return attention_check(cfg, n, seq_ranks, err, len);
 }
 
+/* bench_config, and where conv parameters would not fit, the same with m2m (as SPEC says). */
+static int bench_variant_config(const struct config *base, const char *variant, long n,
+                                int seq_ranks, struct config *cfg, char *err, size_t len) {
+  int bad = bench_config(base, variant, n, seq_ranks, cfg, err, len);
+  if (bad && cfg->attention.fma_downsample == FMA_DOWN_CONV && strncmp(variant, "fma", 3) == 0) {
+    struct config m2m = *base;
+    m2m.attention.fma_downsample = FMA_DOWN_M2M;
+    if (!bench_config(&m2m, variant, n, seq_ranks, cfg, err, len)) {
+      message("  %-10s n = %8ld: conv parameters would not fit; using fma.downsample = m2m",
+              variant, n);
+      bad = 0;
+    }
+  }
+  return bad;
+}
+
 static bool bench_attention_one(const struct config *cfg, long n, int repeats, double sgemm,
                                 struct attn_row *row) {
   const struct attn_variant *v = attention_find(cfg->attention.variant);
@@ -181,6 +197,97 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * sequence-parallel attention: traffic and time */
+
+struct comm_row {
+  char variant[64];
+  long n;
+  int seq_ranks;
+  double bytes, fwd_ms, bwd_ms;
+};
+
+static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
+                           double sgemm, struct comm_row *row) {
+  const struct attn_variant *v = attention_find(cfg->attention.variant);
+  const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
+  const long S = comm->S, T = n / S, t0 = comm->seq_rank * T;
+  struct attn_ctx ctx = {.cfg = cfg, .variant = v, .comm = comm, .layer = 0};
+  ctx.dims = (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM};
+  ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
+  double p2p = 0.0, flops = v->flops(&ctx, &p2p);
+  /* the ranks share this machine's cores: judge the time by the whole job's FLOPs */
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_SUM, comm->seq));
+  double est = 3.0 * flops / (0.5 * sgemm * 1e9);
+  if (est > BENCH_MAX_SECONDS) {
+    message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
+    if (v->teardown) v->teardown(ctx.state);
+    return false;
+  }
+  const size_t count = (size_t)(B * H * T * d);
+  float *buf = mem_alloc(MEM_DATA, sizeof(float) * count * 8);
+  float *q = buf, *k = q + count, *vv = k + count, *g = vv + count, *out = g + count;
+  float *dq = out + count, *dk = dq + count, *dv = dk + count;
+  /* inputs keyed by global position: the same sequence on any layout */
+  for (long bh = 0; bh < B * H; bh++)
+    for (long i = 0; i < T * d; i++) {
+      const uint64_t key = (uint64_t)((bh * n + t0) * d + i);
+      q[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 1, key, 0);
+      k[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 2, key, 0);
+      vv[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 3, key, 0);
+      g[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 4, key, 0);
+    }
+  struct param_list list;
+  param_list_init(&list);
+  attention_register_params(cfg, v, n, 0, &list);
+  float *params = mem_alloc(MEM_PARAMS, sizeof(float) * (list.total + 1));
+  float *dparams = mem_alloc(MEM_GRADS, sizeof(float) * (list.total + 1));
+  for (int i = 0; i < list.count; i++)
+    attention_init_param(cfg, v, &list.p[i], params + list.p[i].offset);
+  const float *pp = list.count ? params : NULL;
+  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (v->saved_floats(&ctx) + 1));
+  double *tf = xmalloc(sizeof(double) * (size_t)repeats),
+         *tb = xmalloc(sizeof(double) * (size_t)repeats);
+  uint64_t bytes = 0;
+  for (int r = -1; r < repeats; r++) {
+    comm_barrier(comm, COMM_SEQ);
+    const uint64_t b0 = comm->bytes_sent;
+    double t0s = timer_now();
+    v->forward(&ctx, out, saved, q, k, vv, pp);
+    double t1 = timer_now();
+    v->backward(&ctx, dq, dk, dv, list.count ? dparams : NULL, g, q, k, vv, pp, out, saved);
+    double t2 = timer_now();
+    double t[2] = {t1 - t0s, t2 - t1};
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, comm->seq));
+    if (r >= 0) {
+      tf[r] = 1e3 * t[0];
+      tb[r] = 1e3 * t[1];
+      bytes = comm->bytes_sent - b0;
+    }
+  }
+  unsigned long long maxbytes = bytes;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &maxbytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm->seq));
+  snprintf(row->variant, sizeof row->variant, "%s", v->name);
+  row->n = n;
+  row->seq_ranks = (int)S;
+  row->bytes = (double)maxbytes;
+  row->fwd_ms = median(tf, repeats);
+  row->bwd_ms = median(tb, repeats);
+  message(
+      "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | fwd %9.2f ms | bwd "
+      "%9.2f ms",
+      v->name, n, row->bytes, row->bytes / 1048576.0, row->fwd_ms, row->bwd_ms);
+  free(tf);
+  free(tb);
+  if (v->teardown) v->teardown(ctx.state);
+  mem_free(buf);
+  mem_free(params);
+  mem_free(dparams);
+  mem_free(saved);
+  param_list_free(&list);
+  return true;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * training steps */
 
 struct train_row {
@@ -257,7 +364,8 @@ int bench_run(const struct config *cfg, struct comm *comm) {
 
   static struct attn_row arows[BENCH_ROWS];
   static struct train_row trows[BENCH_ROWS];
-  int na = 0, nt = 0;
+  static struct comm_row crows[BENCH_ROWS];
+  int na = 0, nt = 0, nc = 0;
   char err[1024];
   if (cfg->bench.what & BENCH_ATTENTION) {
     message("attention forward + backward (median of %d; batch %d, %d heads of %d, %s):", repeats,
@@ -268,19 +376,7 @@ int bench_run(const struct config *cfg, struct comm *comm) {
         for (int ni = 0; ni < cfg->bench.n_count && na < BENCH_ROWS; ni++) {
           struct config c;
           long n = cfg->bench.n_list[ni];
-          int bad = bench_config(cfg, cfg->bench.variants[vi], n, 1, &c, err, sizeof err);
-          if (bad && c.attention.fma_downsample == FMA_DOWN_CONV &&
-              strncmp(c.attention.variant, "fma", 3) == 0) {
-            /* conv parameters grow like d·p·n: where they would not fit, m2m (as SPEC says) */
-            struct config m2m = *cfg;
-            m2m.attention.fma_downsample = FMA_DOWN_M2M;
-            if (!bench_config(&m2m, cfg->bench.variants[vi], n, 1, &c, err, sizeof err)) {
-              message("  %-10s n = %8ld: conv parameters would not fit; using fma.downsample = m2m",
-                      cfg->bench.variants[vi], n);
-              bad = 0;
-            }
-          }
-          if (bad) {
+          if (bench_variant_config(cfg, cfg->bench.variants[vi], n, 1, &c, err, sizeof err)) {
             message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
             continue;
           }
@@ -304,10 +400,22 @@ int bench_run(const struct config *cfg, struct comm *comm) {
       if (bench_train_one(&c, comm, repeats, machine_rate, &trows[nt])) nt++;
     }
   }
-  if (cfg->bench.what & BENCH_COMM)
+  if (cfg->bench.what & BENCH_COMM) {
     message(
-        "comm: sequence-parallel attention traffic needs parallel.seq_ranks > 1, which this "
-        "version does not support yet; nothing measured");
+        "sequence-parallel attention, forward + backward on %d sequence rank(s) (median of %d; "
+        "bytes sent per rank, max over ranks):",
+        comm->S, repeats);
+    for (int vi = 0; vi < cfg->bench.variant_count; vi++)
+      for (int ni = 0; ni < cfg->bench.n_count && nc < BENCH_ROWS; ni++) {
+        struct config c;
+        long n = cfg->bench.n_list[ni];
+        if (bench_variant_config(cfg, cfg->bench.variants[vi], n, comm->S, &c, err, sizeof err)) {
+          message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
+          continue;
+        }
+        if (bench_comm_one(&c, comm, n, repeats, rank_rate, &crows[nc])) nc++;
+      }
+  }
 
   if (comm->world_rank == 0) {
     char path[1100];
@@ -360,6 +468,27 @@ int bench_run(const struct config *cfg, struct comm *comm) {
       COL(flops_per_token, "/train/flops_per_token", "model FLOPs per token, forward + backward");
       COL(mfu, "/train/mfu", "achieved FLOP rate / sgemm_gflops");
       COL(step_ms, "/train/step_ms", "milliseconds, median training step");
+#undef COL
+    }
+    if (nc > 0) {
+      char names[BENCH_ROWS][64];
+      double col[BENCH_ROWS];
+      for (int i = 0; i < nc; i++) {
+        memcpy(names[i], crows[i].variant, 63);
+        names[i][63] = '\0';
+      }
+      write_strings(f, "/comm/variant", names, nc, "attention variant");
+#define COL(field, path, units)                                   \
+  do {                                                            \
+    for (int i = 0; i < nc; i++) col[i] = (double)crows[i].field; \
+    write_column(f, path, col, nc, units);                        \
+  } while (0)
+      COL(n, "/comm/n", "tokens");
+      COL(seq_ranks, "/comm/seq_ranks", "ranks sharing the sequence");
+      COL(bytes, "/comm/bytes_per_rank_per_layer",
+          "bytes sent by the busiest rank in one attention forward + backward");
+      COL(fwd_ms, "/comm/fwd_ms", "milliseconds, median forward (slowest rank)");
+      COL(bwd_ms, "/comm/bwd_ms", "milliseconds, median backward (slowest rank)");
 #undef COL
     }
     h5_close(f);

@@ -300,8 +300,7 @@ void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near,
   const float scale = 1.0f / sqrtf((float)d);
   struct block_scratch s;
   scratch_init(&s, st);
-  if (band_norms)
-    memset(band_norms, 0, sizeof(float) * (size_t)(st->tree.n * (st->tree.levels + 1)));
+  if (band_norms) memset(band_norms, 0, sizeof(float) * (size_t)(st->T * (st->tree.levels + 1)));
   /* near field: its own softmax */
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
     fma_block_keys(st, qb, &s.bk);

@@ -199,11 +199,12 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
   m->dres_a = act(BT * C);
   m->dres_b = act(BT * C);
   m->dres2 = act(BT * C);
-  m->dproj = act(BT * C);
-  m->dfch = act(BT * R);
+  /* Gradient buffers that share memory with forward scratch: a layer's forward (or its
+   * recomputation) is done with qkv and proj before its backward needs dqkv and dproj. */
+  m->dproj = m->proj;
   m->dfch_gelu = act(BT * R);
   m->dln = act(BT * C);
-  m->dqkv = act(BT * 3 * C);
+  m->dqkv = m->qkv;
   m->dq = act(BT * C);
   m->dk = act(BT * C);
   m->dv = act(BT * C);
@@ -227,10 +228,9 @@ void model_free(struct model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
   }
   free(m->acts);
-  float *bufs[] = {m->residual,  m->lnf,    m->lnf_mean, m->lnf_rstd, m->logits, m->qkv,
-                   m->proj,      m->dres_a, m->dres_b,   m->dres2,    m->dproj,  m->dfch,
-                   m->dfch_gelu, m->dln,    m->dqkv,     m->dq,       m->dk,     m->dv,
-                   m->datt,      m->datty,  m->params,   m->grads,    m->m,      m->v};
+  float *bufs[] = {m->residual, m->lnf,    m->lnf_mean, m->lnf_rstd,  m->logits, m->qkv, m->proj,
+                   m->dres_a,   m->dres_b, m->dres2,    m->dfch_gelu, m->dln,    m->dq,  m->dk,
+                   m->dv,       m->datt,   m->datty,    m->params,    m->grads,  m->m,   m->v};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
   mem_free(m->tokens);
   mem_free(m->targets);
@@ -369,10 +369,12 @@ void model_backward(struct model *m, long step) {
     residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C);
     zero(m->dfch_gelu, (size_t)N * R);
     linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj, a->fch_gelu, w->w2, N, R, C);
-    zero(m->dfch, (size_t)N * R);
-    gelu_backward(m->dfch, m->dfch_gelu, a->fch, (size_t)N * R);
+    /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
+    float *dfch = a->fch_gelu;
+    zero(dfch, (size_t)N * R);
+    gelu_backward(dfch, m->dfch_gelu, a->fch, (size_t)N * R);
     zero(m->dln, NC);
-    linear_backward(m->dln, g->w1, g->b1, m->dfch, a->ln2, w->w1, N, C, R);
+    linear_backward(m->dln, g->w1, g->b1, dfch, a->ln2, w->w1, N, C, R);
     layernorm_backward(m->dres2, g->ln2w, g->ln2b, m->dln, a->res2, w->ln2w, a->ln2_mean,
                        a->ln2_rstd, N, C);
 

@@ -71,9 +71,8 @@ struct model {
   float *logits;                    /* (B,T,V); dlogits after the loss */
   float *qkv, *proj;                /* (B,T,3C), (B,T,C) scratch */
 
-  /* activation gradients (one block's worth) */
-  float *dres_a, *dres_b, *dres2, *dproj, *dfch, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt,
-      *datty;
+  /* activation gradients (one block's worth); dproj and dqkv share proj's and qkv's memory */
+  float *dres_a, *dres_b, *dres2, *dproj, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt, *datty;
 
   /* diagnostics requested for the next forward: (L, H, bands) mass and (L, H) entropy sums */
   bool diag_request;

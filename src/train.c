@@ -263,7 +263,12 @@ int train_run(const struct config *cfg, struct comm *comm) {
     comm_allreduce_sum_float(comm, COMM_WORLD, m->grads, m->plist.total);
     comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
     timer_stop(TIMER_COMM);
-    const double loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+    /* a batch can hold no predicted position (a masked objective on a sparse task): its loss is
+     * undefined and its gradient zero, which is not a divergence */
+    const double loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+    if (sums[1] == 0 && comm->world_rank == 0)
+      warning("step %ld: the batch has no predicted positions; its loss is reported as 0",
+              step + 1);
     if (!isfinite(loss)) {
       char msg[512];
       snprintf(msg, sizeof msg,
