@@ -15,6 +15,8 @@
 #include "timer.h"
 
 #define INIT_STD 0.02f
+/* Rows of the MLP processed at once in backward (and in forward under recomputation). */
+#define MODEL_MLP_CHUNK 8192
 
 /* ---------------------------------------------------------------------------------------------
  * parameters */
@@ -141,6 +143,7 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
   m->t0 = (long)s * m->T;
   m->causal = cfg->model.objective == OBJECTIVE_CLM;
   m->recompute = cfg->train.recompute;
+  m->mlp_chunk = B * m->T < MODEL_MLP_CHUNK ? B * m->T : MODEL_MLP_CHUNK;
   m->attn = attention_find(cfg->attention.variant);
   if (!m->attn) error("attention variant %s is not available", cfg->attention.variant);
 
@@ -184,11 +187,12 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
     x->att_saved = act(saved);
     x->atty = act(BT * C);
     x->res2 = act(BT * C);
-    x->ln2 = act(BT * C);
+    const size_t hid = m->recompute ? (size_t)m->mlp_chunk : BT; /* rows of MLP activations */
+    x->ln2 = act(hid * C);
     x->ln2_mean = act(BT);
     x->ln2_rstd = act(BT);
-    x->fch = act(BT * R);
-    x->fch_gelu = act(BT * R);
+    x->fch = act(hid * R);
+    x->fch_gelu = act(hid * R);
   }
   m->lnf = act(BT * C);
   m->lnf_mean = act(BT);
@@ -202,7 +206,7 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
   /* Gradient buffers that share memory with forward scratch: a layer's forward (or its
    * recomputation) is done with qkv and proj before its backward needs dqkv and dproj. */
   m->dproj = m->proj;
-  m->dfch_gelu = act(BT * R);
+  m->dfch_gelu = act((size_t)m->mlp_chunk * R);
   m->dln = act(BT * C);
   m->dqkv = m->qkv;
   m->dq = act(BT * C);
@@ -257,6 +261,18 @@ static float *stream(const struct model *m, int l) {
   return m->residual + (size_t)l * (size_t)(m->B * m->T) * (size_t)m->C;
 }
 
+/* The MLP's hidden activations of rows [r0, r0 + rows): ln2 = LN(res2), fch = ln2·W1ᵀ + b1,
+ * fch_gelu = gelu(fch), written from row 0 of the given buffers. */
+static void mlp_hidden_forward(struct model *m, const struct block_tensors *w,
+                               const struct block_acts *a, long r0, long rows, float *ln2,
+                               float *fch, float *fch_gelu) {
+  const int C = m->C, R = m->R;
+  layernorm_forward(ln2, a->ln2_mean + r0, a->ln2_rstd + r0, a->res2 + r0 * C, w->ln2w, w->ln2b,
+                    rows, C);
+  linear_forward(fch, ln2, w->w1, w->b1, rows, C, R);
+  gelu_forward(fch_gelu, fch, (size_t)rows * R);
+}
+
 /* Block l's forward from residual[l], leaving its activations in a and, when write_out, its
  * output in residual[l+1] (a recompute in backward needs only the saved activations). */
 static void block_forward(struct model *m, int l, struct block_acts *a, long step, bool train,
@@ -285,14 +301,20 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C);
   struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, train);
   residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C);
-  layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C);
-  linear_forward(a->fch, a->ln2, w->w1, w->b1, N, C, R);
-  gelu_forward(a->fch_gelu, a->fch, (size_t)N * R);
-  if (write_out) {
-    linear_forward(m->proj, a->fch_gelu, w->w2, w->b2, N, R, C);
-    struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, train);
-    residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C);
+  if (m->recompute && !write_out) return; /* backward recomputes the MLP chunk by chunk */
+  /* The MLP is per token and runs in row chunks: with recomputation its R-wide activations exist
+   * for one chunk only (a long slab would otherwise hold 3 of them for every token); without it
+   * they are kept whole, but chunked the same way, so both modes round alike (a GEMM's rounding
+   * can depend on how many rows it is given). */
+  const long chunk = m->mlp_chunk;
+  for (long r0 = 0; r0 < N; r0 += chunk) {
+    const long rows = N - r0 < chunk ? N - r0 : chunk;
+    const long o = m->recompute ? 0 : r0;
+    mlp_hidden_forward(m, w, a, r0, rows, a->ln2 + o * C, a->fch + o * R, a->fch_gelu + o * R);
+    linear_forward(m->proj + r0 * C, a->fch_gelu + o * R, w->w2, w->b2, rows, R, C);
   }
+  struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, train);
+  residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C);
 }
 
 /* Embedding, blocks, final norm and head: logits (B,T,V) of the local tokens. */
@@ -367,16 +389,24 @@ void model_backward(struct model *m, long step) {
     zero(m->dproj, NC);
     struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, m->last_train);
     residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C);
-    zero(m->dfch_gelu, (size_t)N * R);
-    linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj, a->fch_gelu, w->w2, N, R, C);
-    /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
-    float *dfch = a->fch_gelu;
-    zero(dfch, (size_t)N * R);
-    gelu_backward(dfch, m->dfch_gelu, a->fch, (size_t)N * R);
+    /* in row chunks in both modes, so parameter gradients sum in the same order whether the
+     * activations were kept or are recomputed here */
     zero(m->dln, NC);
-    linear_backward(m->dln, g->w1, g->b1, dfch, a->ln2, w->w1, N, C, R);
-    layernorm_backward(m->dres2, g->ln2w, g->ln2b, m->dln, a->res2, w->ln2w, a->ln2_mean,
-                       a->ln2_rstd, N, C);
+    for (long r0 = 0; r0 < N; r0 += m->mlp_chunk) {
+      const long rows = N - r0 < m->mlp_chunk ? N - r0 : m->mlp_chunk;
+      const long o = m->recompute ? 0 : r0;
+      float *ln2 = a->ln2 + o * C, *fch = a->fch + o * R, *fch_gelu = a->fch_gelu + o * R;
+      if (m->recompute) mlp_hidden_forward(m, w, a, r0, rows, ln2, fch, fch_gelu);
+      zero(m->dfch_gelu, (size_t)rows * R);
+      linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C, fch_gelu, w->w2, rows, R, C);
+      /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
+      float *dfch = fch_gelu;
+      zero(dfch, (size_t)rows * R);
+      gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R);
+      linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R);
+      layernorm_backward(m->dres2 + r0 * C, g->ln2w, g->ln2b, m->dln + r0 * C, a->res2 + r0 * C,
+                         w->ln2w, a->ln2_mean + r0, a->ln2_rstd + r0, rows, C);
+    }
 
     /* attention half: res2 = x + dropout(wo(attn(ln1(x)))) */
     zero(dnext, NC);

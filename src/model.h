@@ -52,6 +52,7 @@ struct model {
   long n;               /* global sequence length */
   long B, T, t0;        /* local batch, local tokens, global index of local token 0 */
   bool causal, recompute;
+  long mlp_chunk;  /* MLP rows at once: the activations' size under recomputation */
   bool last_train; /* dropout state of the last forward, which backward must match */
 
   struct param_list plist;
