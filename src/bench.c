@@ -215,7 +215,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   ctx.dims = (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM};
   ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
   double p2p = 0.0, flops = v->flops(&ctx, &p2p);
-  /* the ranks share this machine's cores: judge the time by the whole job's FLOPs */
+  /* judge the time by the whole job's FLOPs against the machine's rate (all ranks) */
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_SUM, comm->seq));
   double est = 3.0 * flops / (0.5 * sgemm * 1e9);
   if (est > BENCH_MAX_SECONDS) {
@@ -413,7 +413,7 @@ int bench_run(const struct config *cfg, struct comm *comm) {
           message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
           continue;
         }
-        if (bench_comm_one(&c, comm, n, repeats, rank_rate, &crows[nc])) nc++;
+        if (bench_comm_one(&c, comm, n, repeats, machine_rate, &crows[nc])) nc++;
       }
   }
 
