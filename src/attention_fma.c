@@ -360,42 +360,40 @@ static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
   return T;
 }
 
-/* Forward FLOPs: 4·d per (query, key) pair the lists allow (scores and values), plus the upward
- * pass. *p2p_flops: the near-field GEMMs as executed (whole blocks, masked entries included). */
+/* Forward FLOPs of this rank's share: 4·d per (query, key) pair the lists allow for its queries
+ * (scores and values), plus its upward pass. *p2p_flops: its near-field GEMMs as executed (whole
+ * blocks, masked entries included). */
 static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   const struct fma_state *st = ctx->state;
   const struct fma_tree *tr = &st->tree;
   const double BH = (double)(ctx->dims.B * ctx->dims.H), d = (double)st->d, m = tr->m;
-  const long nb = tr->nblocks;
+  const double share = (double)st->T / (double)tr->n; /* of the upward pass's work */
   double near_pairs = 0.0, near_exec = 0.0, far = 0.0;
   long blocks[FMA_LIST_MAX], windows[FMA_LIST_MAX];
-  for (long b = 0; b < nb; b++) {
+  for (long b = st->t0 / tr->m; b < (st->t0 + st->T) / tr->m; b++) {
     int cnt = fma_lists_near(tr, st->causal, b, blocks);
     near_exec += m * m * cnt;
     near_pairs += st->causal ? m * m * (cnt - 1) + m * (m + 1) / 2 : m * m * cnt;
-    for (int l = 1; l <= tr->levels; l++) {
+    for (int l = 1; l <= tr->levels && !st->linear; l++) {
       int nw = fma_lists_level(tr, st->causal, l, b * tr->m / tr->window[l], windows);
-      far += st->linear ? 0.0 : m * nw * tr->p;
+      far += m * nw * tr->p;
     }
   }
   double up = 0.0;
   for (int l = 1; l <= tr->levels; l++) {
     double summaries = (double)tr->nwindows[l] * tr->p;
-    if (st->down == FMA_DOWN_AVG)
-      up += (double)tr->n;
-    else if (st->down == FMA_DOWN_M2M && l > 1)
-      up += 2.0 * summaries * 2 * tr->p;
-    else
-      up += 2.0 * (double)tr->n * tr->p;
+    if (st->down == FMA_DOWN_AVG) up += (double)tr->n;
+    else if (st->down == FMA_DOWN_M2M && l > 1) up += 2.0 * summaries * 2 * tr->p;
+    else up += 2.0 * (double)tr->n * tr->p;
   }
-  if (st->linear) /* each query sub-segment against its list, per level */
+  if (st->linear) /* each query sub-segment against its list, per level, shared by the ranks */
     for (int l = 1; l <= tr->levels; l++)
       for (long rho = 0; rho < tr->nwindows[l] * tr->p; rho++) {
         int nw = fma_lists_level(tr, st->causal, l, rho / tr->p, windows);
-        far += (double)nw * tr->p;
+        far += (double)nw * tr->p * share;
       }
   *p2p_flops = 4.0 * d * near_exec * BH;
-  return BH * (4.0 * d * (near_pairs + far) + up * d * nsets(st));
+  return BH * (4.0 * d * (near_pairs + far) + up * share * d * nsets(st));
 }
 
 const struct attn_variant attention_fma = {
