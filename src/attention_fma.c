@@ -382,9 +382,12 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   double up = 0.0;
   for (int l = 1; l <= tr->levels; l++) {
     double summaries = (double)tr->nwindows[l] * tr->p;
-    if (st->down == FMA_DOWN_AVG) up += (double)tr->n;
-    else if (st->down == FMA_DOWN_M2M && l > 1) up += 2.0 * summaries * 2 * tr->p;
-    else up += 2.0 * (double)tr->n * tr->p;
+    if (st->down == FMA_DOWN_AVG)
+      up += (double)tr->n;
+    else if (st->down == FMA_DOWN_M2M && l > 1)
+      up += 2.0 * summaries * 2 * tr->p;
+    else
+      up += 2.0 * (double)tr->n * tr->p;
   }
   if (st->linear) /* each query sub-segment against its list, per level, shared by the ranks */
     for (int l = 1; l <= tr->levels; l++)
