@@ -1,0 +1,41 @@
+#!/bin/sh
+# The cluster scripts of issue 4 run end to end on a tiny sweep: scripts/scaling.py launches
+# fmattn in bench mode for S = 1, 2 (strong and weak), collects one HDF5 row per run with the
+# traffic fmattn counted; scripts/plot_scaling.py draws its PNGs; both refuse bad arguments with
+# one message; the SLURM scripts parse.
+. "$TESTDIR/tap.sh"
+cd "$SRCDIR" || exit 1
+P="${PYTHON3:-/usr/bin/python3}"
+R="$WORK/sweep/scaling.h5"
+check "scaling.py runs a strong and weak sweep over S = 1, 2" \
+  "$P" scripts/scaling.py --fmattn "$FMATTN" --ranks 1,2 --n 1024 --per-rank 512 --out "$R" \
+  --extra "--set bench.repeats=1"
+check "scaling.h5: 4 rows; S = 1 sends nothing, S = 2 sends; times and efficiencies are set" \
+  "$P" - "$R" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    kind = [k.decode() if isinstance(k, bytes) else k for k in f["kind"][()]]
+    S, n, b = f["seq_ranks"][()], f["n"][()], f["bytes_per_rank_per_layer"][()]
+    t, e = f["step_ms"][()], f["efficiency"][()]
+    assert kind == ["strong", "strong", "weak", "weak"], kind
+    assert list(S) == [1, 2, 1, 2] and list(n) == [1024, 1024, 512, 1024], (S, n)
+    assert b[0] == 0 and b[2] == 0 and b[1] > 0 and b[3] > 0, b
+    assert np.all(t > 0) and e[0] == 1 and e[2] == 1 and np.all(e > 0), (t, e)
+    assert f.attrs["variant"] == "fma", f.attrs["variant"]
+PY
+check "plot_scaling.py draws time, efficiency and bytes" \
+  "$P" scripts/plot_scaling.py "$R" -o "$WORK/plots"
+for png in scaling_time scaling_efficiency scaling_bytes; do
+  check "$png.png is a PNG" sh -c "head -c 8 '$WORK/plots/$png.png' | grep -q PNG"
+done
+expect_fail "scaling.py refuses --extra that sets a key the sweep owns" "parallel.seq_ranks" \
+  "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --extra "--set parallel.seq_ranks=4"
+expect_fail "scaling.py refuses a deck fmattn rejects" "rejected the deck" \
+  "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --extra "--set attention.fma.m=3"
+expect_fail "plot_scaling.py names a missing file" "absent.h5 not found" \
+  "$P" scripts/plot_scaling.py "$WORK/absent.h5" -o "$WORK/plots"
+for s in scripts/slurm/*.sbatch; do
+  check "$(basename "$s") parses" bash -n "$s"
+done
+cd "$WORK" || exit 1
+tap_done
