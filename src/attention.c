@@ -111,56 +111,96 @@ int attention_diag_bands(const struct config *cfg, long n) {
   return tree.levels + 1;
 }
 
+/* Softmax statistics of one query's scores s_j against a set of keys, relative to their maximum
+ * M: Z = Σ e^(s_j − M), Zs = Σ e^(s_j − M)·(s_j − M), and Z split by distance band. From them,
+ * mass in band b = band_b / Z and entropy = log Z − Zs / Z; partial statistics from several ranks
+ * combine after rescaling each by e^(M_r − M). */
+enum { ROW_MAX, ROW_Z, ROW_ZS, ROW_BAND0 };
+
+static void row_statistics(double *st, const float *qi, long gi, const float *k, long t0, long T,
+                           long d, float scale, const struct attn_ctx *ctx,
+                           const struct fma_tree *tree, double *row,
+                           bool (*allowed)(const struct attn_ctx *ctx, long i, long j)) {
+  double mx = -INFINITY;
+  for (long j = 0; j < T; j++) {
+    if (!allowed(ctx, gi, t0 + j)) {
+      row[j] = -INFINITY;
+      continue;
+    }
+    double dot = 0.0;
+    for (long c = 0; c < d; c++) dot += (double)qi[c] * k[j * d + c];
+    row[j] = dot * scale;
+    if (row[j] > mx) mx = row[j];
+  }
+  st[ROW_MAX] = mx;
+  for (long j = 0; j < T; j++) {
+    if (row[j] == -INFINITY) continue;
+    const double e = exp(row[j] - mx);
+    int band = fma_lists_band(tree, ctx->dims.causal, gi, t0 + j);
+    if (band < 0) band = 0; /* an allowed pair outside every list cannot happen; be safe */
+    st[ROW_Z] += e;
+    st[ROW_ZS] += e * (row[j] - mx);
+    st[ROW_BAND0 + band] += e;
+  }
+}
+
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                          const float *k, long max_queries,
                          bool (*allowed)(const struct attn_ctx *ctx, long i, long j)) {
   const struct attn_dims *dm = &ctx->dims;
-  if (ctx->comm && ctx->comm->S > 1) return 0; /* needs every key: single slab only */
+  struct comm *cm = ctx->comm;
+  const int S = cm ? cm->S : 1, me = cm ? cm->seq_rank : 0;
   struct fma_tree tree;
   fma_tree_build(&tree, dm->n, ctx->cfg->attention.fma_m, ctx->cfg->attention.fma_p);
   const int bands = tree.levels + 1;
   const long T = dm->T, d = dm->d, nq = T < max_queries ? T : max_queries;
+  const long nall = S * nq, w = ROW_BAND0 + bands; /* sampled queries of the group; stats each */
   const float scale = 1.0f / sqrtf((float)d);
+  float *mine = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(nq * d));
+  float *qs = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(nall * d));
+  double *st = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)(nall * w));
+  double *top = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)nall);
   for (long h = 0; h < dm->H; h++) {
     const float *qh = q + h * T * d, *kh = k + h * T * d; /* batch element 0 */
-    double ent = 0.0;
-    double *mh = mass + h * bands;
-#pragma omp parallel reduction(+ : ent)
+    /* Query s of slab r is its row s·T/nq, at global position r·T + s·T/nq (contiguous slabs). */
+    for (long s = 0; s < nq; s++) memcpy(mine + s * d, qh + (s * T / nq) * d, sizeof(float) * d);
+    if (cm)
+      comm_allgather_float(cm, COMM_SEQ, mine, (size_t)(nq * d), qs);
+    else
+      memcpy(qs, mine, sizeof(float) * (size_t)(nq * d));
+    memset(st, 0, sizeof(double) * (size_t)(nall * w));
+#pragma omp parallel
     {
       double *row = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)T);
-      double *local = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)bands);
 #pragma omp for schedule(dynamic, 4)
-      for (long s = 0; s < nq; s++) {
-        long i = nq == T ? s : s * T / nq;
-        long gi = dm->t0 + i;
-        double mx = -INFINITY;
-        for (long j = 0; j < T; j++) {
-          if (!allowed(ctx, gi, dm->t0 + j)) {
-            row[j] = -INFINITY;
-            continue;
-          }
-          double dot = 0.0;
-          for (long c = 0; c < d; c++) dot += (double)qh[i * d + c] * kh[j * d + c];
-          row[j] = dot * scale;
-          if (row[j] > mx) mx = row[j];
-        }
-        double z = 0.0;
-        for (long j = 0; j < T; j++) z += row[j] == -INFINITY ? 0.0 : exp(row[j] - mx);
-        for (long j = 0; j < T; j++) {
-          if (row[j] == -INFINITY) continue;
-          double p = exp(row[j] - mx) / z;
-          int band = fma_lists_band(&tree, dm->causal, gi, dm->t0 + j);
-          if (band < 0) band = 0; /* an allowed pair outside every list cannot happen; be safe */
-          local[band] += p;
-          if (p > 0.0) ent -= p * log(p);
-        }
-      }
-#pragma omp critical(attention_diag)
-      for (int b = 0; b < bands; b++) mh[b] += local[b];
-      mem_free(local);
+      for (long a = 0; a < nall; a++)
+        row_statistics(st + a * w, qs + a * d, (a / nq) * T + (a % nq) * T / nq, kh, dm->t0, T, d,
+                       scale, ctx, &tree, row, allowed);
       mem_free(row);
     }
-    entropy[h] += ent;
+    if (S > 1) { /* combine the ranks' partial statistics relative to the global maximum */
+      for (long a = 0; a < nall; a++) top[a] = st[a * w + ROW_MAX];
+      comm_allreduce_max_double(cm, COMM_SEQ, top, (size_t)nall);
+      for (long a = 0; a < nall; a++) {
+        double *sa = st + a * w;
+        const double shift = sa[ROW_MAX] - top[a], f = sa[ROW_Z] > 0 ? exp(shift) : 0.0;
+        sa[ROW_ZS] = f * (sa[ROW_ZS] + (sa[ROW_Z] > 0 ? shift * sa[ROW_Z] : 0.0));
+        sa[ROW_Z] *= f;
+        for (int b = 0; b < bands; b++) sa[ROW_BAND0 + b] *= f;
+        sa[ROW_MAX] = 0.0;
+      }
+      comm_allreduce_sum_double(cm, COMM_SEQ, st, (size_t)(nall * w));
+    }
+    for (long a = me * nq; a < (me + 1) * nq; a++) { /* this rank reports its own queries */
+      const double *sa = st + a * w, Z = sa[ROW_Z];
+      if (!(Z > 0)) continue; /* every query may see at least itself: cannot happen */
+      for (int b = 0; b < bands; b++) mass[h * bands + b] += sa[ROW_BAND0 + b] / Z;
+      entropy[h] += log(Z) - sa[ROW_ZS] / Z;
+    }
   }
+  mem_free(top);
+  mem_free(st);
+  mem_free(qs);
+  mem_free(mine);
   return nq;
 }

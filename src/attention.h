@@ -93,7 +93,9 @@ int attention_diag_bands(const struct config *cfg, long n);
 /* Diagnostics shared by variants whose probabilities can be formed row by row from q and k
  * (full, local): for up to `max_queries` evenly spaced local queries of batch element 0, the
  * softmax row over the keys the variant allows (band(i, j) ≥ 0 of `allowed`) classified into the
- * distance bands of the fma.m tree. Single-slab only (S = 1). */
+ * distance bands of the fma.m tree. With S > 1 sequence ranks each rank samples its own queries;
+ * the sampled rows go round the group and every rank scores them against its own keys, so no rank
+ * ever holds more than its slab of k. */
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                          const float *k, long max_queries,
                          bool (*allowed)(const struct attn_ctx *ctx, long i, long j));

@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "error.h"
 
@@ -66,6 +67,23 @@ void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *bu
 
 void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count) {
   allreduce(c, scope, buf, count, MPI_INT, sizeof(int), MPI_MAX);
+}
+
+void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_MAX);
+}
+
+void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
+                          float *recv) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size == 1) {
+    memmove(recv, send, count * sizeof(float));
+    return;
+  }
+  if (count > COMM_PIECE) error("allgather of %zu floats per rank is too large", count);
+  MPI_CHECK(MPI_Allgather(send, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, comm));
+  c->bytes_sent += (uint64_t)(size - 1) * count * sizeof(float); /* ring estimate */
 }
 
 void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root) {

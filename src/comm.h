@@ -27,6 +27,10 @@ void comm_free(struct comm *c);
 void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count);
 void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *buf, size_t count);
 void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count);
+void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *buf, size_t count);
+/* Every rank of the scope contributes count floats; recv gets them in rank order (size × count). */
+void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
+                          float *recv);
 void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root);
 void comm_barrier(struct comm *c, enum comm_scope scope);
 

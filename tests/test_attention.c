@@ -1,11 +1,13 @@
 /* Attention variants through their ops table against dense references in double precision:
  * `full` against materialised softmax(q kᵀ/√d + mask) v, with gradients from the dense formulas
  * (themselves checked against central finite differences), for n that is and is not a multiple of
- * the tile, causal and bidirectional; causality by perturbation. */
+ * the tile, causal and bidirectional; causality by perturbation; the attention diagnostics (mass
+ * per distance band and entropy of sampled softmax rows) against the dense rows. */
 #include "testutil.h"
 
 #include "../src/attention.h"
 #include "../src/config.h"
+#include "../src/fma_lists.h"
 #include "../src/memory.h"
 
 /* Whether query i may see key j: j ≤ i when causal, |i − j| < band when band > 0. */
@@ -303,12 +305,86 @@ static void test_full_workspace(void **state) {
   config_free(&cfg);
 }
 
+/* The diagnostics of full and local: for the sampled queries (every one when n ≤ 256, else 256
+ * evenly spaced), the dense softmax row's mass in each distance band of the fma.m tree and its
+ * entropy, summed over the queries. */
+static void check_diagnostics(const char *variant, long band, long n, bool causal) {
+  const long H = 2, d = 8, count = H * n * d, nq = n < 256 ? n : 256;
+  struct config cfg;
+  local_band = (int)band;
+  make_config(&cfg, variant, n, (int)H, (int)d, causal, 16);
+  const struct attn_variant *var = attention_find(variant);
+  struct attn_ctx ctx = {.cfg = &cfg, .variant = var, .comm = NULL, .layer = 0};
+  ctx.dims = (struct attn_dims){1, H, n, d, n, 0, causal};
+  ctx.state = var->setup ? var->setup(&cfg, &ctx.dims) : NULL;
+  struct fma_tree tree;
+  fma_tree_build(&tree, n, cfg.attention.fma_m, cfg.attention.fma_p);
+  const int bands = tree.levels + 1;
+  float *q = malloc(4 * count), *k = malloc(4 * count);
+  tu_randn(q, count, 50 + n, 2.0f); /* peaked rows: the entropy is far from log n */
+  tu_randn(k, count, 60 + n, 1.0f);
+  double *mass = calloc((size_t)(H * bands), sizeof(double)), entropy[2] = {0, 0};
+  double *ref = calloc((size_t)(H * bands), sizeof(double)), ref_entropy[2] = {0, 0};
+  long got = var->diagnostics(&ctx, mass, entropy, q, k, NULL, NULL);
+  char what[96];
+  snprintf(what, sizeof what, "%s diagnostics n=%ld band=%ld %s", variant, n, band,
+           causal ? "causal" : "bidir");
+  if (got != nq) fail_msg("%s: %ld queries sampled, expected %ld", what, got, nq);
+  double *p = malloc(sizeof(double) * (size_t)n);
+  for (long h = 0; h < H; h++)
+    for (long s = 0; s < nq; s++) {
+      const long i = s * n / nq;
+      double mx = -INFINITY, z = 0.0;
+      for (long j = 0; j < n; j++) {
+        p[j] = -INFINITY;
+        if (!allowed(i, j, causal, band)) continue;
+        double dot = 0.0;
+        for (long c = 0; c < d; c++) dot += (double)q[(h * n + i) * d + c] * k[(h * n + j) * d + c];
+        p[j] = dot / sqrt((double)d);
+        mx = fmax(mx, p[j]);
+      }
+      for (long j = 0; j < n; j++) z += p[j] > -INFINITY ? exp(p[j] - mx) : 0.0;
+      for (long j = 0; j < n; j++) {
+        if (p[j] == -INFINITY) continue;
+        const double pj = exp(p[j] - mx) / z;
+        const int b = fma_lists_band(&tree, causal, i, j);
+        if (b < 0 || b >= bands) fail_msg("%s: pair (%ld, %ld) has band %d", what, i, j, b);
+        ref[h * bands + b] += pj;
+        if (pj > 0) ref_entropy[h] -= pj * log(pj);
+      }
+    }
+  double total = 0.0;
+  for (long i = 0; i < H * bands; i++) {
+    total += mass[i];
+    TU_ASSERT_CLOSE(fabs(mass[i] - ref[i]) / nq, 1e-5, what);
+  }
+  TU_ASSERT_CLOSE(fabs(total - (double)(H * nq)) / (double)(H * nq), 1e-6, what);
+  for (long h = 0; h < H; h++)
+    TU_ASSERT_CLOSE(fabs(entropy[h] - ref_entropy[h]) / ref_entropy[h], 1e-5, what);
+  if (var->teardown) var->teardown(ctx.state);
+  free(p);
+  free(q);
+  free(k);
+  free(mass);
+  free(ref);
+  config_free(&cfg);
+}
+
+static void test_diagnostics(void **state) {
+  for (int c = 0; c <= 1; c++) {
+    check_diagnostics("full", 0, 100, c);
+    check_diagnostics("full", 0, 700, c); /* 256 of 700 queries sampled */
+    check_diagnostics("local", 24, 300, c);
+  }
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dense_reference_gradients),
     cmocka_unit_test(test_full_matches_dense),
     cmocka_unit_test(test_local_matches_dense),
     cmocka_unit_test(test_causality),
     cmocka_unit_test(test_full_workspace),
+    cmocka_unit_test(test_diagnostics),
 };
 
 TU_MAIN(tests)

@@ -3,7 +3,8 @@
 # losses, gradient norms and validation losses equal the 1-rank run within 1e-5 relative, for fma
 # (causal and bidirectional), fma_linear, full and local; world 4 as S = 2 × 2 replicas equals
 # world 1 with the same global batch; a checkpoint written with S = 4 restarts with S = 2 and with
-# S = 1 with the same losses within rounding.
+# S = 1 with the same losses within rounding. The attention diagnostics (every query of a
+# 128-token context is sampled, on any S) equal 1 rank too.
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
 F="$FMATTN"
@@ -44,6 +45,7 @@ DECK
 same() { # name: the run out/$1 equals its 1-rank twin out/$2 within 1e-5
   check "$1: training losses and gradient norms equal 1 rank" py "$TESTDIR/h5check.py" same-series "out/$2/diag.h5" "out/$1/diag.h5" train 0 1e-5
   check "$1: validation losses equal 1 rank" py "$TESTDIR/h5check.py" same-series "out/$2/diag.h5" "out/$1/diag.h5" eval 0 1e-5
+  check "$1: attention level masses and entropies equal 1 rank" py "$TESTDIR/h5check.py" same-series "out/$2/diag.h5" "out/$1/diag.h5" attention 0 1e-5
 }
 
 for v in "fma clm" "fma mlm" "fma_linear clm" "full clm" "full mlm" "local clm"; do
