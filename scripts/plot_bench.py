@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
+from fmattn_h5 import deck_values, group_columns, root_attrs  # noqa: E402
 
 PROG = "plot_bench.py"
 MIB = 1024.0 * 1024.0
@@ -32,49 +33,19 @@ def die(msg):
     sys.exit(1)
 
 
-def text(v):
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def load(path):
     """{group: {name: 1-D array}} (strings decoded, numbers as float) and the root attributes."""
     groups, attrs = {}, {}
     try:
         with h5py.File(path, "r") as f:
-            for k, v in f.attrs.items():
-                attrs[k] = text(v) if isinstance(v, (bytes, str)) else v
+            attrs = root_attrs(f)
             for g in ("attention", "train", "comm"):
-                if g not in f or not isinstance(f[g], h5py.Group):
-                    continue
-                cols = {}
-                for name, ds in f[g].items():
-                    if not isinstance(ds, h5py.Dataset):
-                        continue
-                    a = ds[()]
-                    if a.dtype.kind in "OSU":
-                        cols[name] = np.array([text(x) for x in np.ravel(a)], dtype=object)
-                    else:
-                        cols[name] = np.asarray(a, dtype=float).ravel()
-                # A run stopped mid-append may leave one column a row longer: keep whole rows.
-                k = min((len(c) for c in cols.values()), default=0)
-                groups[g] = {name: c[:k] for name, c in cols.items()}
+                cols = group_columns(f, g)
+                if cols is not None:
+                    groups[g] = cols
     except OSError as e:
         die(f"cannot read {path}: {e}")
     return groups, attrs
-
-
-def deck_value(deck, key):
-    section, name = key.split(".", 1)
-    cur = ""
-    for line in str(deck).splitlines():
-        line = line.split(";")[0].split("#")[0].strip()
-        if line.startswith("[") and line.endswith("]"):
-            cur = line[1:-1].strip()
-        elif cur == section and "=" in line:
-            k, v = line.split("=", 1)
-            if k.strip() == name:
-                return v.strip()
-    return None
 
 
 def col(g, name, k):
@@ -346,7 +317,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
 
     groups, attrs = load(path)
-    name = deck_value(attrs.get("deck", ""), "run.name") or \
+    name = deck_values(attrs.get("deck", "")).get("run.name") or \
         os.path.basename(os.path.dirname(os.path.abspath(path)))
     sg = attrs.get("sgemm_gflops_per_rank")
     title = (f"{name}: {attrs.get('ranks', '?')} rank(s) x {attrs.get('threads', '?')} thread(s)"

@@ -19,6 +19,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from fmattn_h5 import deck_values  # noqa: E402
 
 PROG = "plot_run.py"
 PHASES = ["forward", "backward", "attention", "comm", "optimizer", "io"]
@@ -59,19 +60,6 @@ def load(path):
                 die(f"cannot read {path}: {e}")
             time.sleep(0.5)
     return None
-
-
-def deck_values(deck):
-    """{"section.key": "value"} from the resolved deck text stored in the root attribute."""
-    out, section = {}, ""
-    for line in str(deck).splitlines():
-        line = line.split(";")[0].split("#")[0].strip()
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1].strip()
-        elif "=" in line:
-            k, v = line.split("=", 1)
-            out[f"{section}.{k.strip()}"] = v.strip()
-    return out
 
 
 def series(data, group, name):

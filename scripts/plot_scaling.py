@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
+from fmattn_h5 import group_columns, root_attrs  # noqa: E402
 
 PROG = "plot_scaling.py"
 KIND_STYLE = {"strong": dict(color="C0", marker="o"), "weak": dict(color="C1", marker="s")}
@@ -31,31 +32,13 @@ def die(msg):
     sys.exit(1)
 
 
-def text(v):
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def read_columns(path, group="/"):
-    """({name: 1-D array} of the group's datasets, strings decoded, numbers as float; root attrs)."""
-    cols, attrs = {}, {}
+    """({name: 1-D array} of the group's datasets, or None; the root attributes)."""
     try:
         with h5py.File(path, "r") as f:
-            attrs = {k: (text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
-            if group not in f:
-                return None, attrs
-            for name, ds in f[group].items():
-                if not isinstance(ds, h5py.Dataset):
-                    continue
-                a = ds[()]
-                if a.dtype.kind in "OSU":
-                    cols[name] = np.array([text(x) for x in np.ravel(a)], dtype=object)
-                else:
-                    cols[name] = np.asarray(a, dtype=float).ravel()
+            return group_columns(f, group), root_attrs(f)
     except OSError as e:
         die(f"cannot read {path}: {e}")
-    # A run stopped mid-append may leave one column a row longer: keep whole rows.
-    k = min((len(c) for c in cols.values()), default=0)
-    return {name: c[:k] for name, c in cols.items()}, attrs
 
 
 def byte_unit(v):

@@ -16,6 +16,7 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
+from fmattn_h5 import deck_values, text  # noqa: E402
 
 PROG = "scaling.py"
 # Keys the sweep sets on every run; --extra may not set them (its runs would not be the sweep's).
@@ -30,10 +31,6 @@ def note(msg):
 def die(msg):
     print(f"{PROG}: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(1)
-
-
-def text(v):
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def machine_cores():
@@ -88,20 +85,6 @@ def parse_extra(extra):
     return out
 
 
-def ini_value(deck_text, section, key):
-    """The value of `key = value` in [section] of a deck (the last one wins, as in fmattn)."""
-    cur, val = "", None
-    for line in deck_text.splitlines():
-        line = line.split(";")[0].split("#")[0].strip()
-        if line.startswith("[") and line.endswith("]"):
-            cur = line[1:-1].strip()
-        elif cur == section and "=" in line:
-            k, v = line.split("=", 1)
-            if k.strip() == key:
-                val = v.strip()
-    return val
-
-
 def resolve_deck(args, extra):
     """(resolved deck text or None, attention variant). From `fmattn --check` (one rank: validates
     the deck and --extra); in a dry run without a built fmattn, from the deck file itself."""
@@ -111,12 +94,12 @@ def resolve_deck(args, extra):
         if p.returncode != 0:
             sys.stderr.write(p.stderr)
             die(f"`{shlex.join(cmd)}` rejected the deck (message above)")
-        return p.stdout, ini_value(p.stdout, "attention", "variant") or "fma"
+        return p.stdout, deck_values(p.stdout).get("attention.variant") or "fma"
     if not args.dry_run:
         die(f"fmattn binary '{args.fmattn}' not found: build it (./bootstrap && ./configure && make)"
             " or give --fmattn")
     with open(args.deck) as f:
-        variant = ini_value(f.read(), "attention", "variant") or "fma"  # fmattn's default
+        variant = deck_values(f.read()).get("attention.variant") or "fma"  # the default
     for i in range(1, len(extra), 2):
         k, v = extra[i].split("=", 1)
         if k.strip() == "attention.variant":

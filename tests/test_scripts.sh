@@ -1,8 +1,8 @@
 #!/bin/sh
-# The cluster scripts of issue 4 run end to end on a tiny sweep: scripts/scaling.py launches
-# fmattn in bench mode for S = 1, 2 (strong and weak), collects one HDF5 row per run with the
-# traffic fmattn counted; scripts/plot_scaling.py draws its PNGs; both refuse bad arguments with
-# one message; the SLURM scripts parse.
+# The scripts run end to end on tiny cases: scripts/scaling.py launches fmattn in bench mode for
+# S = 1, 2 (strong and weak) and collects one HDF5 row per run with the traffic fmattn counted;
+# scripts/plot_scaling.py, plot_bench.py and plot_run.py draw their PNGs from the sweep and from a
+# short training run; bad arguments get one message; the SLURM scripts parse.
 . "$TESTDIR/tap.sh"
 cd "$SRCDIR" || exit 1
 P="${PYTHON3:-/usr/bin/python3}"
@@ -27,6 +27,38 @@ check "plot_scaling.py draws time, efficiency and bytes" \
   "$P" scripts/plot_scaling.py "$R" -o "$WORK/plots"
 for png in scaling_time scaling_efficiency scaling_bytes; do
   check "$png.png is a PNG" sh -c "head -c 8 '$WORK/plots/$png.png' | grep -q PNG"
+done
+check "plot_bench.py draws a run's bench.h5" \
+  "$P" scripts/plot_bench.py "$WORK/sweep/scaling_strong_S2_n1024" -o "$WORK/bplots"
+check "plot_bench.py: train_mfu.png" test -s "$WORK/bplots/train_mfu.png"
+cat > "$WORK/tiny.in" <<DECK
+[run]
+name = tiny
+[data]
+source = copy
+[model]
+layers = 1
+dim = 32
+heads = 2
+context = 64
+[attention]
+variant = fma
+fma.m = 8
+fma.p = 2
+[train]
+steps = 6
+batch = 2
+eval_every = 3
+eval_windows = 4
+[output]
+dir = $WORK/out
+log_every = 1
+diag_every = 2
+DECK
+check "a 6-step training run" "$FMATTN" "$WORK/tiny.in"
+check "plot_run.py draws the run's diag.h5" "$P" scripts/plot_run.py "$WORK/out/tiny" -o "$WORK/rplots"
+for png in loss attention_mass entropy; do
+  check "plot_run.py: $png.png" test -s "$WORK/rplots/$png.png"
 done
 expect_fail "scaling.py refuses --extra that sets a key the sweep owns" "parallel.seq_ranks" \
   "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --extra "--set parallel.seq_ranks=4"

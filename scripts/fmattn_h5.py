@@ -1,0 +1,53 @@
+# Helpers shared by fmattn's Python scripts (imported from the scripts' own folder): reading the
+# column tables of fmattn's HDF5 outputs and the resolved deck text stored in their attributes.
+import os
+
+# fmattn opens its files for each append; a reader's shared lock would make that open fail and stop
+# the run, so never take one (must be set before h5py loads HDF5).
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def text(v):
+    """An HDF5 string (bytes or str) as str."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def root_attrs(f):
+    """The root attributes of an open file, strings decoded."""
+    return {k: (text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
+
+
+def group_columns(f, group):
+    """{name: 1-D array} of the datasets of a group of an open file (strings decoded, numbers as
+    float), or None if there is no such group. A run stopped mid-append may leave one column a row
+    longer than the others: only whole rows are kept."""
+    if group not in f or not isinstance(f[group], h5py.Group):
+        return None
+    cols = {}
+    for name, ds in f[group].items():
+        if not isinstance(ds, h5py.Dataset):
+            continue
+        a = ds[()]
+        if a.dtype.kind in "OSU":
+            cols[name] = np.array([text(x) for x in np.ravel(a)], dtype=object)
+        else:
+            cols[name] = np.asarray(a, dtype=float).ravel()
+    k = min((len(c) for c in cols.values()), default=0)
+    return {name: c[:k] for name, c in cols.items()}
+
+
+def deck_values(deck):
+    """{"section.key": "value"} of a deck's text (the resolved deck of `fmattn --check` or of a
+    file's `deck` attribute); the last setting of a key wins, as in fmattn."""
+    out, section = {}, ""
+    for line in str(deck).splitlines():
+        line = line.split(";")[0].split("#")[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif "=" in line:
+            k, v = line.split("=", 1)
+            out[f"{section}.{k.strip()}"] = v.strip()
+    return out
