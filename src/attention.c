@@ -105,6 +105,34 @@ void attention_init_param(const struct config *cfg, const struct attn_variant *v
   v->init_param(cfg, &rel, data);
 }
 
+struct attn_ctx attention_open(const struct config *cfg, const struct attn_variant *v,
+                               struct comm *comm, int layer, struct attn_dims dims) {
+  struct attn_ctx ctx = {.cfg = cfg, .variant = v, .dims = dims, .comm = comm, .layer = layer};
+  ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
+  return ctx;
+}
+
+void attention_close(struct attn_ctx *ctx) {
+  if (ctx->variant->teardown) ctx->variant->teardown(ctx->state);
+  ctx->state = NULL;
+}
+
+void attention_params_make(struct attn_params *ap, const struct config *cfg,
+                           const struct attn_variant *v, long n) {
+  param_list_init(&ap->list);
+  attention_register_params(cfg, v, n, 0, &ap->list);
+  ap->params = mem_alloc(MEM_PARAMS, sizeof(float) * (ap->list.total + 1));
+  ap->dparams = mem_alloc(MEM_GRADS, sizeof(float) * (ap->list.total + 1));
+  for (int i = 0; i < ap->list.count; i++)
+    attention_init_param(cfg, v, &ap->list.p[i], ap->params + ap->list.p[i].offset);
+}
+
+void attention_params_free(struct attn_params *ap) {
+  mem_free(ap->params);
+  mem_free(ap->dparams);
+  param_list_free(&ap->list);
+}
+
 int attention_diag_bands(const struct config *cfg, long n) {
   struct fma_tree tree;
   fma_tree_build(&tree, n, cfg->attention.fma_m, cfg->attention.fma_p);

@@ -87,6 +87,23 @@ int attention_register_params(const struct config *cfg, const struct attn_varian
 void attention_init_param(const struct config *cfg, const struct attn_variant *v,
                           const struct param_desc *p, float *data);
 
+/* The context of variant v for block `layer` on dims, its state set up; attention_close tears
+ * it down. The model opens one per block; the bench, kernel files and tests open one alone. */
+struct attn_ctx attention_open(const struct config *cfg, const struct attn_variant *v,
+                               struct comm *comm, int layer, struct attn_dims dims);
+void attention_close(struct attn_ctx *ctx);
+
+/* One attention op's own parameters outside a model (bench, kernel files, tests): registered as
+ * block 0 and initialised as the model would; dparams zeroed. A variant without parameters
+ * gets list.count = 0 (and is given NULL for them). */
+struct attn_params {
+  struct param_list list;
+  float *params, *dparams;
+};
+void attention_params_make(struct attn_params *ap, const struct config *cfg,
+                           const struct attn_variant *v, long n);
+void attention_params_free(struct attn_params *ap);
+
 /* Number of diagnostic bands for a sequence of n tokens (levels of the fma.m tree + 1). */
 int attention_diag_bands(const struct config *cfg, long n);
 

@@ -106,14 +106,13 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
                                 struct attn_row *row) {
   const struct attn_variant *v = attention_find(cfg->attention.variant);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
-  struct attn_ctx ctx = {.cfg = cfg, .variant = v, .comm = NULL, .layer = 0};
-  ctx.dims = (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM};
-  ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx = attention_open(
+      cfg, v, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM});
   double p2p = 0.0, flops = v->flops(&ctx, &p2p);
   double est = 3.0 * flops / (0.5 * sgemm * 1e9);
   if (est > BENCH_MAX_SECONDS) {
     message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
-    if (v->teardown) v->teardown(ctx.state);
+    attention_close(&ctx);
     return false;
   }
   const size_t count = (size_t)(B * H * n * d);
@@ -129,14 +128,10 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   fill_normal(k, count, 2);
   fill_normal(vv, count, 3);
   fill_normal(dout, count, 4);
-  struct param_list list;
-  param_list_init(&list);
-  attention_register_params(cfg, v, n, 0, &list);
-  float *params = mem_alloc(MEM_PARAMS, sizeof(float) * (list.total + 1));
-  float *dparams = mem_alloc(MEM_GRADS, sizeof(float) * (list.total + 1));
-  for (int i = 0; i < list.count; i++)
-    attention_init_param(cfg, v, &list.p[i], params + list.p[i].offset);
-  const float *pp = list.count ? params : NULL;
+  struct attn_params ap;
+  attention_params_make(&ap, cfg, v, n);
+  const float *pp = ap.list.count ? ap.params : NULL;
+  float *dpp = ap.list.count ? ap.dparams : NULL;
   size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
 
@@ -154,7 +149,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
     memset(dk, 0, sizeof(float) * count);
     memset(dv, 0, sizeof(float) * count);
     double t1b = timer_now();
-    v->backward(&ctx, dq, dk, dv, list.count ? dparams : NULL, dout, q, k, vv, pp, out, saved);
+    v->backward(&ctx, dq, dk, dv, dpp, dout, q, k, vv, pp, out, saved);
     double t2 = timer_now();
     if (r >= 0) {
       tf[r] = 1e3 * (t1 - t0);
@@ -181,10 +176,10 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
       p2p > 0 && p2p_ms > 0 ? 3.5 * p2p / (p2p_ms / repeats / 1e3 / threads_count()) / 1e9 : NAN;
   free(tf);
   free(tb);
-  if (v->teardown) v->teardown(ctx.state);
-  float *bufs[] = {q, k, vv, dout, out, dq, dk, dv, params, dparams, saved};
+  attention_close(&ctx);
+  float *bufs[] = {q, k, vv, dout, out, dq, dk, dv, saved};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
-  param_list_free(&list);
+  attention_params_free(&ap);
   message(
       "  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of SGEMM) | "
       "workspace %8.2f MiB%s",
@@ -211,16 +206,16 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   const struct attn_variant *v = attention_find(cfg->attention.variant);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
   const long S = comm->S, T = n / S, t0 = comm->seq_rank * T;
-  struct attn_ctx ctx = {.cfg = cfg, .variant = v, .comm = comm, .layer = 0};
-  ctx.dims = (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM};
-  ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx =
+      attention_open(cfg, v, comm, 0,
+                     (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM});
   double p2p = 0.0, flops = v->flops(&ctx, &p2p);
   /* judge the time by the whole job's FLOPs against the machine's rate (all ranks) */
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_SUM, comm->seq));
   double est = 3.0 * flops / (0.5 * sgemm * 1e9);
   if (est > BENCH_MAX_SECONDS) {
     message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
-    if (v->teardown) v->teardown(ctx.state);
+    attention_close(&ctx);
     return false;
   }
   const size_t count = (size_t)(B * H * T * d);
@@ -236,14 +231,10 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
       vv[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 3, key, 0);
       g[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 4, key, 0);
     }
-  struct param_list list;
-  param_list_init(&list);
-  attention_register_params(cfg, v, n, 0, &list);
-  float *params = mem_alloc(MEM_PARAMS, sizeof(float) * (list.total + 1));
-  float *dparams = mem_alloc(MEM_GRADS, sizeof(float) * (list.total + 1));
-  for (int i = 0; i < list.count; i++)
-    attention_init_param(cfg, v, &list.p[i], params + list.p[i].offset);
-  const float *pp = list.count ? params : NULL;
+  struct attn_params ap;
+  attention_params_make(&ap, cfg, v, n);
+  const float *pp = ap.list.count ? ap.params : NULL;
+  float *dpp = ap.list.count ? ap.dparams : NULL;
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (v->saved_floats(&ctx) + 1));
   double *tf = xmalloc(sizeof(double) * (size_t)repeats),
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
@@ -254,7 +245,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
     double t0s = timer_now();
     v->forward(&ctx, out, saved, q, k, vv, pp);
     double t1 = timer_now();
-    v->backward(&ctx, dq, dk, dv, list.count ? dparams : NULL, g, q, k, vv, pp, out, saved);
+    v->backward(&ctx, dq, dk, dv, dpp, g, q, k, vv, pp, out, saved);
     double t2 = timer_now();
     double t[2] = {t1 - t0s, t2 - t1};
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, comm->seq));
@@ -278,12 +269,10 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
       v->name, n, row->bytes, row->bytes / 1048576.0, row->fwd_ms, row->bwd_ms);
   free(tf);
   free(tb);
-  if (v->teardown) v->teardown(ctx.state);
+  attention_close(&ctx);
   mem_free(buf);
-  mem_free(params);
-  mem_free(dparams);
   mem_free(saved);
-  param_list_free(&list);
+  attention_params_free(&ap);
   return true;
 }
 

@@ -52,15 +52,55 @@ void halo_free(struct halo *h) {
 
 bool halo_local(const struct halo *h) { return h->lo == h->t0 && h->hi == h->t0 + h->T; }
 
-/* Counts and displacements in floats for one direction. */
-static void layout(const struct halo *h, const long *a, const long *b, long rows, long d,
-                   size_t *count, size_t *displ) {
+/* One side of an exchange: rows of `stride` tokens starting at global token `lo`, and per rank r
+ * the global token range [a[r], b[r]) that goes to (or comes from) r. */
+struct side {
+  long stride, lo;
+  const long *a, *b;
+};
+
+/* Counts and displacements in floats of a side's messages. */
+static void layout(int S, struct side x, long rows, long d, size_t *count, size_t *displ) {
   size_t off = 0;
-  for (int r = 0; r < h->S; r++) {
-    count[r] = (size_t)((b[r] - a[r]) * rows * d);
+  for (int r = 0; r < S; r++) {
+    count[r] = (size_t)((x.b[r] - x.a[r]) * rows * d);
     displ[r] = off;
     off += count[r];
   }
+}
+
+/* Send each rank its range of src, and copy (or add) what arrives into dst. */
+static void exchange(const struct halo *h, struct comm *c, float *dst, struct side to,
+                     const float *src, struct side from, long rows, long d, bool add) {
+  const int S = h->S;
+  size_t *sc = xmalloc(sizeof(size_t) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S,
+         *rd = sc + 3 * S;
+  layout(S, from, rows, d, sc, sd);
+  layout(S, to, rows, d, rc, rd);
+  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (sd[S - 1] + sc[S - 1] + 1));
+  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (rd[S - 1] + rc[S - 1] + 1));
+  for (int r = 0; r < S; r++) {
+    const long len = from.b[r] - from.a[r];
+    for (long row = 0; row < rows && len > 0; row++)
+      memcpy(sbuf + sd[r] + (size_t)(row * len * d),
+             src + (row * from.stride + from.a[r] - from.lo) * d,
+             sizeof(float) * (size_t)(len * d));
+  }
+  comm_alltoallv_float(c, sbuf, sc, sd, rbuf, rc, rd);
+  for (int r = 0; r < S; r++) {
+    const long len = to.b[r] - to.a[r];
+    for (long row = 0; row < rows && len > 0; row++) {
+      float *out = dst + (row * to.stride + to.a[r] - to.lo) * d;
+      const float *in = rbuf + rd[r] + (size_t)(row * len * d);
+      if (add)
+        for (long i = 0; i < len * d; i++) out[i] += in[i];
+      else
+        memcpy(out, in, sizeof(float) * (size_t)(len * d));
+    }
+  }
+  mem_free(sbuf);
+  mem_free(rbuf);
+  free(sc);
 }
 
 void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *local, long rows,
@@ -70,30 +110,8 @@ void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *
     memcpy(ext + (row * E + (h->t0 - h->lo)) * d, local + row * T * d,
            sizeof(float) * (size_t)(T * d));
   if (h->S == 1) return;
-  const int S = h->S;
-  size_t *sc = xmalloc(sizeof(size_t) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S,
-         *rd = sc + 3 * S;
-  layout(h, h->send_a, h->send_b, rows, d, sc, sd);
-  layout(h, h->recv_a, h->recv_b, rows, d, rc, rd);
-  const size_t stotal = sd[S - 1] + sc[S - 1], rtotal = rd[S - 1] + rc[S - 1];
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (stotal + 1));
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (rtotal + 1));
-  for (int r = 0; r < S; r++) {
-    const long len = h->send_b[r] - h->send_a[r];
-    for (long row = 0; row < rows && len > 0; row++)
-      memcpy(sbuf + sd[r] + (size_t)(row * len * d), local + (row * T + h->send_a[r] - h->t0) * d,
-             sizeof(float) * (size_t)(len * d));
-  }
-  comm_alltoallv_float(c, sbuf, sc, sd, rbuf, rc, rd);
-  for (int r = 0; r < S; r++) {
-    const long len = h->recv_b[r] - h->recv_a[r];
-    for (long row = 0; row < rows && len > 0; row++)
-      memcpy(ext + (row * E + h->recv_a[r] - h->lo) * d, rbuf + rd[r] + (size_t)(row * len * d),
-             sizeof(float) * (size_t)(len * d));
-  }
-  mem_free(sbuf);
-  mem_free(rbuf);
-  free(sc);
+  exchange(h, c, ext, (struct side){E, h->lo, h->recv_a, h->recv_b}, local,
+           (struct side){T, h->t0, h->send_a, h->send_b}, rows, d, false);
 }
 
 void halo_scatter_add(const struct halo *h, struct comm *c, float *local, const float *ext,
@@ -105,31 +123,7 @@ void halo_scatter_add(const struct halo *h, struct comm *c, float *local, const 
     for (long i = 0; i < T * d; i++) dst[i] += src[i];
   }
   if (h->S == 1) return;
-  const int S = h->S;
-  size_t *sc = xmalloc(sizeof(size_t) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S,
-         *rd = sc + 3 * S;
   /* the transpose: what I received in gather, I now send back; what I sent, I receive */
-  layout(h, h->recv_a, h->recv_b, rows, d, sc, sd);
-  layout(h, h->send_a, h->send_b, rows, d, rc, rd);
-  const size_t stotal = sd[S - 1] + sc[S - 1], rtotal = rd[S - 1] + rc[S - 1];
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (stotal + 1));
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (rtotal + 1));
-  for (int r = 0; r < S; r++) {
-    const long len = h->recv_b[r] - h->recv_a[r];
-    for (long row = 0; row < rows && len > 0; row++)
-      memcpy(sbuf + sd[r] + (size_t)(row * len * d), ext + (row * E + h->recv_a[r] - h->lo) * d,
-             sizeof(float) * (size_t)(len * d));
-  }
-  comm_alltoallv_float(c, sbuf, sc, sd, rbuf, rc, rd);
-  for (int r = 0; r < S; r++) {
-    const long len = h->send_b[r] - h->send_a[r];
-    for (long row = 0; row < rows && len > 0; row++) {
-      float *dst = local + (row * T + h->send_a[r] - h->t0) * d;
-      const float *src = rbuf + rd[r] + (size_t)(row * len * d);
-      for (long i = 0; i < len * d; i++) dst[i] += src[i];
-    }
-  }
-  mem_free(sbuf);
-  mem_free(rbuf);
-  free(sc);
+  exchange(h, c, local, (struct side){T, h->t0, h->send_a, h->send_b}, ext,
+           (struct side){E, h->lo, h->recv_a, h->recv_b}, rows, d, true);
 }

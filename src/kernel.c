@@ -122,37 +122,33 @@ int kernel_run(const char *in_path, const char *out_path) {
   h5_read_floats(in, "v", 3, dims3, vv, in_path);
   h5_read_floats(in, "dout", 3, dims3, dout, in_path);
 
-  struct param_list list;
-  param_list_init(&list);
-  attention_register_params(&cfg, v, n, 0, &list);
-  float *params = mem_alloc(MEM_PARAMS, sizeof(float) * (list.total + 1));
-  float *dparams = mem_alloc(MEM_GRADS, sizeof(float) * (list.total + 1));
+  /* parameters the file gives replace the initial ones */
+  struct attn_params ap;
+  attention_params_make(&ap, &cfg, v, n);
+  const struct param_list *list = &ap.list;
   const size_t skip = strlen("layer_000/attn/") + strlen(v->name) + 1;
-  for (int i = 0; i < list.count; i++) {
-    const struct param_desc *p = &list.p[i];
+  for (int i = 0; i < list->count; i++) {
+    const struct param_desc *p = &list->p[i];
     char path[PARAM_NAME + 16];
     snprintf(path, sizeof path, "params/%s", p->name + skip);
     if (h5_exists(in, path))
-      h5_read_floats(in, path, p->ndim, p->shape, params + p->offset, in_path);
-    else
-      attention_init_param(&cfg, v, p, params + p->offset);
+      h5_read_floats(in, path, p->ndim, p->shape, ap.params + p->offset, in_path);
   }
   h5_close(in);
 
-  struct attn_ctx ctx = {.cfg = &cfg, .variant = v, .comm = NULL, .layer = 0};
-  ctx.dims = (struct attn_dims){1, H, n, d, n, 0, ka.causal != 0};
-  ctx.state = v->setup ? v->setup(&cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx =
+      attention_open(&cfg, v, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, ka.causal != 0});
   size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
   float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
         *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
   float *dk = mem_alloc(MEM_DATA, sizeof(float) * count),
         *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
-  const float *pp = list.count ? params : NULL;
+  const float *pp = list->count ? ap.params : NULL;
   double t0 = timer_now();
   v->forward(&ctx, out, saved, q, k, vv, pp);
   double t1 = timer_now();
-  v->backward(&ctx, dq, dk, dv, list.count ? dparams : NULL, dout, q, k, vv, pp, out, saved);
+  v->backward(&ctx, dq, dk, dv, list->count ? ap.dparams : NULL, dout, q, k, vv, pp, out, saved);
   double t2 = timer_now();
 
   hid_t f = h5_create(out_path);
@@ -160,11 +156,11 @@ int kernel_run(const char *in_path, const char *out_path) {
   h5_write_floats(f, "dq", 3, dims3, dq, false, true);
   h5_write_floats(f, "dk", 3, dims3, dk, false, true);
   h5_write_floats(f, "dv", 3, dims3, dv, false, true);
-  for (int i = 0; i < list.count; i++) {
-    const struct param_desc *p = &list.p[i];
+  for (int i = 0; i < list->count; i++) {
+    const struct param_desc *p = &list->p[i];
     char path[PARAM_NAME + 16];
     snprintf(path, sizeof path, "dparams/%s", p->name + skip);
-    h5_write_floats(f, path, p->ndim, p->shape, dparams + p->offset, false, true);
+    h5_write_floats(f, path, p->ndim, p->shape, ap.dparams + p->offset, false, true);
   }
   h5_attr_string(f, "/", "variant", v->name);
   h5_attr_long(f, "/", "causal", ka.causal);
@@ -177,10 +173,10 @@ int kernel_run(const char *in_path, const char *out_path) {
          v->name, ka.causal ? "causal" : "bidirectional", H, n, d, 1e3 * (t1 - t0), 1e3 * (t2 - t1),
          out_path);
 
-  if (v->teardown) v->teardown(ctx.state);
-  float *bufs[] = {q, k, vv, dout, params, dparams, saved, out, dq, dk, dv};
+  attention_close(&ctx);
+  float *bufs[] = {q, k, vv, dout, saved, out, dq, dk, dv};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
-  param_list_free(&list);
+  attention_params_free(&ap);
   config_free(&cfg);
   return 0;
 }

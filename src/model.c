@@ -158,15 +158,7 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
 
   m->actx = xcalloc((size_t)m->L, sizeof(struct attn_ctx));
   struct attn_dims dims = {B, m->H, m->T, m->d, m->n, m->t0, m->causal};
-  for (int l = 0; l < m->L; l++) {
-    struct attn_ctx *c = &m->actx[l];
-    c->cfg = cfg;
-    c->variant = m->attn;
-    c->dims = dims;
-    c->comm = comm;
-    c->layer = l;
-    c->state = m->attn->setup ? m->attn->setup(cfg, &dims) : NULL;
-  }
+  for (int l = 0; l < m->L; l++) m->actx[l] = attention_open(cfg, m->attn, comm, l, dims);
 
   const size_t BT = (size_t)(B * m->T), C = (size_t)m->C, R = (size_t)m->R;
   const size_t saved = m->attn->saved_floats ? m->attn->saved_floats(&m->actx[0]) : 0;
@@ -221,8 +213,7 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
 }
 
 void model_free(struct model *m) {
-  for (int l = 0; l < m->L; l++)
-    if (m->attn->teardown) m->attn->teardown(m->actx[l].state);
+  for (int l = 0; l < m->L; l++) attention_close(&m->actx[l]);
   free(m->actx);
   for (int a = 0; a < m->nacts; a++) {
     struct block_acts *x = &m->acts[a];

@@ -135,15 +135,14 @@ static struct run_out run_variant(const struct config *cfg, long B, long H, long
                                   const float *dout) {
   const struct attn_variant *var = attention_find(cfg->attention.variant);
   assert_non_null(var);
-  struct attn_ctx ctx = {.cfg = cfg, .variant = var, .comm = NULL, .layer = 0};
-  ctx.dims = (struct attn_dims){B, H, n, d, n, 0, causal};
-  ctx.state = var->setup ? var->setup(cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx =
+      attention_open(cfg, var, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
   size_t count = (size_t)(B * H * n * d);
   struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
   float *saved = calloc(var->saved_floats(&ctx) + 1, sizeof(float));
   var->forward(&ctx, r.out, saved, q, k, v, NULL);
   if (dout) var->backward(&ctx, r.dq, r.dk, r.dv, NULL, dout, q, k, v, NULL, r.out, saved);
-  if (var->teardown) var->teardown(ctx.state);
+  attention_close(&ctx);
   free(saved);
   return r;
 }
@@ -314,9 +313,8 @@ static void check_diagnostics(const char *variant, long band, long n, bool causa
   local_band = (int)band;
   make_config(&cfg, variant, n, (int)H, (int)d, causal, 16);
   const struct attn_variant *var = attention_find(variant);
-  struct attn_ctx ctx = {.cfg = &cfg, .variant = var, .comm = NULL, .layer = 0};
-  ctx.dims = (struct attn_dims){1, H, n, d, n, 0, causal};
-  ctx.state = var->setup ? var->setup(&cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx =
+      attention_open(&cfg, var, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, causal});
   struct fma_tree tree;
   fma_tree_build(&tree, n, cfg.attention.fma_m, cfg.attention.fma_p);
   const int bands = tree.levels + 1;
@@ -361,7 +359,7 @@ static void check_diagnostics(const char *variant, long band, long n, bool causa
   TU_ASSERT_CLOSE(fabs(total - (double)(H * nq)) / (double)(H * nq), 1e-6, what);
   for (long h = 0; h < H; h++)
     TU_ASSERT_CLOSE(fabs(entropy[h] - ref_entropy[h]) / ref_entropy[h], 1e-5, what);
-  if (var->teardown) var->teardown(ctx.state);
+  attention_close(&ctx);
   free(p);
   free(q);
   free(k);

@@ -178,9 +178,8 @@ static void free_run(struct run_out *r) {
 static struct run_out prod_run(struct prod *pr, const struct fma_case *t, const float *q,
                                const float *k, const float *v, const float *dout) {
   const struct attn_variant *var = pr->var;
-  struct attn_ctx ctx = {.cfg = &pr->cfg, .variant = var, .comm = NULL, .layer = 0};
-  ctx.dims = (struct attn_dims){t->B, t->H, t->n, t->d, t->n, 0, t->causal};
-  ctx.state = var->setup ? var->setup(&pr->cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx = attention_open(
+      &pr->cfg, var, NULL, 0, (struct attn_dims){t->B, t->H, t->n, t->d, t->n, 0, t->causal});
   size_t count = (size_t)(t->B * t->H * t->n * t->d);
   struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
   float *saved = calloc(var->saved_floats(&ctx) + 1, sizeof(float));
@@ -189,7 +188,7 @@ static struct run_out prod_run(struct prod *pr, const struct fma_case *t, const 
     memset(pr->dparams, 0, sizeof(float) * (pr->list.total + 1));
     var->backward(&ctx, r.dq, r.dk, r.dv, pr->dparams, dout, q, k, v, pr->params, r.out, saved);
   }
-  if (var->teardown) var->teardown(ctx.state);
+  attention_close(&ctx);
   free(saved);
   return r;
 }
@@ -566,9 +565,8 @@ static void float_fd_case(bool linear, enum fo_down down, bool causal, long n) {
   tu_randn(v, count, 113, 1.0f);
   tu_randn(g, count, 114, 1.0f);
   struct run_out r = prod_run(&pr, &t, q, k, v, g);
-  struct attn_ctx ctx = {.cfg = &pr.cfg, .variant = pr.var, .comm = NULL, .layer = 0};
-  ctx.dims = (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal};
-  ctx.state = pr.var->setup ? pr.var->setup(&pr.cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx = attention_open(&pr.cfg, pr.var, NULL, 0,
+                                       (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
   float *out = calloc(count, 4), *saved = calloc(pr.var->saved_floats(&ctx) + 1, 4);
   const float h = 1e-2f;
   float *xs[4] = {q, k, v, pr.params};
@@ -592,7 +590,7 @@ static void float_fd_case(bool linear, enum fo_down down, bool causal, long n) {
     TU_ASSERT_CLOSE(tu_rel_err(grads[x], fd, len), 1e-2, msg);
     free(fd);
   }
-  if (pr.var->teardown) pr.var->teardown(ctx.state);
+  attention_close(&ctx);
   free(out), free(saved);
   free_run(&r);
   free(q), free(k), free(v), free(g);
@@ -628,9 +626,8 @@ static void test_fma_backward_accumulates(void **state) {
       const long np = (long)pr.list.total;
       double *once[4] = {tu_to_double(r.dq, count), tu_to_double(r.dk, count),
                          tu_to_double(r.dv, count), tu_to_double(pr.dparams, np)};
-      struct attn_ctx ctx = {.cfg = &pr.cfg, .variant = pr.var, .comm = NULL, .layer = 0};
-      ctx.dims = (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal};
-      ctx.state = pr.var->setup ? pr.var->setup(&pr.cfg, &ctx.dims) : NULL;
+      struct attn_ctx ctx = attention_open(
+          &pr.cfg, pr.var, NULL, 0, (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
       float *out = calloc(count, 4), *saved = calloc(pr.var->saved_floats(&ctx) + 1, 4);
       pr.var->forward(&ctx, out, saved, q, k, v, pr.params);
       pr.var->backward(&ctx, r.dq, r.dk, r.dv, pr.dparams, g, q, k, v, pr.params, out, saved);
@@ -644,7 +641,7 @@ static void test_fma_backward_accumulates(void **state) {
         if (len[x]) TU_ASSERT_CLOSE(tu_rel_err(twice[x], once[x], len[x]), 1e-6, msg);
         free(once[x]);
       }
-      if (pr.var->teardown) pr.var->teardown(ctx.state);
+      attention_close(&ctx);
       free(out), free(saved);
       free_run(&r);
       free(q), free(k), free(v), free(g);

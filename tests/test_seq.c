@@ -75,9 +75,8 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
                          const float *v, const float *g) {
   const struct attn_variant *var = attention_find(cfg->attention.variant);
   if (!var) error("variant %s is not registered", cfg->attention.variant);
-  struct attn_ctx ctx = {.cfg = cfg, .variant = var, .comm = comm, .layer = 0};
-  ctx.dims = (struct attn_dims){B, H, T, d, n, t0, causal};
-  ctx.state = var->setup ? var->setup(cfg, &ctx.dims) : NULL;
+  struct attn_ctx ctx =
+      attention_open(cfg, var, comm, 0, (struct attn_dims){B, H, T, d, n, t0, causal});
   struct param_list list;
   param_list_init(&list);
   attention_register_params(cfg, var, n, 0, &list);
@@ -110,7 +109,7 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
   var->forward(&ctx, r.out, saved, ql, kl, vl, pp);
   var->backward(&ctx, r.dq, r.dk, r.dv, list.count ? r.dparams : NULL, gl, ql, kl, vl, pp, r.out,
                 saved);
-  if (var->teardown) var->teardown(ctx.state);
+  attention_close(&ctx);
   free(saved);
   free(ql);
   free(kl);
