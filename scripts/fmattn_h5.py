@@ -51,3 +51,8 @@ def deck_values(deck):
             k, v = line.split("=", 1)
             out[f"{section}.{k.strip()}"] = v.strip()
     return out
+
+
+def run_file(path, name):
+    """path itself, or path/name when path is a run directory (output.dir/run.name)."""
+    return os.path.join(path, name) if os.path.isdir(path) else path

@@ -16,9 +16,9 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import deck_values, group_columns, root_attrs  # noqa: E402
+from fmattn_h5 import deck_values, group_columns, root_attrs, run_file  # noqa: E402
+from fmattn_plot import byte_unit, log_ticks, save  # noqa: E402
 
 PROG = "plot_bench.py"
 MIB = 1024.0 * 1024.0
@@ -85,18 +85,6 @@ def attention_lines(a):
     return {lab: sorted(ix, key=lambda i: a["n"][i]) for lab, ix in labels.items()}
 
 
-def log_ticks(ax):
-    """Labelled ticks on a log y axis even when the data span less than a decade (matplotlib's
-    default would then label nothing): 1-2-5 steps, or every integer mantissa if that is too few."""
-    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
-    lo, hi = ax.get_ylim()
-    for subs in ((1.0,), (1.0, 2.0, 5.0), tuple(range(1, 10))):
-        loc = mticker.LogLocator(base=10, subs=subs)
-        if sum(lo <= t <= hi for t in loc.tick_values(lo, hi)) >= 3:
-            break
-    ax.yaxis.set_major_locator(loc)
-
 
 def style(ax, xlabel, ylabel, title, logx=True, logy=False):
     if logx:
@@ -110,14 +98,6 @@ def style(ax, xlabel, ylabel, title, logx=True, logy=False):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
 
-
-def byte_unit(v):
-    """(divisor, name) that keeps the largest of v between 1 and 1024 units."""
-    top = np.nanmax(v) if len(v) else 0.0
-    for div, name in ((1024.0**3, "GiB"), (MIB, "MiB"), (1024.0, "KiB")):
-        if top >= div:
-            return div, name
-    return 1.0, "bytes"
 
 
 def linear_from_zero(ax, v):
@@ -138,13 +118,6 @@ def n_ticks(ax, ns):
         ax.set_xticklabels([f"{x // 1024}K" if x >= 1024 and x % 1024 == 0 else str(x) for x in ns])
         ax.minorticks_off()
 
-
-def save(fig, out_dir, name, written):
-    path = os.path.join(out_dir, name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
 
 
 def plot_attention(a, attrs, title, out_dir, written):
@@ -308,9 +281,7 @@ def main():
     ap.add_argument("-o", "--out", help="directory for the PNGs (default: next to bench.h5)")
     args = ap.parse_args()
 
-    path = args.path
-    if os.path.isdir(path):
-        path = os.path.join(path, "bench.h5")
+    path = run_file(args.path, "bench.h5")
     if not os.path.isfile(path):
         die(f"{path} not found (give a run directory holding bench.h5, or the file)")
     out_dir = args.out or os.path.dirname(os.path.abspath(path))

@@ -19,7 +19,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import deck_values  # noqa: E402
+from fmattn_h5 import deck_values, run_file  # noqa: E402
+from fmattn_plot import save  # noqa: E402
 
 PROG = "plot_run.py"
 PHASES = ["forward", "backward", "attention", "comm", "optimizer", "io"]
@@ -80,12 +81,6 @@ def mark_restart(ax, attrs):
                 color="0.4")
 
 
-def save(fig, out_dir, name, written):
-    path = os.path.join(out_dir, name)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
-
 
 def plot_loss(data, attrs, title, out_dir, written):
     step, bpc = series(data, "train", "bpc")
@@ -115,7 +110,7 @@ def plot_loss(data, attrs, title, out_dir, written):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    save(fig, out_dir, "loss.png", written)
+    save(fig, out_dir, "loss.png", written, tight=False)
 
 
 def plot_lr(data, attrs, title, out_dir, written):
@@ -147,7 +142,7 @@ def plot_lr(data, attrs, title, out_dir, written):
         a.grid(alpha=0.3)
         mark_restart(a, attrs)
     fig.tight_layout()
-    save(fig, out_dir, "lr.png", written)
+    save(fig, out_dir, "lr.png", written, tight=False)
 
 
 def plot_timing(data, attrs, title, out_dir, written):
@@ -192,7 +187,7 @@ def plot_timing(data, attrs, title, out_dir, written):
     fig.text(0.01, 0.01, "comm inside attention (sequence-parallel runs) is counted in both; "
              "data loading and eval are in step_ms only", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    save(fig, out_dir, "timing.png", written)
+    save(fig, out_dir, "timing.png", written, tight=False)
 
 
 def band_names(nb):
@@ -246,7 +241,7 @@ def plot_attention_mass(data, attrs, title, out_dir, written):
     a2.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     mark_restart(a2, attrs)
     fig.tight_layout()
-    save(fig, out_dir, "attention_mass.png", written)
+    save(fig, out_dir, "attention_mass.png", written, tight=False)
 
 
 def uniform_entropy(deck):
@@ -304,7 +299,7 @@ def plot_entropy(data, attrs, title, out_dir, written):
                         color="w" if ent[-1, l_, h] < 0.6 * top else "k")
     fig.colorbar(im, ax=a2, label="entropy (nats)")
     fig.tight_layout()
-    save(fig, out_dir, "entropy.png", written)
+    save(fig, out_dir, "entropy.png", written, tight=False)
 
 
 def main():
@@ -314,9 +309,7 @@ def main():
     ap.add_argument("-o", "--out", help="directory for the PNGs (default: next to diag.h5)")
     args = ap.parse_args()
 
-    path = args.path
-    if os.path.isdir(path):
-        path = os.path.join(path, "diag.h5")
+    path = run_file(args.path, "diag.h5")
     if not os.path.isfile(path):
         die(f"{path} not found (give a run directory holding diag.h5, or the file)")
     out_dir = args.out or os.path.dirname(os.path.abspath(path))

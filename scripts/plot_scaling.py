@@ -17,7 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import group_columns, root_attrs  # noqa: E402
+from fmattn_h5 import group_columns, root_attrs, run_file  # noqa: E402
+from fmattn_plot import byte_unit, log_ticks, save  # noqa: E402
 
 PROG = "plot_scaling.py"
 KIND_STYLE = {"strong": dict(color="C0", marker="o"), "weak": dict(color="C1", marker="s")}
@@ -41,28 +42,6 @@ def read_columns(path, group="/"):
         die(f"cannot read {path}: {e}")
 
 
-def byte_unit(v):
-    """(divisor, name) that keeps the largest of v between 1 and 1024 units."""
-    v = np.asarray(v, dtype=float)
-    top = np.nanmax(v) if np.isfinite(v).any() else 0.0
-    for div, name in ((1024.0**3, "GiB"), (1024.0**2, "MiB"), (1024.0, "KiB")):
-        if top >= div:
-            return div, name
-    return 1.0, "bytes"
-
-
-def log_ticks(ax):
-    """Labelled ticks on a log y axis even when the data span less than a decade: 1-2-5 steps, or
-    every integer mantissa if that is too few."""
-    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
-    lo, hi = ax.get_ylim()
-    for subs in ((1.0,), (1.0, 2.0, 5.0), tuple(range(1, 10))):
-        loc = mticker.LogLocator(base=10, subs=subs)
-        if sum(lo <= t <= hi for t in loc.tick_values(lo, hi)) >= 3:
-            break
-    ax.yaxis.set_major_locator(loc)
-
 
 def int_ticks(ax, xs, fmt=str):
     """Ticks exactly at the measured x values (S or n) on a log2 axis."""
@@ -81,14 +60,6 @@ def n_label(n):
     if n >= 1024 * 1024 and n % (1024 * 1024) == 0:
         return f"{n // (1024 * 1024)}M"
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def save(fig, out_dir, name, written):
-    path = os.path.join(out_dir, name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -343,8 +314,8 @@ def main():
     for path, fn in ((args.results, plot_results), (args.comm, plot_comm)):
         if not path:
             continue
-        if fn is plot_comm and os.path.isdir(path):
-            path = os.path.join(path, "bench.h5")
+        if fn is plot_comm:
+            path = run_file(path, "bench.h5")
         if not os.path.isfile(path):
             die(f"{path} not found")
         out_dir = args.out or os.path.dirname(os.path.abspath(path))
