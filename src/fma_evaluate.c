@@ -168,6 +168,17 @@ static void block_diagnostics(const struct fma_state *st, const float *P, long m
   (void)st;
 }
 
+/* Query block qb's keys (fma_block_keys) and the rows of its listed summaries K, V gathered into
+ * the scratch (timed as M2P). */
+static void block_keys(const struct fma_state *st, long qb, struct block_scratch *s, const float *K,
+                       const float *V, struct fma_times *times) {
+  fma_block_keys(st, qb, &s->bk);
+  const double t0 = timer_now();
+  gather(s->Kf, K, s->bk.far_row, (int)s->bk.nfar, st->d);
+  gather(s->Vf, V, s->bk.far_row, (int)s->bk.nfar, st->d);
+  times->m2p += timer_now() - t0;
+}
+
 void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, const float *q,
                           const float *k, const float *v, const float *K, const float *V, long qb0,
                           long qb1, struct fma_times *times, double *mass, double *entropy) {
@@ -175,15 +186,11 @@ void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, co
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = qb0; qb < qb1; qb++) {
-    fma_block_keys(st, qb, &s.bk);
+    block_keys(st, qb, &s, K, V, times);
     const long nf = s.bk.nfar;
-    double t0 = timer_now();
-    gather(s.Kf, K, s.bk.far_row, (int)nf, d);
-    gather(s.Vf, V, s.bk.far_row, (int)nf, d);
-    times->m2p += timer_now() - t0;
     const long nn = block_scores(st, qb, q, k, &s, true, times);
     const long ld = nn + nf;
-    t0 = timer_now();
+    double t0 = timer_now();
     rows_softmax(s.S, m, ld, lse + (qb * m - st->t0));
     if (mass) block_diagnostics(st, s.S, m, nn, nf, &s.bk, mass, entropy);
     float *o = out + (qb * m - st->t0) * d;
@@ -209,16 +216,12 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
-    fma_block_keys(st, qb, &s.bk);
+    block_keys(st, qb, &s, K, V, times);
     const long nf = s.bk.nfar, i0 = qb * m;
-    double t0 = timer_now();
-    gather(s.Kf, K, s.bk.far_row, (int)nf, d);
-    gather(s.Vf, V, s.bk.far_row, (int)nf, d);
-    times->m2p += timer_now() - t0;
     const long nn = block_scores(st, qb, q, k, &s, true, times);
     const long ld = nn + nf;
     const float *g = dout + (i0 - st->t0) * d, *qq = q + (i0 - st->t0) * d;
-    t0 = timer_now();
+    double t0 = timer_now();
     rows_probabilities(s.S, m, ld, lse + (i0 - st->t0));
     /* dv_near += P_nᵀ dO; dP_n = dO v_nᵀ */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
