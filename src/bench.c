@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "data.h"
 #include "error.h"
 #include "h5io.h"

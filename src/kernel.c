@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "config.h"
 #include "error.h"
 #include "h5io.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "bench.h"
 #include "comm.h"
 #include "config.h"

@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "comm.h"
 #include "config.h"
 #include "params.h"

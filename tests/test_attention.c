@@ -5,9 +5,9 @@
  * per distance band and entropy of sampled softmax rows) against the dense rows. */
 #include "testutil.h"
 
-#include "../src/attention.h"
+#include "../src/attention/attention.h"
 #include "../src/config.h"
-#include "../src/fma_lists.h"
+#include "../src/fma/lists.h"
 #include "../src/memory.h"
 
 /* Whether query i may see key j: j ≤ i when causal, |i − j| < band when band > 0. */

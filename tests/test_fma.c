@@ -6,10 +6,10 @@
  * code but the tree and the lists. */
 #include "testutil.h"
 
-#include "../src/attention.h"
+#include "../src/attention/attention.h"
 #include "../src/config.h"
-#include "../src/fma_lists.h"
-#include "../src/fma_tree.h"
+#include "../src/fma/lists.h"
+#include "../src/fma/tree.h"
 #include "../src/params.h"
 #include "fma_cases.h"
 #include "fma_oracle.h"

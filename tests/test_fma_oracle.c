@@ -5,10 +5,10 @@
  * then holds the production variants to this oracle. */
 #include "testutil.h"
 
-#include "../src/attention.h"
+#include "../src/attention/attention.h"
 #include "../src/config.h"
-#include "../src/fma_lists.h"
-#include "../src/fma_tree.h"
+#include "../src/fma/lists.h"
+#include "../src/fma/tree.h"
 #include "../src/params.h"
 #include "fma_cases.h"
 #include "fma_oracle.h"

@@ -6,10 +6,10 @@ if ! command -v clang-format >/dev/null 2>&1; then
   not_ok "clang-format is installed (scripts/install-deps.sh installs it)"
   tap_done; exit 1
 fi
-for f in "$SRCDIR"/src/*.c "$SRCDIR"/src/*.h "$SRCDIR"/tests/*.c "$SRCDIR"/tests/*.h; do
+for f in "$SRCDIR"/src/*.[ch] "$SRCDIR"/src/*/*.[ch] "$SRCDIR"/tests/*.c "$SRCDIR"/tests/*.h; do
   [ -e "$f" ] || continue
   if out=$(clang-format --style=file --dry-run --Werror "$f" 2>&1); then :; else
-    not_ok "$(basename "$f") is clang-formatted (run make format)" "$(printf '%s\n' "$out" | head -n 6)"
+    not_ok "${f#"$SRCDIR"/} is clang-formatted (run make format)" "$(printf '%s\n' "$out" | head -n 6)"
     bad=1
   fi
 done

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/attention.h"
+#include "../src/attention/attention.h"
 #include "../src/comm.h"
 #include "../src/config.h"
 #include "../src/error.h"

@@ -1,5 +1,5 @@
 /* Interaction lists of FMA (fma_lists.h). */
-#include "fma_lists.h"
+#include "fma/lists.h"
 
 int fma_lists_near(const struct fma_tree *tree, bool causal, long b, long *blocks) {
   int count = 0;

@@ -7,7 +7,7 @@
 
 #include <stdbool.h>
 
-#include "fma_tree.h"
+#include "fma/tree.h"
 
 #define FMA_LIST_MAX 3
 

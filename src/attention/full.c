@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "error.h"
 #include "halo.h"
 #include "memory.h"

@@ -2,7 +2,7 @@
  * A level's windows are whole on one rank while w_l ≤ T; a coarser window spans w_l/T ranks, an
  * aligned power-of-two group (S and n/m are powers of two), so recursive doubling between ranks
  * s and s XOR j completes it. A window's owner is the rank holding its first token. */
-#include "fma_let.h"
+#include "fma/let.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* Level and window counts of the FMA tree (fma_tree.h). */
-#include "fma_tree.h"
+#include "fma/tree.h"
 
 #include "error.h"
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "fma.h"
+#include "fma/fma.h"
 #include "memory.h"
 #include "rng.h"
 #include "timer.h"

@@ -1,8 +1,8 @@
 /* Internal interface of Fast Multipole Attention (SPEC §6.4–6.5), shared by the operator files:
- * fma_down.c (P2M, M2M and their transposes: the upward and downward passes that make and unmake
- * the coarse summaries), fma_evaluate.c (P2P and M2P: queries against near keys and listed
- * summaries), and attention_fma.c (the ops tables of `fma` and `fma_linear`). Not for the model:
- * the model sees only the ops table. Which keys a query sees is decided in fma_lists.c only. */
+ * fma/down.c (P2M, M2M and their transposes: the upward and downward passes that make and unmake
+ * the coarse summaries), fma/evaluate.c (P2P and M2P: queries against near keys and listed
+ * summaries), and attention/fma.c (the ops tables of `fma` and `fma_linear`). Not for the model:
+ * the model sees only the ops table. Which keys a query sees is decided in fma/lists.c only. */
 #ifndef FMATTN_FMA_H
 #define FMATTN_FMA_H
 
@@ -10,8 +10,8 @@
 #include <stddef.h>
 
 #include "config.h"
-#include "fma_lists.h"
-#include "fma_tree.h"
+#include "fma/lists.h"
+#include "fma/tree.h"
 #include "params.h"
 
 /* Per-thread timings of the operators, in seconds. */

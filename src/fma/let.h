@@ -9,7 +9,7 @@
 #define FMATTN_FMA_LET_H
 
 #include "comm.h"
-#include "fma.h"
+#include "fma/fma.h"
 #include "halo.h"
 
 struct fma_let {

@@ -1,14 +1,14 @@
 /* The attention registry (one line per variant) and what variants share: the configuration check
  * and the row-by-row diagnostics of exact variants, classified by the FMA tree's distance bands so
  * that `full` and `fma` report comparable level masses. */
-#include "attention.h"
+#include "attention/attention.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "error.h"
-#include "fma_lists.h"
+#include "fma/lists.h"
 #include "memory.h"
 
 extern const struct attn_variant attention_full;

@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "error.h"
-#include "fma.h"
-#include "fma_let.h"
+#include "fma/fma.h"
+#include "fma/let.h"
 #include "halo.h"
 #include "memory.h"
 #include "timer.h"
