@@ -86,6 +86,23 @@ void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *se
   c->bytes_sent += (uint64_t)(size - 1) * count * sizeof(float); /* ring estimate */
 }
 
+void comm_exscan_sum_float(struct comm *c, const float *mine, size_t count, float *before,
+                           float *after) {
+  const int S = c ? c->S : 1, me = c ? c->seq_rank : 0;
+  if (before) memset(before, 0, sizeof(float) * count);
+  if (after) memset(after, 0, sizeof(float) * count);
+  if (S == 1) return;
+  float *all = xmalloc(sizeof(float) * count * (size_t)S); /* (S, count) */
+  comm_allgather_float(c, COMM_SEQ, mine, count, all);
+  for (int r = 0; r < S; r++) {
+    float *into = r < me ? before : r > me ? after : NULL;
+    if (!into) continue;
+    const float *from = all + (size_t)r * count;
+    for (size_t i = 0; i < count; i++) into[i] += from[i];
+  }
+  free(all);
+}
+
 void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root) {
   int size;
   MPI_Comm comm = scope_comm(c, scope, &size);

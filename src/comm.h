@@ -31,6 +31,12 @@ void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *bu
 /* Every rank of the scope contributes count floats; recv gets them in rank order (size × count). */
 void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
                           float *recv);
+/* Within the sequence group, every rank contributes count floats: before (count) receives the sum
+ * of the contributions of ranks < mine, after (count) that of ranks > mine (zeros at the ends);
+ * either may be NULL. Sums run in rank order, so every rank sees the same rounding. The exclusive
+ * scans of the kernelized variants' running sums (SPEC §7); one allgather, which NCCL has too. */
+void comm_exscan_sum_float(struct comm *c, const float *mine, size_t count, float *before,
+                           float *after);
 void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root);
 void comm_barrier(struct comm *c, enum comm_scope scope);
 

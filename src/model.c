@@ -105,7 +105,8 @@ void model_init_params(struct model *m) {
 
 size_t model_param_count(const struct model *m) {
   size_t total = 0;
-  for (int i = 0; i < m->plist.count; i++) total += m->plist.p[i].numel;
+  for (int i = 0; i < m->plist.count; i++)
+    if (!m->plist.p[i].frozen) total += m->plist.p[i].numel;
   return total;
 }
 

@@ -99,8 +99,9 @@ void model_forward_logits(struct model *model);
 void model_backward(struct model *model, long step);
 void model_zero_grads(struct model *model);
 
-/* Parameter count (all tensors), and model FLOPs per token for forward + backward
- * (6 · parameters in matrices + attention, SPEC issue 2's accounting). */
+/* Trainable parameter count (frozen tensors such as random features excluded), and model FLOPs per
+ * token for forward + backward (6 · parameters in matrices + attention, SPEC issue 2's accounting).
+ */
 size_t model_param_count(const struct model *model);
 double model_flops_per_token(struct model *model);
 

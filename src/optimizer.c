@@ -41,6 +41,7 @@ void optimizer_step(struct model *model, long t, double lr, float grad_scale) {
   const float flr = (float)lr;
   for (int i = 0; i < model->plist.count; i++) {
     const struct param_desc *p = &model->plist.p[i];
+    if (p->frozen) continue;
     const float wd = p->decay ? (float)tc->weight_decay : 0.0f;
     float *w = model->params + p->offset, *g = model->grads + p->offset;
     float *m = model->m + p->offset, *v = model->v + p->offset;

@@ -40,8 +40,13 @@ int param_list_add(struct param_list *list, const char *name, int ndim, const lo
   p->init = init;
   p->std = std;
   p->layer = -1;
-  list->total += (p->numel + 15) / 16 * 16; /* keep every tensor 64-byte aligned */
+  list->total += param_aligned(p->numel);
   return list->count++;
+}
+
+void param_list_freeze(struct param_list *list, int i) {
+  list->p[i].frozen = true;
+  list->p[i].decay = false;
 }
 
 int param_list_find(const struct param_list *list, const char *name) {

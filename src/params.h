@@ -28,8 +28,9 @@ struct param_desc {
   bool decay;
   enum init_kind init;
   float std;
-  int layer; /* owning transformer block, or −1 */
-  int owner; /* 0: the model; 1: the layer's attention variant */
+  bool frozen; /* a fixed tensor kept with the model (random features): no gradient, no update */
+  int layer;   /* owning transformer block, or −1 */
+  int owner;   /* 0: the model; 1: the layer's attention variant */
 };
 
 struct param_list {
@@ -40,9 +41,16 @@ struct param_list {
 
 void param_list_init(struct param_list *list);
 void param_list_free(struct param_list *list);
+/* Floats a tensor of numel elements occupies in the buffers: every tensor starts 64-byte aligned,
+ * so the tensors of one owner (a variant's block) lie at these offsets from the first. */
+static inline size_t param_aligned(size_t numel) { return (numel + 15) / 16 * 16; }
+
 /* Append a tensor; returns its index. shape has ndim entries. */
 int param_list_add(struct param_list *list, const char *name, int ndim, const long *shape,
                    bool decay, enum init_kind init, float std);
+/* Mark tensor i as frozen: saved in checkpoints and restored from them like a parameter, but never
+ * trained (the optimizer skips it; nothing accumulates a gradient into it). */
+void param_list_freeze(struct param_list *list, int i);
 /* Index of the tensor with this name, or −1. */
 int param_list_find(const struct param_list *list, const char *name);
 /* Initialise one tensor per its init kind (not INIT_CUSTOM, which the owner handles): normal

@@ -41,10 +41,11 @@ struct seq_case {
   const char *down; /* fma variants */
   long n;
   int m, p, band, tile;
+  const char *extra; /* one more setting, as section.key=value */
 };
 
 static void make_config(struct config *cfg, const struct seq_case *t, int H, int d, int S) {
-  char items[12][96];
+  char items[14][96];
   struct config_overrides ov = {0};
   int k = 0;
   snprintf(items[k++], 96, "attention.variant=%s", t->variant);
@@ -55,10 +56,12 @@ static void make_config(struct config *cfg, const struct seq_case *t, int H, int
   snprintf(items[k++], 96, "data.source=copy");
   snprintf(items[k++], 96, "attention.full.block=%d", t->tile ? t->tile : 8);
   snprintf(items[k++], 96, "attention.local.band=%d", t->band ? t->band : 8);
+  snprintf(items[k++], 96, "attention.fmmformer.band=%d", t->band ? t->band : 8);
   snprintf(items[k++], 96, "attention.fma.m=%d", t->m ? t->m : 4);
   snprintf(items[k++], 96, "attention.fma.p=%d", t->p ? t->p : 2);
   snprintf(items[k++], 96, "attention.fma.downsample=%s", t->down ? t->down : "conv");
   snprintf(items[k++], 96, "parallel.seq_ranks=%d", S);
+  if (t->extra) snprintf(items[k++], 96, "%s", t->extra);
   for (int i = 0; i < k; i++) ov.items[ov.count++] = items[i];
   char err[CONFIG_ERR_LEN];
   if (config_load(cfg, NULL, &ov, err, sizeof err)) error("config: %s", err);
@@ -86,8 +89,8 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
   r.dparams = calloc(list.total + 1, sizeof(float));
   for (int i = 0; i < list.count; i++) {
     attention_init_param(cfg, var, &list.p[i], params + list.p[i].offset);
-    /* move the parameters off their initial values, identically on every rank */
-    for (size_t e = 0; e < list.p[i].numel; e++)
+    /* move the trainable parameters off their initial values, identically on every rank */
+    for (size_t e = 0; e < list.p[i].numel && !list.p[i].frozen; e++)
       params[list.p[i].offset + e] += 0.1f * (float)rng_normal(3, RNG_TEST, 77, (uint64_t)i, e);
   }
   const size_t count = (size_t)(B * H * T * d);
@@ -151,9 +154,9 @@ static void check_case(const struct seq_case *t, struct comm *comm) {
   make_config(&cfgS, t, (int)H, (int)d, (int)S);
   char err[CONFIG_ERR_LEN];
   char what[200];
-  snprintf(what, sizeof what, "S=%ld %s %s%s%s n=%ld m=%d p=%d band=%d", S, t->variant,
+  snprintf(what, sizeof what, "S=%ld %s %s%s%s n=%ld m=%d p=%d band=%d%s%s", S, t->variant,
            t->causal ? "causal" : "bidir", t->down ? " " : "", t->down ? t->down : "", n, t->m,
-           t->p, t->band);
+           t->p, t->band, t->extra ? " " : "", t->extra ? t->extra : "");
   if (attention_check(&cfgS, n, (int)S, err, sizeof err)) {
     tap(false, "%s: refused: %s", what, err);
     return;
@@ -215,21 +218,43 @@ int main(int argc, char **argv) {
   const char *downs[] = {"conv", "m2m", "avg"};
   for (int causal = 1; causal >= 0; causal--) {
     if (!only || strcmp(only, "full") == 0) {
-      check_case(&(struct seq_case){"full", causal, NULL, 64, 0, 0, 0, 8}, &comm);
-      check_case(&(struct seq_case){"full", causal, NULL, 128, 0, 0, 0, 16}, &comm);
+      check_case(&(struct seq_case){"full", causal, NULL, 64, 0, 0, 0, 8, NULL}, &comm);
+      check_case(&(struct seq_case){"full", causal, NULL, 128, 0, 0, 0, 16, NULL}, &comm);
     }
     if (!only || strcmp(only, "local") == 0) {
-      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 5, 8}, &comm);
-      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 20, 8}, &comm);
+      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 5, 8, NULL}, &comm);
+      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 20, 8, NULL}, &comm);
+    }
+    /* the kernelized variants: exclusive scans of the running sums (and fmmformer's band halo,
+     * here wider than a slab at S = 8) */
+    if (!only || strcmp(only, "linear") == 0) {
+      check_case(&(struct seq_case){"linear", causal, NULL, 64, 0, 0, 0, 0, NULL}, &comm);
+      check_case(&(struct seq_case){"linear", causal, NULL, 256, 0, 0, 0, 0, NULL}, &comm);
+    }
+    if (!only || strcmp(only, "fmmformer") == 0) {
+      check_case(&(struct seq_case){"fmmformer", causal, NULL, 64, 0, 0, 5, 8,
+                                    "attention.fmmformer.kernels=elu,elu_neg,tanh"},
+                 &comm);
+      check_case(&(struct seq_case){"fmmformer", causal, NULL, 128, 0, 0, 20, 8,
+                                    "attention.fmmformer.kernels=tanh"},
+                 &comm);
+    }
+    if (!only || strcmp(only, "rmfa") == 0) {
+      check_case(
+          &(struct seq_case){"rmfa", causal, NULL, 64, 0, 0, 0, 0, "attention.rmfa.features=32"},
+          &comm);
+      check_case(
+          &(struct seq_case){"rmfa", causal, NULL, 256, 0, 0, 0, 0, "attention.rmfa.kernel=log"},
+          &comm);
     }
     for (int v = 0; v < 2; v++) {
       const char *name = v ? "fma_linear" : "fma";
       if (only && strcmp(only, name) != 0) continue;
       for (int dn = 0; dn < 3; dn++) {
         /* n/m = 16, 3 levels: at S = 8 slabs of 8 tokens, level-3 windows of 16 span 2 ranks */
-        check_case(&(struct seq_case){name, causal, downs[dn], 64, 4, 2, 0, 0}, &comm);
+        check_case(&(struct seq_case){name, causal, downs[dn], 64, 4, 2, 0, 0, NULL}, &comm);
         /* n/m = 32, 4 levels, windows up to 64 tokens: at S = 8 (slabs of 32) they span 2 */
-        check_case(&(struct seq_case){name, causal, downs[dn], 256, 8, 4, 0, 0}, &comm);
+        check_case(&(struct seq_case){name, causal, downs[dn], 256, 8, 4, 0, 0, NULL}, &comm);
       }
     }
   }

@@ -15,12 +15,13 @@ extern const struct attn_variant attention_full;
 extern const struct attn_variant attention_local;
 extern const struct attn_variant attention_fma;
 extern const struct attn_variant attention_fma_linear;
+extern const struct attn_variant attention_linear;
+extern const struct attn_variant attention_fmmformer;
+extern const struct attn_variant attention_rmfa;
 
 static const struct attn_variant *const registry[] = {
-    &attention_full,
-    &attention_local,
-    &attention_fma,
-    &attention_fma_linear,
+    &attention_full,   &attention_local,     &attention_fma,  &attention_fma_linear,
+    &attention_linear, &attention_fmmformer, &attention_rmfa,
 };
 
 /* Variants named by SPEC §6 that a deck may select; those not in the registry are refused with a
@@ -72,6 +73,18 @@ int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, 
   return 0;
 }
 
+const char *attention_check_slabs(const struct config *cfg, long n, int seq_ranks, char *buf,
+                                  size_t len) {
+  if (seq_ranks > 1 && n % seq_ranks != 0) {
+    snprintf(buf, len,
+             "attention.variant = %s with parallel.seq_ranks = %d needs model.context (%ld) "
+             "divisible by parallel.seq_ranks",
+             cfg->attention.variant, seq_ranks, n);
+    return buf;
+  }
+  return NULL;
+}
+
 int attention_register_params(const struct config *cfg, const struct attn_variant *v, long n,
                               int layer, struct param_list *list) {
   if (!v->describe) return 0;
@@ -85,6 +98,7 @@ int attention_register_params(const struct config *cfg, const struct attn_varian
     int k = param_list_add(list, full, p->ndim, p->shape, p->decay, p->init, p->std);
     list->p[k].layer = layer;
     list->p[k].owner = 1;
+    if (p->frozen) param_list_freeze(list, k);
   }
   int added = rel.count;
   param_list_free(&rel);
@@ -146,21 +160,15 @@ int attention_diag_bands(const struct config *cfg, long n) {
 enum { ROW_MAX, ROW_Z, ROW_ZS, ROW_BAND0 };
 
 static void row_statistics(double *st, const float *qi, long gi, const float *k, long t0, long T,
-                           long d, float scale, const struct attn_ctx *ctx,
-                           const struct fma_tree *tree, double *row,
-                           bool (*allowed)(const struct attn_ctx *ctx, long i, long j)) {
+                           long width, const struct attn_ctx *ctx, const struct fma_tree *tree,
+                           double *row, attention_score_fn score) {
   double mx = -INFINITY;
   for (long j = 0; j < T; j++) {
-    if (!allowed(ctx, gi, t0 + j)) {
-      row[j] = -INFINITY;
-      continue;
-    }
-    double dot = 0.0;
-    for (long c = 0; c < d; c++) dot += (double)qi[c] * k[j * d + c];
-    row[j] = dot * scale;
+    row[j] = score(ctx, qi, gi, k + j * width, t0 + j, width);
     if (row[j] > mx) mx = row[j];
   }
   st[ROW_MAX] = mx;
+  if (mx == -INFINITY) return; /* no key of this slab is visible: nothing to add */
   for (long j = 0; j < T; j++) {
     if (row[j] == -INFINITY) continue;
     const double e = exp(row[j] - mx);
@@ -173,58 +181,53 @@ static void row_statistics(double *st, const float *qi, long gi, const float *k,
 }
 
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
-                         const float *k, long max_queries,
-                         bool (*allowed)(const struct attn_ctx *ctx, long i, long j)) {
+                         const float *k, long width, long max_queries, attention_score_fn score) {
   const struct attn_dims *dm = &ctx->dims;
   struct comm *cm = ctx->comm;
   const int S = cm ? cm->S : 1, me = cm ? cm->seq_rank : 0;
   struct fma_tree tree;
   fma_tree_build(&tree, dm->n, ctx->cfg->attention.fma_m, ctx->cfg->attention.fma_p);
   const int bands = tree.levels + 1;
-  const long T = dm->T, d = dm->d, nq = T < max_queries ? T : max_queries;
+  const long T = dm->T, nq = T < max_queries ? T : max_queries;
   const long nall = S * nq, w = ROW_BAND0 + bands; /* sampled queries of the group; stats each */
-  const float scale = 1.0f / sqrtf((float)d);
-  float *mine = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(nq * d));
-  float *qs = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(nall * d));
+  float *mine = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(nq * width));
+  float *qs = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(nall * width));
   double *st = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)(nall * w));
   double *top = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)nall);
-  for (long h = 0; h < dm->H; h++) {
-    const float *qh = q + h * T * d, *kh = k + h * T * d; /* batch element 0 */
-    /* Query s of slab r is its row s·T/nq, at global position r·T + s·T/nq (contiguous slabs). */
-    for (long s = 0; s < nq; s++) memcpy(mine + s * d, qh + (s * T / nq) * d, sizeof(float) * d);
-    if (cm)
-      comm_allgather_float(cm, COMM_SEQ, mine, (size_t)(nq * d), qs);
-    else
-      memcpy(qs, mine, sizeof(float) * (size_t)(nq * d));
-    memset(st, 0, sizeof(double) * (size_t)(nall * w));
+  /* Query s of slab r is its row s·T/nq, at global position r·T + s·T/nq (contiguous slabs). */
+  for (long s = 0; s < nq; s++)
+    memcpy(mine + s * width, q + (s * T / nq) * width, sizeof(float) * (size_t)width);
+  if (cm)
+    comm_allgather_float(cm, COMM_SEQ, mine, (size_t)(nq * width), qs);
+  else
+    memcpy(qs, mine, sizeof(float) * (size_t)(nq * width));
 #pragma omp parallel
-    {
-      double *row = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)T);
+  {
+    double *row = mem_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)T);
 #pragma omp for schedule(dynamic, 4)
-      for (long a = 0; a < nall; a++)
-        row_statistics(st + a * w, qs + a * d, (a / nq) * T + (a % nq) * T / nq, kh, dm->t0, T, d,
-                       scale, ctx, &tree, row, allowed);
-      mem_free(row);
+    for (long a = 0; a < nall; a++)
+      row_statistics(st + a * w, qs + a * width, (a / nq) * T + (a % nq) * T / nq, k, dm->t0, T,
+                     width, ctx, &tree, row, score);
+    mem_free(row);
+  }
+  if (S > 1) { /* combine the ranks' partial statistics relative to the global maximum */
+    for (long a = 0; a < nall; a++) top[a] = st[a * w + ROW_MAX];
+    comm_allreduce_max_double(cm, COMM_SEQ, top, (size_t)nall);
+    for (long a = 0; a < nall; a++) {
+      double *sa = st + a * w;
+      const double shift = sa[ROW_MAX] - top[a], f = sa[ROW_Z] > 0 ? exp(shift) : 0.0;
+      sa[ROW_ZS] = f * (sa[ROW_ZS] + (sa[ROW_Z] > 0 ? shift * sa[ROW_Z] : 0.0));
+      sa[ROW_Z] *= f;
+      for (int b = 0; b < bands; b++) sa[ROW_BAND0 + b] *= f;
+      sa[ROW_MAX] = 0.0;
     }
-    if (S > 1) { /* combine the ranks' partial statistics relative to the global maximum */
-      for (long a = 0; a < nall; a++) top[a] = st[a * w + ROW_MAX];
-      comm_allreduce_max_double(cm, COMM_SEQ, top, (size_t)nall);
-      for (long a = 0; a < nall; a++) {
-        double *sa = st + a * w;
-        const double shift = sa[ROW_MAX] - top[a], f = sa[ROW_Z] > 0 ? exp(shift) : 0.0;
-        sa[ROW_ZS] = f * (sa[ROW_ZS] + (sa[ROW_Z] > 0 ? shift * sa[ROW_Z] : 0.0));
-        sa[ROW_Z] *= f;
-        for (int b = 0; b < bands; b++) sa[ROW_BAND0 + b] *= f;
-        sa[ROW_MAX] = 0.0;
-      }
-      comm_allreduce_sum_double(cm, COMM_SEQ, st, (size_t)(nall * w));
-    }
-    for (long a = me * nq; a < (me + 1) * nq; a++) { /* this rank reports its own queries */
-      const double *sa = st + a * w, Z = sa[ROW_Z];
-      if (!(Z > 0)) continue; /* every query may see at least itself: cannot happen */
-      for (int b = 0; b < bands; b++) mass[h * bands + b] += sa[ROW_BAND0 + b] / Z;
-      entropy[h] += log(Z) - sa[ROW_ZS] / Z;
-    }
+    comm_allreduce_sum_double(cm, COMM_SEQ, st, (size_t)(nall * w));
+  }
+  for (long a = me * nq; a < (me + 1) * nq; a++) { /* this rank reports its own queries */
+    const double *sa = st + a * w, Z = sa[ROW_Z];
+    if (!(Z > 0)) continue; /* every query may see at least itself: cannot happen */
+    for (int b = 0; b < bands; b++) mass[b] += sa[ROW_BAND0 + b] / Z;
+    entropy[0] += log(Z) - sa[ROW_ZS] / Z;
   }
   mem_free(top);
   mem_free(st);

@@ -78,6 +78,10 @@ bool attention_implemented(const char *name);
 /* Check a configuration against the chosen variant; 0 when it is runnable, else a message. */
 int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len);
 
+/* The check of a variant whose only layout need is equal slabs: n divisible by seq_ranks. */
+const char *attention_check_slabs(const struct config *cfg, long n, int seq_ranks, char *buf,
+                                  size_t len);
+
 /* Register the variant's parameters of block `layer` into list under their checkpoint names
  * "layer_NNN/attn/<variant>/<name>" (owner 1, layer set). Returns how many were added. */
 int attention_register_params(const struct config *cfg, const struct attn_variant *v, long n,
@@ -107,14 +111,23 @@ void attention_params_free(struct attn_params *ap);
 /* Number of diagnostic bands for a sequence of n tokens (levels of the fma.m tree + 1). */
 int attention_diag_bands(const struct config *cfg, long n);
 
-/* Diagnostics shared by variants whose probabilities can be formed row by row from q and k
- * (full, local): for up to `max_queries` evenly spaced local queries of batch element 0, the
- * softmax row over the keys the variant allows (band(i, j) ≥ 0 of `allowed`) classified into the
- * distance bands of the fma.m tree. With S > 1 sequence ranks each rank samples its own queries;
- * the sampled rows go round the group and every rank scores them against its own keys, so no rank
- * ever holds more than its slab of k. */
+/* Query rows each rank examines per head for diagnostics, at most. */
+#define ATTENTION_DIAG_QUERIES 256
+
+/* Log-weight of the attention of global query i on global key j, from their rows (width floats,
+ * as the caller gave them: raw q and k, or feature maps): the share of j in i's attention is
+ * e^score / Σ_j e^score; −INFINITY when i may not see j. */
+typedef double (*attention_score_fn)(const struct attn_ctx *ctx, const float *qi, long i,
+                                     const float *kj, long j, long width);
+
+/* Diagnostics of one head whose attention weights can be formed row by row (full, local, and the
+ * kernelized variants through their feature maps): for up to `max_queries` evenly spaced local
+ * queries of q (T, width), the normalised row over the keys of k (T, width), classified into the
+ * distance bands of the fma.m tree: mass (bands) and entropy (1) summed over the queries examined,
+ * which are returned. With S > 1 sequence ranks each rank samples its own queries; the sampled
+ * rows go round the group and every rank scores them against its own keys, so no rank ever holds
+ * more than its slab of k. Collective over the sequence group. */
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
-                         const float *k, long max_queries,
-                         bool (*allowed)(const struct attn_ctx *ctx, long i, long j));
+                         const float *k, long width, long max_queries, attention_score_fn score);
 
 #endif

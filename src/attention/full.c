@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "attention/exact.h"
 #include "error.h"
 #include "halo.h"
 #include "memory.h"
@@ -154,10 +155,13 @@ static void exact_block_backward(float *dq, float *dk, float *dv, const float *d
 
 extern const struct attn_variant attention_local;
 
-static struct key_mask mask_of(const struct attn_ctx *ctx) {
-  struct key_mask mk = {ctx->dims.causal, 0};
-  if (ctx->variant == &attention_local) mk.band = ctx->cfg->attention.local_band;
-  return mk;
+static struct key_mask mask_of(const struct attn_ctx *ctx, long band) {
+  return (struct key_mask){ctx->dims.causal, band};
+}
+
+/* The band of the two variants of this file: local.band for `local`, none for `full`. */
+static long variant_band(const struct attn_ctx *ctx) {
+  return ctx->variant == &attention_local ? ctx->cfg->attention.local_band : 0;
 }
 
 static int exact_tile(const struct attn_ctx *ctx) { return ctx->cfg->attention.full_block; }
@@ -174,13 +178,13 @@ static void exact_rowdot(float *D, const float *dout, const float *out, long row
 
 /* out (B, H, T, d), lse (B, H, T) for queries at global qoff against keys k, v (B, H, Tk, d) at
  * global koff. */
-static void slab_forward(const struct attn_ctx *ctx, float *out, float *lse, const float *q,
-                         long qoff, const float *k, const float *v, long Tk, long koff) {
+static void slab_forward(const struct attn_ctx *ctx, struct key_mask mk, float *out, float *lse,
+                         const float *q, long qoff, const float *k, const float *v, long Tk,
+                         long koff) {
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, BH = dm->B * dm->H;
   const int d = (int)dm->d, tile = exact_tile(ctx);
   const long ntiles = (T + tile - 1) / tile;
-  const struct key_mask mk = mask_of(ctx);
   float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l */
 #pragma omp parallel
   {
@@ -210,13 +214,12 @@ static void slab_forward(const struct attn_ctx *ctx, float *out, float *lse, con
 }
 
 /* dq (B, H, T, d) and dk, dv (B, H, Tk, d) += the gradients of slab_forward's op. */
-static void slab_backward(const struct attn_ctx *ctx, float *dq, float *dk, float *dv,
-                          const float *dout, const float *q, long qoff, const float *k,
+static void slab_backward(const struct attn_ctx *ctx, struct key_mask mk, float *dq, float *dk,
+                          float *dv, const float *dout, const float *q, long qoff, const float *k,
                           const float *v, long Tk, long koff, const float *out, const float *lse) {
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, BH = dm->B * dm->H;
   const int d = (int)dm->d, tile = exact_tile(ctx);
-  const struct key_mask mk = mask_of(ctx);
   float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
   exact_rowdot(D, dout, out, BH * T, d);
 #pragma omp parallel
@@ -237,10 +240,10 @@ static void slab_backward(const struct attn_ctx *ctx, float *dq, float *dk, floa
 /* `local` under sequence parallelism: the band's halo (band − 1 tokens before the slab, and after
  * it when bidirectional, clipped to [0, n), possibly from several ranks) gathered into extended
  * k, v (B, H, hi − lo, d); k and v travel stacked as 2·B·H rows so one alltoallv moves both. */
-static float *local_halo(const struct attn_ctx *ctx, struct halo *h, const float *k,
+static float *local_halo(const struct attn_ctx *ctx, long band, struct halo *h, const float *k,
                          const float *v) {
   const struct attn_dims *dm = &ctx->dims;
-  const long BH = dm->B * dm->H, X = BH * dm->T * dm->d, reach = ctx->cfg->attention.local_band - 1;
+  const long BH = dm->B * dm->H, X = BH * dm->T * dm->d, reach = band - 1;
   halo_plan(h, ctx->comm, dm->n, dm->T, reach, dm->causal ? 0 : reach);
   float *kv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
   memcpy(kv, k, sizeof(float) * (size_t)X);
@@ -251,29 +254,31 @@ static float *local_halo(const struct attn_ctx *ctx, struct halo *h, const float
   return ext; /* (2, B, H, hi − lo, d) */
 }
 
-static void local_forward(struct attn_ctx *ctx, float *out, float *lse, const float *q,
+static void local_forward(struct attn_ctx *ctx, long band, float *out, float *lse, const float *q,
                           const float *k, const float *v) {
   const struct attn_dims *dm = &ctx->dims;
   struct halo h;
-  float *ext = local_halo(ctx, &h, k, v);
+  float *ext = local_halo(ctx, band, &h, k, v);
   const long E = h.hi - h.lo;
-  slab_forward(ctx, out, lse, q, dm->t0, ext, ext + dm->B * dm->H * E * dm->d, E, h.lo);
+  slab_forward(ctx, mask_of(ctx, band), out, lse, q, dm->t0, ext, ext + dm->B * dm->H * E * dm->d,
+               E, h.lo);
   mem_free(ext);
   halo_free(&h);
 }
 
 /* Backward gathers the halo again (saved holds only the log-sum-exp), forms dk, dv over the
  * extended range and sends the halo parts back to their owners. */
-static void local_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, const float *dout,
-                           const float *q, const float *k, const float *v, const float *out,
-                           const float *lse) {
+static void local_backward(struct attn_ctx *ctx, long band, float *dq, float *dk, float *dv,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const float *out, const float *lse) {
   const struct attn_dims *dm = &ctx->dims;
   const long BH = dm->B * dm->H, X = BH * dm->T * dm->d;
   struct halo h;
-  float *ext = local_halo(ctx, &h, k, v);
+  float *ext = local_halo(ctx, band, &h, k, v);
   const long E = h.hi - h.lo, XE = BH * E * dm->d;
   float *dext = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)XE); /* (2, B, H, E, d) */
-  slab_backward(ctx, dq, dext, dext + XE, dout, q, dm->t0, ext, ext + XE, E, h.lo, out, lse);
+  slab_backward(ctx, mask_of(ctx, band), dq, dext, dext + XE, dout, q, dm->t0, ext, ext + XE, E,
+                h.lo, out, lse);
   mem_free(ext);
   float *dkv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
   halo_scatter_add(&h, ctx->comm, dkv, dext, 2 * BH, dm->d);
@@ -319,7 +324,7 @@ static struct ring ring_plan(const struct attn_ctx *ctx) {
   rg.T = dm->T;
   rg.d = (int)dm->d;
   rg.tile = exact_tile(ctx);
-  rg.mk = mask_of(ctx);
+  rg.mk = mask_of(ctx, 0);
   return rg;
 }
 
@@ -586,18 +591,6 @@ static void ring_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv,
 /* ---------------------------------------------------------------------------------------------
  * the two variants */
 
-static const char *exact_check(const struct config *cfg, long n, int seq_ranks, char *buf,
-                               size_t len) {
-  if (seq_ranks > 1 && n % seq_ranks != 0) {
-    snprintf(buf, len,
-             "attention.variant = %s with parallel.seq_ranks = %d needs model.context (%ld) "
-             "divisible by parallel.seq_ranks",
-             cfg->attention.variant, seq_ranks, n);
-    return buf;
-  }
-  return NULL;
-}
-
 static size_t exact_saved_floats(const struct attn_ctx *ctx) {
   /* log-sum-exp per query row; in the ring's (zigzag) order when the causal ring ran */
   return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T);
@@ -605,61 +598,90 @@ static size_t exact_saved_floats(const struct attn_ctx *ctx) {
 
 static bool exact_distributed(const struct attn_ctx *ctx) { return ctx->comm && ctx->comm->S > 1; }
 
-static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
-                          const float *k, const float *v, const float *params) {
+void exact_attention_forward(struct attn_ctx *ctx, long band, float *out, float *lse,
+                             const float *q, const float *k, const float *v) {
   const struct attn_dims *dm = &ctx->dims;
   if (!exact_distributed(ctx))
-    slab_forward(ctx, out, saved, q, dm->t0, k, v, dm->T, dm->t0);
-  else if (mask_of(ctx).band > 0)
-    local_forward(ctx, out, saved, q, k, v);
+    slab_forward(ctx, mask_of(ctx, band), out, lse, q, dm->t0, k, v, dm->T, dm->t0);
+  else if (band > 0)
+    local_forward(ctx, band, out, lse, q, k, v);
   else
-    ring_forward(ctx, out, saved, q, k, v);
+    ring_forward(ctx, out, lse, q, k, v);
+}
+
+void exact_attention_backward(struct attn_ctx *ctx, long band, float *dq, float *dk, float *dv,
+                              const float *dout, const float *q, const float *k, const float *v,
+                              const float *out, const float *lse) {
+  const struct attn_dims *dm = &ctx->dims;
+  if (!exact_distributed(ctx))
+    slab_backward(ctx, mask_of(ctx, band), dq, dk, dv, dout, q, dm->t0, k, v, dm->T, dm->t0, out,
+                  lse);
+  else if (band > 0)
+    local_backward(ctx, band, dq, dk, dv, dout, q, k, v, out, lse);
+  else
+    ring_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse);
+}
+
+bool exact_attention_allows(bool causal, long band, long i, long j) {
+  long lo, hi;
+  key_range((struct key_mask){causal, band}, i, &lo, &hi);
+  return j >= lo && j <= hi;
+}
+
+/* Forward FLOPs: 4·d per allowed (query, key) pair (scores and values), over the local share. */
+double exact_attention_flops(const struct attn_ctx *ctx, long band) {
+  const struct attn_dims *dm = &ctx->dims;
+  const double n = (double)dm->n;
+  double pairs;
+  if (band <= 0) {
+    pairs = dm->causal ? 0.5 * n * (n + 1) : n * n;
+  } else {
+    const double b = band < dm->n ? (double)band : n; /* keys per query, less the edges */
+    pairs = dm->causal ? n * b - 0.5 * b * (b - 1) : n * (2 * b - 1) - b * (b - 1);
+  }
+  return 4.0 * pairs * (double)dm->d * (double)(dm->B * dm->H) * ((double)dm->T / n);
+}
+
+static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
+                          const float *k, const float *v, const float *params) {
+  exact_attention_forward(ctx, variant_band(ctx), out, saved, q, k, v);
 }
 
 static void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                            const float *dout, const float *q, const float *k, const float *v,
                            const float *params, const float *out, const float *saved) {
-  const struct attn_dims *dm = &ctx->dims;
-  if (!exact_distributed(ctx))
-    slab_backward(ctx, dq, dk, dv, dout, q, dm->t0, k, v, dm->T, dm->t0, out, saved);
-  else if (mask_of(ctx).band > 0)
-    local_backward(ctx, dq, dk, dv, dout, q, k, v, out, saved);
-  else
-    ring_backward(ctx, dq, dk, dv, dout, q, k, v, out, saved);
+  exact_attention_backward(ctx, variant_band(ctx), dq, dk, dv, dout, q, k, v, out, saved);
 }
 
-static bool exact_allowed(const struct attn_ctx *ctx, long i, long j) {
-  long lo, hi;
-  key_range(mask_of(ctx), i, &lo, &hi);
-  return j >= lo && j <= hi;
+static double exact_score(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
+                          long j, long width) {
+  if (!exact_attention_allows(ctx->dims.causal, variant_band(ctx), i, j)) return -INFINITY;
+  double dot = 0.0;
+  for (long c = 0; c < width; c++) dot += (double)qi[c] * kj[c];
+  return dot / sqrt((double)width);
 }
 
 static long exact_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                               const float *k, const float *v, const float *params) {
-  return attention_diag_rows(ctx, mass, entropy, q, k, 256, exact_allowed);
+  const struct attn_dims *dm = &ctx->dims;
+  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  long nq = 0;
+  for (long h = 0; h < dm->H; h++) /* batch element 0 */
+    nq = attention_diag_rows(ctx, mass + h * bands, entropy + h, q + h * dm->T * dm->d,
+                             k + h * dm->T * dm->d, dm->d, ATTENTION_DIAG_QUERIES, exact_score);
+  return nq;
 }
 
-/* Forward FLOPs: 4·d per allowed (query, key) pair (scores and values), over the local share. */
 static double exact_flops(const struct attn_ctx *ctx, double *p2p_flops) {
-  const struct attn_dims *dm = &ctx->dims;
-  const struct key_mask mk = mask_of(ctx);
-  const double n = (double)dm->n;
-  double pairs;
-  if (mk.band <= 0) {
-    pairs = dm->causal ? 0.5 * n * (n + 1) : n * n;
-  } else {
-    const double b = mk.band < dm->n ? (double)mk.band : n; /* keys per query, less the edges */
-    pairs = dm->causal ? n * b - 0.5 * b * (b - 1) : n * (2 * b - 1) - b * (b - 1);
-  }
   *p2p_flops = 0.0;
-  return 4.0 * pairs * (double)dm->d * (double)(dm->B * dm->H) * ((double)dm->T / n);
+  return exact_attention_flops(ctx, variant_band(ctx));
 }
 
 const struct attn_variant attention_full = {
     .name = "full",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = exact_check,
+    .check = attention_check_slabs,
     .saved_floats = exact_saved_floats,
     .forward = exact_forward,
     .backward = exact_backward,
@@ -671,7 +693,7 @@ const struct attn_variant attention_local = {
     .name = "local",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = exact_check,
+    .check = attention_check_slabs,
     .saved_floats = exact_saved_floats,
     .forward = exact_forward,
     .backward = exact_backward,

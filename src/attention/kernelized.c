@@ -1,0 +1,421 @@
+/* The kernelized-attention core (kernelized.h). Causal sums are running sums taken chunk by chunk:
+ * a chunk of c rows adds φ(Q_c) S + mask(φ(Q_c) φ(K_c)ᵀ) V_c to its numerators, then folds
+ * φ(K_c)ᵀ V_c into the (F, d) state S. Backward never stores per-token states: a forward scan
+ * rebuilds S chunk by chunk and forms dφ(q); a reverse scan carries R = Σ_{i later} φ(q_i) dnum_iᵀ
+ * and forms dφ(k) and dv. Features are made per chunk from q and k (so the workspace is
+ * O(c·F + F·d) per thread), and pushed back through the map at once. One (batch, head) per
+ * OpenMP task; within a task the order of every sum is fixed, so results do not depend on the
+ * thread count. Must not allocate anything of size n·F or n·n. */
+#include "attention/kernelized.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "error.h"
+#include "memory.h"
+
+/* Per-thread workspace of the row functions. */
+struct kz_work {
+  float *fq, *fk;   /* (c, F) features of the chunk's queries and keys */
+  float *A, *G;     /* (c, c) masked φq·φk, and masked dnum·v + dden */
+  float *dfq, *dfk; /* (c, F) */
+  float *dnum;      /* (c, d) */
+  float *dden;      /* (c) */
+  float *state;     /* (F·d + F): S then z, or R then r */
+  float *scratch;   /* the map's */
+};
+
+static size_t state_floats(const struct kz_map *map) {
+  return (size_t)map->F * (size_t)map->d + (size_t)map->F;
+}
+
+static struct kz_work work_alloc(const struct kz_map *map) {
+  const size_t c = KZ_CHUNK, F = (size_t)map->F, d = (size_t)map->d;
+  const size_t total = 4 * c * F + 2 * c * c + c * d + c + state_floats(map) + map->scratch_floats;
+  float *p = mem_alloc(MEM_WORKSPACE, sizeof(float) * total);
+  struct kz_work w;
+  w.fq = p, p += c * F;
+  w.fk = p, p += c * F;
+  w.dfq = p, p += c * F;
+  w.dfk = p, p += c * F;
+  w.A = p, p += c * c;
+  w.G = p, p += c * c;
+  w.dnum = p, p += c * d;
+  w.dden = p, p += c;
+  w.state = p, p += state_floats(map);
+  w.scratch = p;
+  return w;
+}
+
+static void work_free(struct kz_work *w) { mem_free(w->fq); }
+
+/* Zero the entries of a (c, c) row-major matrix above the diagonal: key j > query i. */
+static void mask_future(float *A, long c) {
+  for (long i = 0; i < c; i++) memset(A + i * c + i + 1, 0, sizeof(float) * (size_t)(c - 1 - i));
+}
+
+/* z (F) += column sums of phi (c, F). */
+static void add_colsum(float *z, const float *phi, long c, int F) {
+  for (long i = 0; i < c; i++)
+    for (int a = 0; a < F; a++) z[a] += phi[i * F + a];
+}
+
+/* dnum (c, d) = dout / den_i and dden (c) = −dout·out / den_i per row: the gradients of
+ * out = num / den with respect to the numerator and the denominator (zero for a clamped den). */
+static void normaliser_grads(float *dnum, float *dden, const float *dout, const float *out,
+                             const float *den, long c, int d, enum kz_norm norm) {
+  for (long i = 0; i < c; i++) {
+    const bool clamped = norm == KZ_CLAMP1 && den[i] < 1.0f;
+    const float e = clamped ? 1.0f : den[i], inv = 1.0f / e;
+    float dot = 0.0f;
+    for (int f = 0; f < d; f++) {
+      dnum[i * d + f] = dout[i * d + f] * inv;
+      dot += dout[i * d + f] * out[i * d + f];
+    }
+    dden[i] = clamped ? 0.0f : -dot * inv;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * one (batch, head) row: T tokens of q, k, v (T, d) */
+
+/* S (F, d) += Σ φ(k) vᵀ and z (F) += Σ φ(k) over the slab: the sums its keys contribute. */
+static void row_key_sums(const struct kz_map *map, float *Sz, const float *k, const float *v,
+                         long T, struct kz_work *w) {
+  const int F = map->F, d = map->d;
+  for (long i0 = 0; i0 < T; i0 += KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    map->forward(map, w->fk, k + i0 * d, c, w->scratch);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, d, (int)c, 1.0f, w->fk, F, v + i0 * d,
+                d, 1.0f, Sz, d);
+    add_colsum(Sz + (size_t)F * d, w->fk, c, F);
+  }
+}
+
+/* R (F, d) += Σ φ(q) dnumᵀ and r (F) += Σ φ(q) dden over the slab: what its queries send back
+ * to the keys they saw. */
+static void row_query_sums(const struct kz_map *map, enum kz_norm norm, float *Rr, const float *q,
+                           const float *dout, const float *out, const float *den, long T,
+                           struct kz_work *w) {
+  const int F = map->F, d = map->d;
+  for (long i0 = 0; i0 < T; i0 += KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    map->forward(map, w->fq, q + i0 * d, c, w->scratch);
+    normaliser_grads(w->dnum, w->dden, dout + i0 * d, out + i0 * d, den + i0, c, d, norm);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, d, (int)c, 1.0f, w->fq, F, w->dnum, d,
+                1.0f, Rr, d);
+    cblas_sgemv(CblasRowMajor, CblasTrans, (int)c, F, 1.0f, w->fq, F, w->dden, 1, 1.0f,
+                Rr + (size_t)F * d, 1);
+  }
+}
+
+/* out (T, d), den (T): Sz0 holds the sums the slab's first query sees from outside the slab
+ * (causal: the keys before it; bidirectional: every key). */
+static void row_forward(const struct kz_map *map, enum kz_norm norm, bool causal, float *out,
+                        float *den, const float *q, const float *k, const float *v, long T,
+                        const float *Sz0, struct kz_work *w) {
+  const int F = map->F, d = map->d;
+  float *S = w->state, *z = w->state + (size_t)F * d;
+  memcpy(S, Sz0, sizeof(float) * state_floats(map));
+  for (long i0 = 0; i0 < T; i0 += KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    float *o = out + i0 * d, *e = den + i0;
+    map->forward(map, w->fq, q + i0 * d, c, w->scratch);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c, d, F, 1.0f, w->fq, F, S, d, 0.0f,
+                o, d);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)c, F, 1.0f, w->fq, F, z, 1, 0.0f, e, 1);
+    if (causal) { /* the chunk's own keys up to each query, then fold them into the state */
+      map->forward(map, w->fk, k + i0 * d, c, w->scratch);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, (int)c, F, 1.0f, w->fq, F, w->fk,
+                  F, 0.0f, w->A, (int)c);
+      mask_future(w->A, c);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c, d, (int)c, 1.0f, w->A, (int)c,
+                  v + i0 * d, d, 1.0f, o, d);
+      for (long i = 0; i < c; i++)
+        for (long j = 0; j <= i; j++) e[i] += w->A[i * c + j];
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, d, (int)c, 1.0f, w->fk, F, v + i0 * d,
+                  d, 1.0f, S, d);
+      add_colsum(z, w->fk, c, F);
+    }
+    for (long i = 0; i < c; i++) {
+      const float inv = 1.0f / (norm == KZ_CLAMP1 && e[i] < 1.0f ? 1.0f : e[i]);
+      for (int f = 0; f < d; f++) o[i * d + f] *= inv;
+    }
+  }
+}
+
+/* G (c, c) = mask(dnum vᵀ + dden 1ᵀ): G_ij = dL/d(φq_i·φk_j) for the chunk's own pairs. */
+static void chunk_pair_grads(struct kz_work *w, const float *v, long c, int d) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, (int)c, d, 1.0f, w->dnum, d, v, d,
+              0.0f, w->G, (int)c);
+  for (long i = 0; i < c; i++)
+    for (long j = 0; j <= i; j++) w->G[i * c + j] += w->dden[i];
+  mask_future(w->G, c);
+}
+
+/* Causal backward, first pass: the forward scan again, forming dφ(q) chunk by chunk. */
+static void row_backward_queries(const struct kz_map *map, enum kz_norm norm, float *dq,
+                                 const float *dout, const float *q, const float *k, const float *v,
+                                 const float *out, const float *den, long T, const float *Sz0,
+                                 struct kz_work *w) {
+  const int F = map->F, d = map->d;
+  float *S = w->state, *z = w->state + (size_t)F * d;
+  memcpy(S, Sz0, sizeof(float) * state_floats(map));
+  for (long i0 = 0; i0 < T; i0 += KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    map->forward(map, w->fk, k + i0 * d, c, w->scratch);
+    normaliser_grads(w->dnum, w->dden, dout + i0 * d, out + i0 * d, den + i0, c, d, norm);
+    chunk_pair_grads(w, v + i0 * d, c, d);
+    /* dφq = dnum Sᵀ + dden zᵀ + G φk */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, F, d, 1.0f, w->dnum, d, S, d, 0.0f,
+                w->dfq, F);
+    cblas_sger(CblasRowMajor, (int)c, F, 1.0f, w->dden, 1, z, 1, w->dfq, F);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c, F, (int)c, 1.0f, w->G, (int)c,
+                w->fk, F, 1.0f, w->dfq, F);
+    map->backward(map, dq + i0 * d, w->dfq, q + i0 * d, c, w->scratch);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, d, (int)c, 1.0f, w->fk, F, v + i0 * d,
+                d, 1.0f, S, d);
+    add_colsum(z, w->fk, c, F);
+  }
+}
+
+/* Causal backward, second pass: a reverse scan carrying R = Σ_{i later} φq_i dnum_iᵀ and
+ * r = Σ φq_i dden_i from Rr0 (the later ranks' queries), forming dφ(k) and dv. */
+static void row_backward_keys(const struct kz_map *map, enum kz_norm norm, float *dk, float *dv,
+                              const float *dout, const float *q, const float *k, const float *v,
+                              const float *out, const float *den, long T, const float *Rr0,
+                              struct kz_work *w) {
+  const int F = map->F, d = map->d;
+  float *R = w->state, *r = w->state + (size_t)F * d;
+  memcpy(R, Rr0, sizeof(float) * state_floats(map));
+  const long last = T == 0 ? 0 : (T - 1) / KZ_CHUNK * KZ_CHUNK;
+  for (long i0 = last; i0 >= 0 && T > 0; i0 -= KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    map->forward(map, w->fq, q + i0 * d, c, w->scratch);
+    map->forward(map, w->fk, k + i0 * d, c, w->scratch);
+    normaliser_grads(w->dnum, w->dden, dout + i0 * d, out + i0 * d, den + i0, c, d, norm);
+    chunk_pair_grads(w, v + i0 * d, c, d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, (int)c, F, 1.0f, w->fq, F, w->fk,
+                F, 0.0f, w->A, (int)c);
+    mask_future(w->A, c);
+    /* dφk = v Rᵀ + 1 rᵀ + Gᵀ φq;  dv += φk R + Aᵀ dnum */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, F, d, 1.0f, v + i0 * d, d, R, d,
+                0.0f, w->dfk, F);
+    for (long j = 0; j < c; j++)
+      for (int a = 0; a < F; a++) w->dfk[j * F + a] += r[a];
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, F, (int)c, 1.0f, w->G, (int)c,
+                w->fq, F, 1.0f, w->dfk, F);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c, d, F, 1.0f, w->fk, F, R, d, 1.0f,
+                dv + i0 * d, d);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c, d, (int)c, 1.0f, w->A, (int)c,
+                w->dnum, d, 1.0f, dv + i0 * d, d);
+    map->backward(map, dk + i0 * d, w->dfk, k + i0 * d, c, w->scratch);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, d, (int)c, 1.0f, w->fq, F, w->dnum, d,
+                1.0f, R, d);
+    cblas_sgemv(CblasRowMajor, CblasTrans, (int)c, F, 1.0f, w->fq, F, w->dden, 1, 1.0f, r, 1);
+  }
+}
+
+/* Bidirectional backward: every query saw the same sums Sz (all keys) and every key is seen by
+ * the same sums Rr (all queries), so one pass forms dq, dk and dv. */
+static void row_backward_bidir(const struct kz_map *map, enum kz_norm norm, float *dq, float *dk,
+                               float *dv, const float *dout, const float *q, const float *k,
+                               const float *v, const float *out, const float *den, long T,
+                               const float *Sz, const float *Rr, struct kz_work *w) {
+  const int F = map->F, d = map->d;
+  const float *S = Sz, *z = Sz + (size_t)F * d, *R = Rr, *r = Rr + (size_t)F * d;
+  for (long i0 = 0; i0 < T; i0 += KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    normaliser_grads(w->dnum, w->dden, dout + i0 * d, out + i0 * d, den + i0, c, d, norm);
+    /* dφq = dnum Sᵀ + dden zᵀ */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, F, d, 1.0f, w->dnum, d, S, d, 0.0f,
+                w->dfq, F);
+    cblas_sger(CblasRowMajor, (int)c, F, 1.0f, w->dden, 1, z, 1, w->dfq, F);
+    map->backward(map, dq + i0 * d, w->dfq, q + i0 * d, c, w->scratch);
+    /* dφk = v Rᵀ + 1 rᵀ;  dv += φk R */
+    map->forward(map, w->fk, k + i0 * d, c, w->scratch);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, F, d, 1.0f, v + i0 * d, d, R, d,
+                0.0f, w->dfk, F);
+    for (long j = 0; j < c; j++)
+      for (int a = 0; a < F; a++) w->dfk[j * F + a] += r[a];
+    map->backward(map, dk + i0 * d, w->dfk, k + i0 * d, c, w->scratch);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c, d, F, 1.0f, w->fk, F, R, d, 1.0f,
+                dv + i0 * d, d);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * one layer: every (batch, head) of the slab, and the sums of the other ranks */
+
+static int seq_ranks(const struct attn_ctx *ctx) { return ctx->comm ? ctx->comm->S : 1; }
+
+/* The sums each row needs from outside the slab, given every row's own sums mine (BH, W):
+ * causal, those of the ranks before (exclusive scan); bidirectional, everyone's. into (BH, W). */
+static void outside_sums(struct attn_ctx *ctx, bool before_only, float *into, const float *mine,
+                         size_t count) {
+  if (seq_ranks(ctx) == 1) {
+    if (before_only)
+      memset(into, 0, sizeof(float) * count);
+    else
+      memcpy(into, mine, sizeof(float) * count);
+    return;
+  }
+  float *after = mem_alloc(MEM_COMM, sizeof(float) * count);
+  comm_exscan_sum_float(ctx->comm, mine, count, into, after);
+  if (!before_only)
+    for (size_t i = 0; i < count; i++) into[i] += mine[i] + after[i];
+  mem_free(after);
+}
+
+/* The same for backward: causal rows need the sums of the ranks after (their later queries). */
+static void outside_query_sums(struct attn_ctx *ctx, bool causal, float *into, const float *mine,
+                               size_t count) {
+  if (seq_ranks(ctx) == 1) {
+    if (causal)
+      memset(into, 0, sizeof(float) * count);
+    else
+      memcpy(into, mine, sizeof(float) * count);
+    return;
+  }
+  float *before = mem_alloc(MEM_COMM, sizeof(float) * count);
+  comm_exscan_sum_float(ctx->comm, mine, count, before, into);
+  if (!causal)
+    for (size_t i = 0; i < count; i++) into[i] += before[i] + mine[i];
+  mem_free(before);
+}
+
+size_t kz_saved_floats(const struct attn_ctx *ctx, const struct kz_map *map) {
+  const size_t BH = (size_t)(ctx->dims.B * ctx->dims.H);
+  return BH * (size_t)ctx->dims.T + BH * state_floats(map);
+}
+
+void kz_forward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, float *out,
+                float *saved, const float *q, const float *k, const float *v) {
+  const struct attn_dims *dm = &ctx->dims;
+  const long BH = dm->B * dm->H, T = dm->T, d = dm->d;
+  const size_t W = state_floats(map);
+  float *den = saved, *Sz0 = saved + BH * T; /* (BH, T), (BH, W) */
+  if (dm->causal && seq_ranks(ctx) == 1) {
+    memset(Sz0, 0, sizeof(float) * (size_t)BH * W);
+  } else {
+    float *mine = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)BH * W);
+#pragma omp parallel
+    {
+      struct kz_work w = work_alloc(map);
+#pragma omp for schedule(dynamic, 1)
+      for (long bh = 0; bh < BH; bh++)
+        row_key_sums(map, mine + bh * W, k + bh * T * d, v + bh * T * d, T, &w);
+      work_free(&w);
+    }
+    outside_sums(ctx, dm->causal, Sz0, mine, (size_t)BH * W);
+    mem_free(mine);
+  }
+#pragma omp parallel
+  {
+    struct kz_work w = work_alloc(map);
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++)
+      row_forward(map, norm, dm->causal, out + bh * T * d, den + bh * T, q + bh * T * d,
+                  k + bh * T * d, v + bh * T * d, T, Sz0 + bh * W, &w);
+    work_free(&w);
+  }
+}
+
+void kz_backward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, float *dq,
+                 float *dk, float *dv, const float *dout, const float *q, const float *k,
+                 const float *v, const float *out, const float *saved) {
+  const struct attn_dims *dm = &ctx->dims;
+  const long BH = dm->B * dm->H, T = dm->T, d = dm->d;
+  const size_t W = state_floats(map);
+  const float *den = saved, *Sz0 = saved + BH * T;
+  float *Rr0 = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)BH * W); /* zeroed */
+  if (!dm->causal || seq_ranks(ctx) > 1) {
+    float *mine = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)BH * W);
+#pragma omp parallel
+    {
+      struct kz_work w = work_alloc(map);
+#pragma omp for schedule(dynamic, 1)
+      for (long bh = 0; bh < BH; bh++)
+        row_query_sums(map, norm, mine + bh * W, q + bh * T * d, dout + bh * T * d,
+                       out + bh * T * d, den + bh * T, T, &w);
+      work_free(&w);
+    }
+    outside_query_sums(ctx, dm->causal, Rr0, mine, (size_t)BH * W);
+    mem_free(mine);
+  }
+#pragma omp parallel
+  {
+    struct kz_work w = work_alloc(map);
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++) {
+      const size_t o = (size_t)(bh * T * d);
+      if (dm->causal) {
+        row_backward_queries(map, norm, dq + o, dout + o, q + o, k + o, v + o, out + o,
+                             den + bh * T, T, Sz0 + bh * W, &w);
+        row_backward_keys(map, norm, dk + o, dv + o, dout + o, q + o, k + o, v + o, out + o,
+                          den + bh * T, T, Rr0 + bh * W, &w);
+      } else {
+        row_backward_bidir(map, norm, dq + o, dk + o, dv + o, dout + o, q + o, k + o, v + o,
+                           out + o, den + bh * T, T, Sz0 + bh * W, Rr0 + bh * W, &w);
+      }
+    }
+    work_free(&w);
+  }
+  mem_free(Rr0);
+}
+
+double kz_flops(const struct attn_ctx *ctx, const struct kz_map *map) {
+  const struct attn_dims *dm = &ctx->dims;
+  const double F = map->F, d = map->d;
+  const double per_token = 4.0 * F * d + 4.0 * F + 2.0 * map->flops_per_row;
+  return per_token * (double)(dm->B * dm->H) * (double)dm->T;
+}
+
+void kz_features(const struct kz_map *map, float *phi, const float *x, long T, float *scratch) {
+  for (long i0 = 0; i0 < T; i0 += KZ_CHUNK) {
+    const long c = T - i0 < KZ_CHUNK ? T - i0 : KZ_CHUNK;
+    map->forward(map, phi + i0 * map->F, x + i0 * map->d, c, scratch);
+  }
+}
+
+/* log of the weight φq_i·φk_j (its magnitude for signed features); −∞ for a future key. */
+static double weight_score(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
+                           long j, long width, bool magnitude) {
+  if (ctx->dims.causal && j > i) return -INFINITY;
+  double dot = 0.0;
+  for (long a = 0; a < width; a++) dot += (double)qi[a] * kj[a];
+  if (magnitude) dot = fabs(dot);
+  return dot > 0 ? log(dot) : -INFINITY;
+}
+
+static double score_positive(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
+                             long j, long width) {
+  return weight_score(ctx, qi, i, kj, j, width, false);
+}
+
+static double score_magnitude(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
+                              long j, long width) {
+  return weight_score(ctx, qi, i, kj, j, width, true);
+}
+
+long kz_diagnostics(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, double *mass,
+                    double *entropy, const float *q, const float *k) {
+  const struct attn_dims *dm = &ctx->dims;
+  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  const long T = dm->T, d = dm->d, F = map->F;
+  float *fq = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * F));
+  float *fk = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * F));
+  float *scratch = mem_alloc(MEM_WORKSPACE, sizeof(float) * (map->scratch_floats + 1));
+  long nq = 0;
+  for (long h = 0; h < dm->H; h++) { /* batch element 0 */
+    kz_features(map, fq, q + h * T * d, T, scratch);
+    kz_features(map, fk, k + h * T * d, T, scratch);
+    nq = attention_diag_rows(ctx, mass + h * bands, entropy + h, fq, fk, F, ATTENTION_DIAG_QUERIES,
+                             norm == KZ_CLAMP1 ? score_magnitude : score_positive);
+  }
+  mem_free(scratch);
+  mem_free(fk);
+  mem_free(fq);
+  return nq;
+}

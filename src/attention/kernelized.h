@@ -1,0 +1,67 @@
+/* Kernelized attention, the core shared by `linear` (SPEC §6.3), fmmformer's far field (§6.6) and
+ * `rmfa` (§6.8): with a feature map φ of F features per token,
+ *   out_i = φ(q_i)ᵀ S_i / den_i,  S_i = Σ_{j∈J(i)} φ(k_j) v_jᵀ (F, d),  z_i = Σ_{j∈J(i)} φ(k_j),
+ *   den_i = φ(q_i)ᵀ z_i, or max(1, φ(q_i)ᵀ z_i) for rmfa;  J(i) = {j ≤ i} causal, every j else.
+ * O(n·F·d) time and O(n·d + F·d) memory: no (n, n) and no (n, F, d) array ever exists. Internal
+ * to src/attention/; the variant files supply the feature map and own the ops tables. */
+#ifndef FMATTN_ATTENTION_KERNELIZED_H
+#define FMATTN_ATTENTION_KERNELIZED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "attention/attention.h"
+
+/* Rows per chunk of the running sums: within a chunk the causal terms are small masked GEMMs. */
+#define KZ_CHUNK 64
+
+/* A feature map φ: R^d → R^F applied row by row (the same map for every batch element and head). */
+struct kz_map {
+  int F;                 /* features per token */
+  int d;                 /* width of the rows it maps (the head size) */
+  size_t scratch_floats; /* workspace of one call on up to KZ_CHUNK rows */
+  /* phi (rows, F) = φ(x) for x (rows, d) */
+  void (*forward)(const struct kz_map *map, float *phi, const float *x, long rows, float *scratch);
+  /* dx (rows, d) += dphi (rows, F) · ∂φ/∂x at x */
+  void (*backward)(const struct kz_map *map, float *dx, const float *dphi, const float *x,
+                   long rows, float *scratch);
+  double flops_per_row; /* forward FLOPs of the map for one row (for the FLOP counts) */
+  const void *data;     /* the variant's own (the kernel's choice, random features) */
+};
+
+/* How den_i is formed: the plain sum (linear, fmmformer), or max(1, ·) (rmfa, whose random
+ * features may make the sum small or negative). */
+enum kz_norm { KZ_PLAIN, KZ_CLAMP1 };
+
+/* Floats kz_forward saves for kz_backward, per layer: den (B, H, T) and the sums of the keys
+ * outside the slab that the slab's queries see (B, H, F·d + F). */
+size_t kz_saved_floats(const struct attn_ctx *ctx, const struct kz_map *map);
+
+/* out (B, H, T, d) = the kernelized attention of q, k, v (B, H, T, d) over the whole sequence:
+ * the local slab of ctx->dims, and under sequence parallelism the running sums of the other
+ * ranks (one exclusive scan over the sequence group). Collective when S > 1. */
+void kz_forward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, float *out,
+                float *saved, const float *q, const float *k, const float *v);
+/* dq, dk, dv += the gradients for dout; out and saved exactly as kz_forward left them (out is
+ * the op's own output, before any scaling the variant applies). Collective when S > 1. */
+void kz_backward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, float *dq,
+                 float *dk, float *dv, const float *dout, const float *q, const float *k,
+                 const float *v, const float *out, const float *saved);
+
+/* Forward model FLOPs of this rank's share: per token and head, the numerator, denominator and
+ * state updates of the prefix-sum form (4·F·d + 4·F) and the feature maps of q and k. The chunked
+ * GEMM form executes about twice that (the masked intra-chunk products); the rate reported
+ * against these FLOPs is what the algorithm, not the kernel, achieves. */
+double kz_flops(const struct attn_ctx *ctx, const struct kz_map *map);
+
+/* phi (T, F) = φ(x) of x (T, d), in chunks; scratch of map->scratch_floats. */
+void kz_features(const struct kz_map *map, float *phi, const float *x, long T, float *scratch);
+
+/* Diagnostics (the ops table's) of the kernelized attention alone: for every head of batch
+ * element 0 the weights φ(q_i)·φ(k_j) of sampled rows, normalised per row, in the fma.m tree's
+ * distance bands. With KZ_CLAMP1 the weights may be negative and their magnitudes are used.
+ * Adds into mass (H, bands) and entropy (H); returns the queries examined per head. */
+long kz_diagnostics(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, double *mass,
+                    double *entropy, const float *q, const float *k);
+
+#endif
