@@ -1,7 +1,9 @@
 /* `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3): one attention op, forward and backward, on tensors a
  * user supplies, so any prototype can be checked against fmattn. IN holds q, k, v, dout (H, n, d)
  * float32, optional params/<name> below attn/<variant>/, and attributes variant, causal and the
- * variant keys without prefix; OUT receives out, dq, dk, dv and dparams/<name>. One rank. */
+ * variant keys without prefix; OUT receives out, dq, dk, dv and dparams/<name> (of the trainable
+ * parameters; a frozen tensor such as rmfa's omega may be given in params/ but has no gradient).
+ * One rank. */
 #include "kernel.h"
 
 #include <stdio.h>
@@ -158,6 +160,7 @@ int kernel_run(const char *in_path, const char *out_path) {
   h5_write_floats(f, "dv", 3, dims3, dv, false, true);
   for (int i = 0; i < list->count; i++) {
     const struct param_desc *p = &list->p[i];
+    if (p->frozen) continue; /* fixed tensors (rmfa's random features) have no gradient */
     char path[PARAM_NAME + 16];
     snprintf(path, sizeof path, "dparams/%s", p->name + skip);
     h5_write_floats(f, path, p->ndim, p->shape, ap.dparams + p->offset, false, true);

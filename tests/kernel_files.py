@@ -1,10 +1,14 @@
 #!/usr/bin/python3
 """Kernel-file helpers for test_kernel.sh (SPEC §8.3).
 
-  kernel_files.py make IN.h5 VARIANT CAUSAL H N D [key=value ...] [--ones-v] [--bad-attr]
+  kernel_files.py make IN.h5 VARIANT CAUSAL H N D [key=value ...] [param=NAME:SHAPE:VALUE ...]
+                                               [--ones-v] [--bad-attr]
+                                               (param=gamma:2,8:2.0 stores params/gamma, 2x8, all 2.0)
   kernel_files.py close A.h5 B.h5 TOL          out, dq, dk, dv of two OUT files agree
   kernel_files.py ones OUT.h5 TOL              every output equals 1
   kernel_files.py dparams OUT.h5 NAME SHAPE    dparams/NAME exists with SHAPE (e.g. 8,2,16)
+  kernel_files.py nodparams OUT.h5 NAME        dparams/NAME is absent (a frozen tensor)
+  kernel_files.py scaled A.h5 B.h5 FACTOR TOL  out of A equals FACTOR times out of B
 """
 import sys
 
@@ -22,7 +26,11 @@ def make(path, variant, causal, H, n, d, extra):
         f.attrs["variant"] = variant
         f.attrs["causal"] = np.bool_(causal == "1")
         for kv in extra:
-            if "=" in kv:
+            if kv.startswith("param="):
+                name, shape, value = kv[len("param="):].split(":")
+                shape = tuple(int(x) for x in shape.split(","))
+                f["params/" + name] = np.full(shape, float(value), dtype=np.float32)
+            elif "=" in kv:
                 key, value = kv.split("=", 1)
                 f.attrs[key] = int(value) if value.isdigit() else value
         if "--bad-attr" in extra:
@@ -45,6 +53,16 @@ def main(argv):
             err = np.max(np.abs(f["out"][...] - 1.0))
             if err > float(argv[3]):
                 sys.exit(f"out differs from 1 by {err:.3e}")
+    elif cmd == "nodparams":
+        with h5py.File(argv[2], "r") as f:
+            if "dparams/" + argv[3] in f:
+                sys.exit(f"dparams/{argv[3]} is present")
+    elif cmd == "scaled":
+        with h5py.File(argv[2], "r") as a, h5py.File(argv[3], "r") as b:
+            x, y = a["out"][...], float(argv[4]) * b["out"][...]
+            err = np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)
+            if err > float(argv[5]):
+                sys.exit(f"out differs from {argv[4]} x the other by {err:.3e}")
     elif cmd == "dparams":
         with h5py.File(argv[2], "r") as f:
             name, shape = "dparams/" + argv[3], tuple(int(x) for x in argv[4].split(","))

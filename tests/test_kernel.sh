@@ -1,8 +1,9 @@
 #!/bin/sh
-# `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3) for full, local, fma and fma_linear: OUT holds out, dq,
-# dk, dv and the variant's dparams under their checkpoint names; fma with n = 2m (no levels)
-# equals full; fma with avg summaries and v ≡ 1 gives 1 everywhere; bad kernel files get one
-# clear message. The numerical ladder against the dense oracle is test_fma.
+# `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3) for every variant built: OUT holds out, dq, dk, dv and
+# the variant's dparams under their checkpoint names; fma with n = 2m (no levels) equals full; fma
+# with avg summaries, and linear, give 1 everywhere for v ≡ 1; parameters given in the file are
+# used; bad kernel files get one clear message. The numerical ladders against the dense oracles
+# are test_fma and test_kernelized.
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
 F="$FMATTN"
@@ -25,6 +26,27 @@ check "fma_linear m2m: kernel runs" "$F" kernel lin.h5 lin_out.h5
 check "fma_linear m2m: dparams/q_down/level_02/weight has shape [d, p, 2p]" py "$K" dparams lin_out.h5 q_down/level_02/weight 8,2,4
 py "$K" make loc.h5 local 0 1 100 8 band=7
 check "local: kernel runs (odd n)" "$F" kernel loc.h5 loc_out.h5
+
+
+# the kernelized variants (SPEC 6.3, 6.6, 6.8); their numerical ladder is test_kernelized
+for c in 1 0; do
+  py "$K" make lin1.h5 linear $c 2 100 8 --ones-v
+  check "causal=$c: kernel runs linear on v = 1" "$F" kernel lin1.h5 lin1_out.h5
+  check "causal=$c: linear, v = 1: every output is 1" py "$K" ones lin1_out.h5 1e-6
+done
+py "$K" make fmm.h5 fmmformer 1 2 100 8 band=5 kernels=elu,tanh
+check "fmmformer (kernels elu,tanh, band 5): kernel runs" "$F" kernel fmm.h5 fmm_out.h5
+check "fmmformer: dparams/w1 has shape [H]" py "$K" dparams fmm_out.h5 w1 2
+check "fmmformer: dparams/w2 has shape [H]" py "$K" dparams fmm_out.h5 w2 2
+py "$K" make rmfa.h5 rmfa 0 2 100 8 kernel=sqrt features=16
+py "$K" make rmfa2.h5 rmfa 0 2 100 8 kernel=sqrt features=16 param=gamma:2,8:2.0
+check "rmfa (sqrt, 16 features): kernel runs" "$F" kernel rmfa.h5 rmfa_out.h5
+check "rmfa: dparams/gamma has shape [H, d]" py "$K" dparams rmfa_out.h5 gamma 2,8
+check "rmfa: the frozen features have no dparams" py "$K" nodparams rmfa_out.h5 omega
+check "rmfa: kernel runs with params/gamma given" "$F" kernel rmfa2.h5 rmfa2_out.h5
+check "rmfa: params/gamma from the file is used (gamma = 2 doubles out)" py "$K" scaled rmfa2_out.h5 rmfa_out.h5 2.0 1e-6
+py "$K" make badk.h5 fmmformer 1 2 100 8 kernels=elu,cosine
+expect_fail "fmmformer refuses an unknown kernel" "cosine" "$F" kernel badk.h5 badk_out.h5
 
 py "$K" make bad.h5 fma 1 2 128 8 m=16 p=2 --bad-attr
 expect_fail "a kernel attribute with several values is refused" "attribute 'm' must hold one value" "$F" kernel bad.h5 bad_out.h5

@@ -1,7 +1,8 @@
 #!/bin/sh
 # End to end on one rank: a short run learns the copy task; diag.h5 and checkpoints have the
 # layouts of SPEC §8; a restart continues bit for bit; SIGTERM writes a checkpoint and stops
-# cleanly; eval and generate modes run from a checkpoint.
+# cleanly; eval and generate modes run from a checkpoint; rmfa (random features) restarts bit for
+# bit from its stored features.
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
 F="$FMATTN"
@@ -59,6 +60,29 @@ check "run resumed from step 20" "$F" copy.in $common --set run.name=resumed --s
 check "resumed losses equal the uninterrupted run bit for bit" py "$TESTDIR/h5check.py" same-series out/straight/diag.h5 out/resumed/diag.h5 train 20 0
 check "resumed validation equals the uninterrupted run bit for bit" py "$TESTDIR/h5check.py" same-series out/straight/diag.h5 out/resumed/diag.h5 eval 20 0
 check "resumed final parameters and moments are identical" py "$TESTDIR/h5check.py" same-tensors out/straight/ckpt_000040.h5 out/resumed/ckpt_000040.h5 0
+
+# rmfa restarts bit for bit too: its random features come back from the checkpoint (frozen
+# tensors attn/rmfa/{degree, omega}), not from a new draw
+rm="$common --set attention.variant=rmfa --set attention.rmfa.features=16"
+check "rmfa: uninterrupted 40-step run" "$F" copy.in $rm --set run.name=rm-straight
+mkdir -p out/rm-resumed && cp out/rm-straight/ckpt_000020.h5 out/rm-resumed/
+check "rmfa: run resumed from step 20" "$F" copy.in $rm --set run.name=rm-resumed --set output.restart=latest
+check "rmfa: resumed losses equal the uninterrupted run bit for bit" py "$TESTDIR/h5check.py" same-series out/rm-straight/diag.h5 out/rm-resumed/diag.h5 train 20 0
+check "rmfa: resumed final parameters, moments and features are identical" py "$TESTDIR/h5check.py" same-tensors out/rm-straight/ckpt_000040.h5 out/rm-resumed/ckpt_000040.h5 0
+check "rmfa: the checkpoint holds the frozen features under attn/rmfa/" py -c "
+import h5py, numpy as np, sys
+f = h5py.File('out/rm-straight/ckpt_000040.h5')
+d, w = f['/model/layer_001/attn/rmfa/degree'][...], f['/model/layer_001/attn/rmfa/omega'][...]
+ok = d.shape == (16,) and d[0] == 0 and w.shape == (int(d.sum()), 32) and set(np.unique(w)) == {-1.0, 1.0}
+ok = ok and np.array_equal(d, f['/model/layer_000/attn/rmfa/degree'][...])
+ok = ok and not np.array_equal(w, f['/model/layer_000/attn/rmfa/omega'][...])
+sys.exit(0 if ok else 1)"
+# a checkpoint whose stored degrees were altered is refused, not used
+cp out/rm-straight/ckpt_000040.h5 bad_features.h5
+py -c "
+import h5py
+with h5py.File('bad_features.h5', 'r+') as f: f['/model/layer_000/attn/rmfa/degree'][1] = 2.5"
+expect_fail "rmfa: a checkpoint with corrupt features is refused" "not a whole number" "$F" copy.in $rm --set run.name=rm-bad --set output.restart=bad_features.h5
 
 # SIGTERM (SLURM pre-emption): checkpoint at the current step, exit 0, resume with latest
 "$F" copy.in --set run.name=sig --set train.steps=1000000 --set output.log_every=1 --set output.checkpoint_every=0 > sig.log 2>&1 &

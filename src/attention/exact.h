@@ -13,10 +13,12 @@
  * Under sequence parallelism a band gathers its halo and band 0 runs the (zigzag) ring. */
 void exact_attention_forward(struct attn_ctx *ctx, long band, float *out, float *lse,
                              const float *q, const float *k, const float *v);
-/* dq, dk, dv += the gradients for dout; out and lse as forward left them, with the same band. */
-void exact_attention_backward(struct attn_ctx *ctx, long band, float *dq, float *dk, float *dv,
-                              const float *dout, const float *q, const float *k, const float *v,
-                              const float *out, const float *lse);
+/* dq, dk, dv += the gradients for the output gradient dout, scaled per head by head_scale (H)
+ * when given (a variant that weighs this attention by a learned factor: fmmformer's σ(w1)); out
+ * and lse as forward left them, with the same band. */
+void exact_attention_backward(struct attn_ctx *ctx, long band, const float *head_scale, float *dq,
+                              float *dk, float *dv, const float *dout, const float *q,
+                              const float *k, const float *v, const float *out, const float *lse);
 /* Whether query i may see key j (global indices). */
 bool exact_attention_allows(bool causal, long band, long i, long j);
 /* Forward model FLOPs of this rank's share: 4·d per allowed pair. */

@@ -104,30 +104,31 @@ static void fmm_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   const long H = dm->H, BH = dm->B * H, Td = dm->T * dm->d;
   const float *w1 = params, *w2 = params + param_aligned(H);
   struct fmm_saved s = saved_layout(ctx, (float *)saved);
-  float *dpart = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * Td));
   double *g = xcalloc(2 * (size_t)BH, sizeof(double)); /* Σ dout·band, Σ dout·far per (b, h) */
 #pragma omp parallel for schedule(static)
   for (long bh = 0; bh < BH; bh++) {
-    const float a1 = sigmoid(w1[bh % H]);
     double gb = 0.0, gf = 0.0;
     for (long e = bh * Td; e < (bh + 1) * Td; e++) {
       float far = 0.0f;
       for (int i = 0; i < st->nk; i++) far += s.core[i][e];
       gb += (double)dout[e] * s.band_out[e];
       gf += (double)dout[e] * far;
-      dpart[e] = a1 * dout[e];
     }
     g[2 * bh] = gb;
     g[2 * bh + 1] = gf;
   }
-  exact_attention_backward(ctx, st->band, dq, dk, dv, dpart, q, k, v, s.band_out, s.lse);
-#pragma omp parallel for schedule(static)
-  for (long bh = 0; bh < BH; bh++) {
-    const float a2 = sigmoid(w2[bh % H]);
-    for (long e = bh * Td; e < (bh + 1) * Td; e++) dpart[e] = a2 * dout[e];
-  }
+  /* each part's backward takes dout scaled by its weight: σ(w1) per head for the band, σ(w2)
+   * per head and channel for the low-rank parts */
+  float *band_scale = xmalloc(sizeof(float) * (size_t)H);          /* (H) */
+  float *far_scale = xmalloc(sizeof(float) * (size_t)(H * dm->d)); /* (H, d) */
+  for (long h = 0; h < H; h++) band_scale[h] = sigmoid(w1[h]);
+  for (long e = 0; e < H * dm->d; e++) far_scale[e] = sigmoid(w2[e / dm->d]);
+  exact_attention_backward(ctx, st->band, band_scale, dq, dk, dv, dout, q, k, v, s.band_out, s.lse);
   for (int i = 0; i < st->nk; i++)
-    kz_backward(ctx, &st->map[i], KZ_PLAIN, dq, dk, dv, dpart, q, k, v, s.core[i], s.kz[i]);
+    kz_backward(ctx, &st->map[i], KZ_PLAIN, far_scale, dq, dk, dv, dout, q, k, v, s.core[i],
+                s.kz[i]);
+  free(far_scale);
+  free(band_scale);
   if (dparams) { /* dσ(w)/dw = σ(1 − σ); summed over the batch in order */
     float *dw1 = dparams, *dw2 = dparams + param_aligned(H);
     for (long bh = 0; bh < BH; bh++) {
@@ -137,7 +138,6 @@ static void fmm_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
     }
   }
   free(g);
-  mem_free(dpart);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -102,12 +102,13 @@ static void exact_block_forward(struct online_state st, const float *q, long qof
   }
 }
 
-/* Gradient contributions of keys [koff, koff + Tk) to queries [qoff, qoff + Tq) of one (b, h):
- * dq (Tq, d) += …, dk, dv (Tk, d) += …; lse and D (Tq) as saved and precomputed. */
-static void exact_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                 const float *lse, const float *D, long Tq, long qoff,
-                                 const float *k, const float *v, long Tk, long koff, int d,
-                                 struct key_mask mk, int tile, float *S, float *dP) {
+/* Gradient contributions of keys [koff, koff + Tk) to queries [qoff, qoff + Tq) of one (b, h)
+ * for the output gradient alpha·dout: dq (Tq, d) += …, dk, dv (Tk, d) += …; lse and D (Tq) as
+ * saved and precomputed (D already scaled by alpha). */
+static void exact_block_backward(float *dq, float *dk, float *dv, const float *dout, float alpha,
+                                 const float *q, const float *lse, const float *D, long Tq,
+                                 long qoff, const float *k, const float *v, long Tk, long koff,
+                                 int d, struct key_mask mk, int tile, float *S, float *dP) {
   const float scale = 1.0f / sqrtf((float)d);
   for (long i0 = 0; i0 < Tq; i0 += tile) {
     const long bi = Tq - i0 < tile ? Tq - i0 : tile;
@@ -128,11 +129,11 @@ static void exact_block_backward(float *dq, float *dk, float *dv, const float *d
         for (long c = c1; c < bj; c++) s[c] = 0.0f;
       }
       /* dv_j += Pᵀ dO_i */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, 1.0f, S, (int)bj,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, alpha, S, (int)bj,
                   dout + i0 * d, d, 1.0f, dv + j0 * d, d);
       /* dP = dO_i v_jᵀ */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, 1.0f, dout + i0 * d,
-                  d, v + j0 * d, d, 0.0f, dP, (int)bj);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, alpha,
+                  dout + i0 * d, d, v + j0 * d, d, 0.0f, dP, (int)bj);
       /* dS = P ∘ (dP − D_i), stored in dP */
       for (long r = 0; r < bi; r++) {
         const float Di = D[i0 + r];
@@ -164,15 +165,32 @@ static long variant_band(const struct attn_ctx *ctx) {
   return ctx->variant == &attention_local ? ctx->cfg->attention.local_band : 0;
 }
 
-static int exact_tile(const struct attn_ctx *ctx) { return ctx->cfg->attention.full_block; }
+/* Query/key tile: full.block, or for a band a tile of about half the band (at least 16): a query
+ * tile then reads (tile + band − 1) keys rounded up to whole tiles, and a smaller tile wastes fewer
+ * masked entries (band 64: 96 keys per query with tiles of 32, 128 with tiles of 64), which pays
+ * for the smaller GEMMs (measured in bench, docs/kernelized.md). */
+static int exact_tile(const struct attn_ctx *ctx, struct key_mask mk) {
+  const int block = ctx->cfg->attention.full_block;
+  if (mk.band <= 0) return block;
+  int tile = 16;
+  while (tile < block && 2 * tile < mk.band) tile *= 2;
+  return tile < block ? tile : block;
+}
 
-/* D (rows) = rowsum(dout ∘ out), the softmax backward's per-row correction. */
-static void exact_rowdot(float *D, const float *dout, const float *out, long rows, int d) {
+/* The scale of the output gradient of row block bh (rows of T tokens, heads cycling fastest
+ * after batch): head_scale[bh % H], or 1. */
+static float head_alpha(const float *head_scale, long bh, long H) {
+  return head_scale ? head_scale[bh % H] : 1.0f;
+}
+
+/* D (B·H·T) = rowsum(alpha·dout ∘ out), the softmax backward's per-row correction. */
+static void exact_rowdot(float *D, const float *dout, const float *out, long BH, long T, long H,
+                         int d, const float *head_scale) {
 #pragma omp parallel for schedule(static)
-  for (long r = 0; r < rows; r++) {
+  for (long r = 0; r < BH * T; r++) {
     float s = 0.0f;
     for (int c = 0; c < d; c++) s += dout[r * d + c] * out[r * d + c];
-    D[r] = s;
+    D[r] = head_alpha(head_scale, r / T, H) * s;
   }
 }
 
@@ -183,7 +201,7 @@ static void slab_forward(const struct attn_ctx *ctx, struct key_mask mk, float *
                          long koff) {
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, BH = dm->B * dm->H;
-  const int d = (int)dm->d, tile = exact_tile(ctx);
+  const int d = (int)dm->d, tile = exact_tile(ctx, mk);
   const long ntiles = (T + tile - 1) / tile;
   float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l */
 #pragma omp parallel
@@ -214,22 +232,24 @@ static void slab_forward(const struct attn_ctx *ctx, struct key_mask mk, float *
 }
 
 /* dq (B, H, T, d) and dk, dv (B, H, Tk, d) += the gradients of slab_forward's op. */
-static void slab_backward(const struct attn_ctx *ctx, struct key_mask mk, float *dq, float *dk,
-                          float *dv, const float *dout, const float *q, long qoff, const float *k,
-                          const float *v, long Tk, long koff, const float *out, const float *lse) {
+static void slab_backward(const struct attn_ctx *ctx, struct key_mask mk, const float *head_scale,
+                          float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          long qoff, const float *k, const float *v, long Tk, long koff,
+                          const float *out, const float *lse) {
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, BH = dm->B * dm->H;
-  const int d = (int)dm->d, tile = exact_tile(ctx);
+  const int d = (int)dm->d, tile = exact_tile(ctx, mk);
   float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
-  exact_rowdot(D, dout, out, BH * T, d);
+  exact_rowdot(D, dout, out, BH, T, dm->H, d, head_scale);
 #pragma omp parallel
   {
     float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)tile * tile);
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < BH; bh++) {
       const size_t off = (size_t)bh * T * d, koff_bh = (size_t)bh * Tk * d;
-      exact_block_backward(dq + off, dk + koff_bh, dv + koff_bh, dout + off, q + off, lse + bh * T,
-                           D + bh * T, T, qoff, k + koff_bh, v + koff_bh, Tk, koff, d, mk, tile, S,
+      exact_block_backward(dq + off, dk + koff_bh, dv + koff_bh, dout + off,
+                           head_alpha(head_scale, bh, dm->H), q + off, lse + bh * T, D + bh * T, T,
+                           qoff, k + koff_bh, v + koff_bh, Tk, koff, d, mk, tile, S,
                            S + (size_t)tile * tile);
     }
     mem_free(S);
@@ -268,17 +288,17 @@ static void local_forward(struct attn_ctx *ctx, long band, float *out, float *ls
 
 /* Backward gathers the halo again (saved holds only the log-sum-exp), forms dk, dv over the
  * extended range and sends the halo parts back to their owners. */
-static void local_backward(struct attn_ctx *ctx, long band, float *dq, float *dk, float *dv,
-                           const float *dout, const float *q, const float *k, const float *v,
-                           const float *out, const float *lse) {
+static void local_backward(struct attn_ctx *ctx, long band, const float *head_scale, float *dq,
+                           float *dk, float *dv, const float *dout, const float *q, const float *k,
+                           const float *v, const float *out, const float *lse) {
   const struct attn_dims *dm = &ctx->dims;
   const long BH = dm->B * dm->H, X = BH * dm->T * dm->d;
   struct halo h;
   float *ext = local_halo(ctx, band, &h, k, v);
   const long E = h.hi - h.lo, XE = BH * E * dm->d;
   float *dext = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)XE); /* (2, B, H, E, d) */
-  slab_backward(ctx, mask_of(ctx, band), dq, dext, dext + XE, dout, q, dm->t0, ext, ext + XE, E,
-                h.lo, out, lse);
+  slab_backward(ctx, mask_of(ctx, band), head_scale, dq, dext, dext + XE, dout, q, dm->t0, ext,
+                ext + XE, E, h.lo, out, lse);
   mem_free(ext);
   float *dkv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
   halo_scatter_add(&h, ctx->comm, dkv, dext, 2 * BH, dm->d);
@@ -308,7 +328,7 @@ struct ring {
   int S, me, next, prev;
   int pieces; /* 2 (chunks me and 2S−1−me) in the zigzag layout, 1 (the slab) when contiguous */
   long L;     /* tokens per piece */
-  long BH, T;
+  long BH, H, T;
   int d, tile;
   struct key_mask mk;
 };
@@ -321,10 +341,11 @@ static struct ring ring_plan(const struct attn_ctx *ctx) {
   rg.pieces = dm->causal && dm->T % 2 == 0 ? 2 : 1;
   rg.L = dm->T / rg.pieces;
   rg.BH = dm->B * dm->H;
+  rg.H = dm->H;
   rg.T = dm->T;
   rg.d = (int)dm->d;
-  rg.tile = exact_tile(ctx);
   rg.mk = mask_of(ctx, 0);
+  rg.tile = exact_tile(ctx, rg.mk);
   return rg;
 }
 
@@ -490,9 +511,9 @@ static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const flo
 
 /* Gradients of my queries against the keys kv of rank src: dq (BH, T, d) and dkv (dk then dv,
  * each (BH, T, d), src's accumulators) +=; OpenMP over (b, h) as in slab_backward. */
-static void ring_backward_step(const struct ring *rg, float *dq, float *dkv, const float *dout,
-                               const float *q, const float *lse, const float *D, const float *kv,
-                               int src) {
+static void ring_backward_step(const struct ring *rg, const float *head_scale, float *dq,
+                               float *dkv, const float *dout, const float *q, const float *lse,
+                               const float *D, const float *kv, int src) {
   const long L = rg->L, T = rg->T, X = rg->BH * T * rg->d;
   const int d = rg->d, tile = rg->tile;
 #pragma omp parallel
@@ -503,10 +524,10 @@ static void ring_backward_step(const struct ring *rg, float *dq, float *dkv, con
       for (int p = 0; p < rg->pieces; p++)
         for (int kp = 0; kp < rg->pieces; kp++) {
           const long qo = bh * T + p * L, ko = (bh * T + kp * L) * d;
-          exact_block_backward(dq + qo * d, dkv + ko, dkv + X + ko, dout + qo * d, q + qo * d,
-                               lse + qo, D + qo, L, ring_offset(rg, rg->me, p), kv + ko,
-                               kv + X + ko, L, ring_offset(rg, src, kp), d, rg->mk, tile, S,
-                               S + (size_t)tile * tile);
+          exact_block_backward(
+              dq + qo * d, dkv + ko, dkv + X + ko, dout + qo * d, head_alpha(head_scale, bh, rg->H),
+              q + qo * d, lse + qo, D + qo, L, ring_offset(rg, rg->me, p), kv + ko, kv + X + ko, L,
+              ring_offset(rg, src, kp), d, rg->mk, tile, S, S + (size_t)tile * tile);
         }
     mem_free(S);
   }
@@ -517,9 +538,9 @@ static void ring_backward_step(const struct ring *rg, float *dq, float *dkv, con
  * the same keys arrives from the previous rank and the one it completed at step t − 1 leaves for
  * the next, so both transfers overlap the GEMMs; after the S steps one last pass takes every
  * accumulator home. */
-static void ring_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *out,
-                          const float *lse) {
+static void ring_backward(struct attn_ctx *ctx, const float *head_scale, float *dq, float *dk,
+                          float *dv, const float *dout, const float *q, const float *k,
+                          const float *v, const float *out, const float *lse) {
   const struct ring rg = ring_plan(ctx);
   const bool zig = rg.pieces == 2;
   const long BH = rg.BH, T = rg.T, X = BH * T * rg.d;
@@ -529,7 +550,8 @@ static void ring_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv,
   float *acc = mem_alloc(MEM_COMM, sizeof(float) * 6 * (size_t)X); /* 3 × (dk, dv) (BH, T, d) */
   float *part = acc, *done = acc + 2 * X, *in = acc + 4 * X;
   float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T)); /* (BH, T) */
-  exact_rowdot(D, dout, out, BH * T, d); /* per row, so formed before the move: 1/d the traffic */
+  /* per row, so formed before the move: 1/d the traffic */
+  exact_rowdot(D, dout, out, BH, T, rg.H, d, head_scale);
   const float *qz = q, *doz = dout, *Dz = D;
   float *dqz = dq; /* contiguous: dq accumulates in place */
   float *zbuf = NULL;
@@ -550,7 +572,8 @@ static void ring_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv,
     if (t < rg.S - 1) ring_start(&rg, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &xkv);
     if (t > 0) ring_start(&rg, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc);
     memset(part, 0, sizeof(float) * 2 * (size_t)X);
-    ring_backward_step(&rg, dqz, part, doz, qz, lse, Dz, cur, (rg.me - t + rg.S) % rg.S);
+    ring_backward_step(&rg, head_scale, dqz, part, doz, qz, lse, Dz, cur,
+                       (rg.me - t + rg.S) % rg.S);
     if (t > 0) {
       ring_finish(&xacc);
 #pragma omp parallel for schedule(static)
@@ -609,17 +632,17 @@ void exact_attention_forward(struct attn_ctx *ctx, long band, float *out, float 
     ring_forward(ctx, out, lse, q, k, v);
 }
 
-void exact_attention_backward(struct attn_ctx *ctx, long band, float *dq, float *dk, float *dv,
-                              const float *dout, const float *q, const float *k, const float *v,
-                              const float *out, const float *lse) {
+void exact_attention_backward(struct attn_ctx *ctx, long band, const float *head_scale, float *dq,
+                              float *dk, float *dv, const float *dout, const float *q,
+                              const float *k, const float *v, const float *out, const float *lse) {
   const struct attn_dims *dm = &ctx->dims;
   if (!exact_distributed(ctx))
-    slab_backward(ctx, mask_of(ctx, band), dq, dk, dv, dout, q, dm->t0, k, v, dm->T, dm->t0, out,
-                  lse);
+    slab_backward(ctx, mask_of(ctx, band), head_scale, dq, dk, dv, dout, q, dm->t0, k, v, dm->T,
+                  dm->t0, out, lse);
   else if (band > 0)
-    local_backward(ctx, band, dq, dk, dv, dout, q, k, v, out, lse);
+    local_backward(ctx, band, head_scale, dq, dk, dv, dout, q, k, v, out, lse);
   else
-    ring_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse);
+    ring_backward(ctx, head_scale, dq, dk, dv, dout, q, k, v, out, lse);
 }
 
 bool exact_attention_allows(bool causal, long band, long i, long j) {
@@ -650,7 +673,7 @@ static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const 
 static void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                            const float *dout, const float *q, const float *k, const float *v,
                            const float *params, const float *out, const float *saved) {
-  exact_attention_backward(ctx, variant_band(ctx), dq, dk, dv, dout, q, k, v, out, saved);
+  exact_attention_backward(ctx, variant_band(ctx), NULL, dq, dk, dv, dout, q, k, v, out, saved);
 }
 
 static double exact_score(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,

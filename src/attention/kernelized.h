@@ -12,19 +12,23 @@
 
 #include "attention/attention.h"
 
-/* Rows per chunk of the running sums: within a chunk the causal terms are small masked GEMMs. */
-#define KZ_CHUNK 64
+/* Rows per chunk of the running sums: within a chunk the causal terms are small masked GEMMs
+ * (32 measured fastest: the masked products grow with the chunk, GEMM efficiency shrinks). */
+#define KZ_CHUNK 32
+/* Rows per call of a feature map (a whole number of chunks): larger GEMMs in the maps. */
+#define KZ_BLOCK (4 * KZ_CHUNK)
 
 /* A feature map φ: R^d → R^F applied row by row (the same map for every batch element and head). */
 struct kz_map {
   int F;                 /* features per token */
   int d;                 /* width of the rows it maps (the head size) */
-  size_t scratch_floats; /* workspace of one call on up to KZ_CHUNK rows */
-  /* phi (rows, F) = φ(x) for x (rows, d) */
+  size_t scratch_floats; /* workspace of one call on up to KZ_BLOCK rows */
+  /* phi (rows, F) = φ(x) for x (rows, d); what backward needs of x stays in scratch */
   void (*forward)(const struct kz_map *map, float *phi, const float *x, long rows, float *scratch);
-  /* dx (rows, d) += dphi (rows, F) · ∂φ/∂x at x */
+  /* dx (rows, d) += dphi (rows, F) · ∂φ/∂x at x; primed: scratch holds what forward left for
+   * these same rows, which backward may reuse instead of recomputing */
   void (*backward)(const struct kz_map *map, float *dx, const float *dphi, const float *x,
-                   long rows, float *scratch);
+                   long rows, float *scratch, bool primed);
   double flops_per_row; /* forward FLOPs of the map for one row (for the FLOP counts) */
   const void *data;     /* the variant's own (the kernel's choice, random features) */
 };
@@ -42,11 +46,14 @@ size_t kz_saved_floats(const struct attn_ctx *ctx, const struct kz_map *map);
  * ranks (one exclusive scan over the sequence group). Collective when S > 1. */
 void kz_forward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, float *out,
                 float *saved, const float *q, const float *k, const float *v);
-/* dq, dk, dv += the gradients for dout; out and saved exactly as kz_forward left them (out is
- * the op's own output, before any scaling the variant applies). Collective when S > 1. */
-void kz_backward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, float *dq,
-                 float *dk, float *dv, const float *dout, const float *q, const float *k,
-                 const float *v, const float *out, const float *saved);
+/* dq, dk, dv += the gradients for dout · dscale; out and saved exactly as kz_forward left them
+ * (out is the op's own output, before any scaling the variant applies). dscale (H, d) scales the
+ * output gradient per head and channel (the variant's scaling of the output: rmfa's γ,
+ * fmmformer's σ(w2)), or NULL for none. Collective when S > 1. */
+void kz_backward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm,
+                 const float *dscale, float *dq, float *dk, float *dv, const float *dout,
+                 const float *q, const float *k, const float *v, const float *out,
+                 const float *saved);
 
 /* Forward model FLOPs of this rank's share: per token and head, the numerator, denominator and
  * state updates of the prefix-sum form (4·F·d + 4·F) and the feature maps of q and k. The chunked

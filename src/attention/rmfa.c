@@ -128,6 +128,7 @@ void rmfa_features_open(struct rmfa_features *rf, const struct config *cfg, cons
   rf->D = D;
   rf->d = d;
   rf->ppsbn = cfg->attention.rmfa_ppsbn;
+  rf->scale = (float)pow((double)d, -0.25);
   rf->degree = xcalloc((size_t)D, sizeof(int));
   rf->offset = xcalloc((size_t)D, sizeof(int));
   rf->coef = xcalloc((size_t)D, sizeof(float));
@@ -165,7 +166,7 @@ void rmfa_features_close(struct rmfa_features *rf) {
 static void input_rows(const struct rmfa_features *rf, float *u, float *norm, const float *x,
                        long rows) {
   const int d = rf->d;
-  const float s = (float)pow((double)d, -0.25);
+  const float s = rf->scale;
   for (long i = 0; i < rows; i++) {
     const float *xi = x + i * d;
     float *ui = u + i * d;
@@ -173,18 +174,21 @@ static void input_rows(const struct rmfa_features *rf, float *u, float *norm, co
       for (int c = 0; c < d; c++) ui[c] = xi[c] * s;
       continue;
     }
-    double mean = 0.0, var = 0.0;
+    float mean = 0.0f, var = 0.0f;
+#pragma omp simd reduction(+ : mean)
     for (int c = 0; c < d; c++) mean += xi[c];
-    mean /= d;
+    mean /= (float)d;
+#pragma omp simd reduction(+ : var)
     for (int c = 0; c < d; c++) var += (xi[c] - mean) * (xi[c] - mean);
-    var /= d;
-    const float rstd = (float)(1.0 / sqrt(var + PPSBN_EPS));
-    double l2 = 0.0;
+    var /= (float)d;
+    const float rstd = 1.0f / sqrtf(var + (float)PPSBN_EPS);
+    float l2 = 0.0f;
+#pragma omp simd reduction(+ : l2)
     for (int c = 0; c < d; c++) {
-      ui[c] = (float)(xi[c] - mean) * rstd;
-      l2 += (double)ui[c] * ui[c];
+      ui[c] = (xi[c] - mean) * rstd;
+      l2 += ui[c] * ui[c];
     }
-    const float len = (float)sqrt(l2), inv = len > 0.0f ? s / len : 0.0f;
+    const float len = sqrtf(l2), inv = len > 0.0f ? s / len : 0.0f;
     for (int c = 0; c < d; c++) ui[c] *= inv;
     norm[2 * i] = rstd;
     norm[2 * i + 1] = len;
@@ -196,7 +200,7 @@ static void input_rows(const struct rmfa_features *rf, float *u, float *norm, co
 static void input_rows_backward(const struct rmfa_features *rf, float *dx, float *du,
                                 const float *u, const float *norm, long rows) {
   const int d = rf->d;
-  const float s = (float)pow((double)d, -0.25);
+  const float s = rf->scale;
   for (long i = 0; i < rows; i++) {
     float *dy = du + i * d, *dxi = dx + i * d;
     const float *ui = u + i * d;
@@ -208,18 +212,20 @@ static void input_rows_backward(const struct rmfa_features *rf, float *dx, float
     if (!(len > 0.0f)) continue; /* a constant row maps to 0: no gradient */
     /* u = s·w with w = y/len the unit row and y the standardised row: first dy, the gradient of
      * y (written over du), then the standardisation's transpose, as a layer norm's */
-    double wdu = 0.0;
-    for (int c = 0; c < d; c++) wdu += (double)(ui[c] / s) * dy[c];
-    double mdy = 0.0, mdyy = 0.0;
+    const float to_w = 1.0f / s, to_y = len / s; /* w = u/s, y = u·len/s */
+    float wdu = 0.0f;
+#pragma omp simd reduction(+ : wdu)
+    for (int c = 0; c < d; c++) wdu += ui[c] * to_w * dy[c];
+    float mdy = 0.0f, mdyy = 0.0f;
+#pragma omp simd reduction(+ : mdy, mdyy)
     for (int c = 0; c < d; c++) {
-      const float w = ui[c] / s;
-      dy[c] = (float)((dy[c] - w * wdu) * s / len);
+      dy[c] = (dy[c] - ui[c] * to_w * wdu) * (s / len);
       mdy += dy[c];
-      mdyy += (double)dy[c] * (w * len);
+      mdyy += dy[c] * ui[c] * to_y;
     }
-    mdy /= d;
-    mdyy /= d;
-    for (int c = 0; c < d; c++) dxi[c] += rstd * (float)(dy[c] - mdy - ui[c] / s * len * mdyy);
+    mdy /= (float)d;
+    mdyy /= (float)d;
+    for (int c = 0; c < d; c++) dxi[c] += rstd * (dy[c] - mdy - ui[c] * to_y * mdyy);
   }
 }
 
@@ -229,7 +235,7 @@ struct map_scratch {
 };
 
 static struct map_scratch scratch_layout(const struct rmfa_features *rf, float *s) {
-  const size_t c = KZ_CHUNK, d = (size_t)rf->d, R = (size_t)rf->rows;
+  const size_t c = KZ_BLOCK, d = (size_t)rf->d, R = (size_t)rf->rows;
   struct map_scratch m;
   m.u = s, s += c * d;
   m.norm = s, s += 2 * c;
@@ -266,10 +272,10 @@ static void map_forward(const struct kz_map *map, float *phi, const float *x, lo
 }
 
 static void map_backward(const struct kz_map *map, float *dx, const float *dphi, const float *x,
-                         long rows, float *scratch) {
+                         long rows, float *scratch, bool primed) {
   const struct rmfa_features *rf = map->data;
   struct map_scratch m = scratch_layout(rf, scratch);
-  projections(rf, &m, x, rows);
+  if (!primed) projections(rf, &m, x, rows); /* else map_forward left u, norm and P */
   for (long i = 0; i < rows; i++) {
     const float *P = m.P + i * rf->rows, *g = dphi + i * rf->D;
     float *dP = m.dP + i * rf->rows;
@@ -294,7 +300,7 @@ static void map_backward(const struct kz_map *map, float *dx, const float *dphi,
 }
 
 struct kz_map rmfa_map(const struct rmfa_features *rf) {
-  const size_t c = KZ_CHUNK;
+  const size_t c = KZ_BLOCK;
   return (struct kz_map){
       .F = rf->D,
       .d = rf->d,
@@ -325,7 +331,7 @@ static size_t rmfa_saved_floats(const struct attn_ctx *ctx) {
   return kz_saved_floats(ctx, &map) + (ctx->cfg->attention.rmfa_ppsbn ? X : 0);
 }
 
-/* out (B, H, T, d) ·= γ (H, d), from core; or (backward) dcore = dout · γ. */
+/* y (B, H, T, d) = x · γ (H, d): the output from the core's. */
 static void scale_by_gamma(const struct attn_ctx *ctx, float *y, const float *x,
                            const float *gamma) {
   const struct attn_dims *dm = &ctx->dims;
@@ -363,24 +369,24 @@ static void rmfa_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv,
   rmfa_features_open(&rf, cfg, params, (int)dm->d);
   const struct kz_map map = rmfa_map(&rf);
   if (!cfg->attention.rmfa_ppsbn) {
-    kz_backward(ctx, &map, KZ_CLAMP1, dq, dk, dv, dout, q, k, v, out, saved);
+    kz_backward(ctx, &map, KZ_CLAMP1, NULL, dq, dk, dv, dout, q, k, v, out, saved);
   } else {
     const float *core = saved + kz_saved_floats(ctx, &map), *gamma = params + gamma_offset(cfg);
-    const long H = dm->H, T = dm->T, d = dm->d, X = dm->B * H * T * d;
-    float *dcore = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
-    scale_by_gamma(ctx, dcore, dout, gamma);
-    if (dparams) { /* dγ (H, d) += Σ_{b, t} dout · core, in order */
+    const long H = dm->H, T = dm->T, d = dm->d;
+    if (dparams) { /* dγ (H, d) += Σ_{b, t} dout · core, row by row in order */
       float *dgamma = dparams + gamma_offset(cfg);
-      for (long bh = 0; bh < dm->B * H; bh++)
-        for (long c = 0; c < d; c++) {
-          double s = 0.0;
-          for (long t = 0; t < T; t++)
-            s += (double)dout[(bh * T + t) * d + c] * core[(bh * T + t) * d + c];
-          dgamma[(bh % H) * d + c] += (float)s;
+      double *acc = xcalloc((size_t)d, sizeof(double));
+      for (long bh = 0; bh < dm->B * H; bh++) {
+        memset(acc, 0, sizeof(double) * (size_t)d);
+        for (long t = 0; t < T; t++) {
+          const float *g = dout + (bh * T + t) * d, *x = core + (bh * T + t) * d;
+          for (long c = 0; c < d; c++) acc[c] += (double)g[c] * x[c];
         }
+        for (long c = 0; c < d; c++) dgamma[(bh % H) * d + c] += (float)acc[c];
+      }
+      free(acc);
     }
-    kz_backward(ctx, &map, KZ_CLAMP1, dq, dk, dv, dcore, q, k, v, core, saved);
-    mem_free(dcore);
+    kz_backward(ctx, &map, KZ_CLAMP1, gamma, dq, dk, dv, dout, q, k, v, core, saved);
   }
   rmfa_features_close(&rf);
 }

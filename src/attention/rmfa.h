@@ -18,6 +18,7 @@ enum rmfa_kernel { RMFA_EXP, RMFA_INV, RMFA_LOG, RMFA_TRIGH, RMFA_SQRT };
 struct rmfa_features {
   int D, d;
   bool ppsbn;
+  float scale;        /* d^−¼ */
   int rows;           /* Σ_j N_j: rows of omega */
   int *degree;        /* (D) N_j, degree[0] = 0 (the constant feature) */
   int *offset;        /* (D) first row of feature j in omega */
