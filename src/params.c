@@ -85,6 +85,15 @@ void param_init(const struct param_desc *p, float *data, uint64_t seed) {
         data[e] = std * (float)rng_normal(seed, RNG_INIT, key, (uint64_t)e, 0);
       break;
     }
+    case INIT_UNIFORM: {
+      const uint64_t key = name_hash(p->name);
+      const long count = (long)p->numel;
+#pragma omp parallel for schedule(static)
+      for (long e = 0; e < count; e++)
+        data[e] =
+            p->std * (float)(2.0 * rng_uniform_double(seed, RNG_INIT, key, (uint64_t)e, 1) - 1.0);
+      break;
+    }
     case INIT_CUSTOM:
       error("%s: param_init cannot do a custom initialisation", p->name);
   }

@@ -13,7 +13,8 @@
 #define PARAM_MAXDIM 4
 
 enum init_kind {
-  INIT_NORMAL, /* N(0, std²) from the counter-based stream keyed by (param index, element) */
+  INIT_NORMAL,  /* N(0, std²) from the counter-based stream keyed by (name, element) */
+  INIT_UNIFORM, /* U(−std, std), keyed likewise */
   INIT_ZERO,
   INIT_ONE,
   INIT_CUSTOM /* the owner's init function (e.g. an attention variant's) */

@@ -45,6 +45,11 @@ check "rmfa: dparams/gamma has shape [H, d]" py "$K" dparams rmfa_out.h5 gamma 2
 check "rmfa: the frozen features have no dparams" py "$K" nodparams rmfa_out.h5 omega
 check "rmfa: kernel runs with params/gamma given" "$F" kernel rmfa2.h5 rmfa2_out.h5
 check "rmfa: params/gamma from the file is used (gamma = 2 doubles out)" py "$K" scaled rmfa2_out.h5 rmfa_out.h5 2.0 1e-6
+py "$K" make ny.h5 nystrom 0 2 96 8 landmarks=12 conv=5 pinv_iters=8
+check "nystrom (12 landmarks, conv 5): kernel runs" "$F" kernel ny.h5 ny_out.h5
+check "nystrom: dparams/conv has shape [H, k]" py "$K" dparams ny_out.h5 conv 2,5
+py "$K" make nyc.h5 nystrom 1 2 96 8 landmarks=12
+expect_fail "nystrom refuses causal kernel files" "bidirectional only" "$F" kernel nyc.h5 nyc_out.h5
 py "$K" make badk.h5 fmmformer 1 2 100 8 kernels=elu,cosine
 expect_fail "fmmformer refuses an unknown kernel" "cosine" "$F" kernel badk.h5 badk_out.h5
 

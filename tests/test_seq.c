@@ -247,6 +247,16 @@ int main(int argc, char **argv) {
           &(struct seq_case){"rmfa", causal, NULL, 256, 0, 0, 0, 0, "attention.rmfa.kernel=log"},
           &comm);
     }
+    /* nystrom, bidirectional only: landmarks gathered, B·v and the backward sums allreduced,
+     * the conv's halo (here 16 tokens, half a slab at S = 8) */
+    if ((!only || strcmp(only, "nystrom") == 0) && !causal) {
+      check_case(&(struct seq_case){"nystrom", false, NULL, 64, 0, 0, 0, 0,
+                                    "attention.nystrom.landmarks=8"},
+                 &comm);
+      check_case(&(struct seq_case){"nystrom", false, NULL, 256, 0, 0, 0, 0,
+                                    "attention.nystrom.landmarks=16"},
+                 &comm);
+    }
     for (int v = 0; v < 2; v++) {
       const char *name = v ? "fma_linear" : "fma";
       if (only && strcmp(only, name) != 0) continue;

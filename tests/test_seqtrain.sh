@@ -1,8 +1,8 @@
 #!/bin/sh
 # Training with sequence parallelism against one rank (SPEC §7): with parallel.seq_ranks = S the
 # losses, gradient norms and validation losses equal the 1-rank run within 1e-5 relative, for fma
-# (causal and bidirectional), fma_linear, full (both), local, linear, fmmformer (bidirectional)
-# and rmfa; world 4 as S = 2 × 2 replicas equals world 1 with the same global batch; a checkpoint written with S = 4 restarts with S = 2 and with
+# (causal and bidirectional), fma_linear, full (both), local, linear, fmmformer (bidirectional),
+# rmfa and nystrom (bidirectional); world 4 as S = 2 × 2 replicas equals world 1 with the same global batch; a checkpoint written with S = 4 restarts with S = 2 and with
 # S = 1 with the same losses within rounding. The attention diagnostics (every query of a
 # 128-token context is sampled, on any S) equal 1 rank too.
 . "$TESTDIR/tap.sh"
@@ -48,7 +48,7 @@ same() { # name: the run out/$1 equals its 1-rank twin out/$2 within 1e-5
   check "$1: attention level masses and entropies equal 1 rank" py "$TESTDIR/h5check.py" same-series "out/$2/diag.h5" "out/$1/diag.h5" attention 0 1e-5
 }
 
-for v in "fma clm" "fma mlm" "fma_linear clm" "full clm" "full mlm" "local clm" "linear clm" "fmmformer mlm" "rmfa clm"; do
+for v in "fma clm" "fma mlm" "fma_linear clm" "full clm" "full mlm" "local clm" "linear clm" "fmmformer mlm" "rmfa clm" "nystrom mlm"; do
   set -- $v
   tag="$1-$2"
   extra="--set attention.variant=$1 --set model.objective=$2"

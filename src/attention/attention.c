@@ -18,10 +18,11 @@ extern const struct attn_variant attention_fma_linear;
 extern const struct attn_variant attention_linear;
 extern const struct attn_variant attention_fmmformer;
 extern const struct attn_variant attention_rmfa;
+extern const struct attn_variant attention_nystrom;
 
 static const struct attn_variant *const registry[] = {
     &attention_full,   &attention_local,     &attention_fma,  &attention_fma_linear,
-    &attention_linear, &attention_fmmformer, &attention_rmfa,
+    &attention_linear, &attention_fmmformer, &attention_rmfa, &attention_nystrom,
 };
 
 /* Variants named by SPEC §6 that a deck may select; those not in the registry are refused with a
