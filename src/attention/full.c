@@ -15,6 +15,7 @@
 
 #include "attention/attention.h"
 #include "attention/exact.h"
+#include "attention/ring.h"
 #include "error.h"
 #include "halo.h"
 #include "memory.h"
@@ -323,136 +324,47 @@ static void local_backward(struct attn_ctx *ctx, long band, const float *head_sc
  * one moves the results back. When T is odd the causal ring runs on the contiguous slabs instead
  * (exact, but rank S − 1 then does about twice the average work). Bidirectional: contiguous. */
 
-struct ring {
-  struct comm *cm;
-  int S, me, next, prev;
-  int pieces; /* 2 (chunks me and 2S−1−me) in the zigzag layout, 1 (the slab) when contiguous */
-  long L;     /* tokens per piece */
-  long BH, H, T;
+/* The ring's layout and what exact attention adds to it. */
+struct exact_ring {
+  struct ring lay;
+  long BH, H;
   int d, tile;
   struct key_mask mk;
 };
 
-static struct ring ring_plan(const struct attn_ctx *ctx) {
+static struct exact_ring exact_ring_plan(const struct attn_ctx *ctx) {
   const struct attn_dims *dm = &ctx->dims;
-  struct ring rg = {.cm = ctx->comm, .S = ctx->comm->S, .me = ctx->comm->seq_rank};
-  rg.next = (rg.me + 1) % rg.S;
-  rg.prev = (rg.me + rg.S - 1) % rg.S;
-  rg.pieces = dm->causal && dm->T % 2 == 0 ? 2 : 1;
-  rg.L = dm->T / rg.pieces;
+  struct exact_ring rg = {.lay = ring_plan(ctx->comm, dm->T, dm->causal)};
   rg.BH = dm->B * dm->H;
   rg.H = dm->H;
-  rg.T = dm->T;
   rg.d = (int)dm->d;
   rg.mk = mask_of(ctx, 0);
   rg.tile = exact_tile(ctx, rg.mk);
   return rg;
 }
 
-/* Global index of token 0 of piece p of rank r. */
-static long ring_offset(const struct ring *rg, int r, int p) {
-  if (rg->pieces == 1) return (long)r * rg->T;
-  return (p == 0 ? (long)r : 2L * rg->S - 1 - r) * rg->L;
-}
-
-/* Where chunk j of the 2S lives: its rank and its place (0 or 1) there. */
-static int chunk_rank(int S, long j, bool zig) {
-  return zig ? (int)(j < S ? j : 2L * S - 1 - j) : (int)(j / 2);
-}
-static long chunk_place(int S, long j, bool zig) { return zig ? (j < S ? 0 : 1) : j % 2; }
-
-/* Move nt tensors between the contiguous and the zigzag layout with one alltoallv; tensor i is
- * (BH, 2c, w[i]) on both sides. The message from rank a to rank b holds, for each chunk that moves
- * from a to b in ascending order, each tensor's (BH, c, w[i]) block, so both ends walk one order.
- */
-static void zigzag_move(struct comm *cm, bool to_zig, int nt, const float *const *src,
-                        float *const *dst, const long *w, long BH, long c) {
-  const int S = cm->S, me = cm->seq_rank;
-  size_t chunk = 0; /* floats per chunk, all tensors */
-  for (int i = 0; i < nt; i++) chunk += (size_t)(BH * c * w[i]);
-  size_t *sc = xcalloc(6 * (size_t)S, sizeof(size_t)), *sd = sc + S, *rc = sc + 2 * S,
-         *rd = sc + 3 * S, *sfill = sc + 4 * S, *rfill = sc + 5 * S;
-  for (long j = 0; j < 2L * S; j++) {
-    if (chunk_rank(S, j, !to_zig) == me) sc[chunk_rank(S, j, to_zig)] += chunk;
-    if (chunk_rank(S, j, to_zig) == me) rc[chunk_rank(S, j, !to_zig)] += chunk;
-  }
-  for (int r = 1; r < S; r++) {
-    sd[r] = sd[r - 1] + sc[r - 1];
-    rd[r] = rd[r - 1] + rc[r - 1];
-  }
-  memcpy(sfill, sd, sizeof(size_t) * (size_t)S);
-  memcpy(rfill, rd, sizeof(size_t) * (size_t)S);
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * 2 * chunk); /* every rank holds two chunks */
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * 2 * chunk);
-  for (long j = 0; j < 2L * S; j++) {
-    if (chunk_rank(S, j, !to_zig) != me) continue;
-    const long p = chunk_place(S, j, !to_zig);
-    float *m = sbuf + sfill[chunk_rank(S, j, to_zig)];
-    for (int i = 0; i < nt; i++)
-      for (long bh = 0; bh < BH; bh++, m += c * w[i])
-        memcpy(m, src[i] + (bh * 2 * c + p * c) * w[i], sizeof(float) * (size_t)(c * w[i]));
-    sfill[chunk_rank(S, j, to_zig)] += chunk;
-  }
-  comm_alltoallv_float(cm, sbuf, sc, sd, rbuf, rc, rd);
-  for (long j = 0; j < 2L * S; j++) {
-    if (chunk_rank(S, j, to_zig) != me) continue;
-    const long p = chunk_place(S, j, to_zig);
-    const float *m = rbuf + rfill[chunk_rank(S, j, !to_zig)];
-    for (int i = 0; i < nt; i++)
-      for (long bh = 0; bh < BH; bh++, m += c * w[i])
-        memcpy(dst[i] + (bh * 2 * c + p * c) * w[i], m, sizeof(float) * (size_t)(c * w[i]));
-    rfill[chunk_rank(S, j, !to_zig)] += chunk;
-  }
-  mem_free(sbuf);
-  mem_free(rbuf);
-  free(sc);
-}
-
-/* One ring transfer (send to next, receive from prev), in pieces far below MPI's int counts. */
-#define RING_PIECE   ((size_t)1 << 26)
-#define RING_TAG_KV  7301
-#define RING_TAG_ACC 7302
-struct ring_xfer {
-  struct comm_request *req;
-  size_t count;
-};
-
-static void ring_start(const struct ring *rg, const float *send, float *recv, size_t count, int tag,
-                       struct ring_xfer *x) {
-  x->count = (count + RING_PIECE - 1) / RING_PIECE;
-  x->req = xmalloc(sizeof *x->req * (x->count + 1));
-  for (size_t i = 0; i < x->count; i++) {
-    const size_t off = i * RING_PIECE, len = count - off < RING_PIECE ? count - off : RING_PIECE;
-    comm_isendrecv_float(rg->cm, send + off, len, rg->next, recv + off, len, rg->prev, tag,
-                         &x->req[i]);
-  }
-}
-
-static void ring_finish(struct ring_xfer *x) {
-  for (size_t i = 0; i < x->count; i++) comm_wait(&x->req[i]);
-  free(x->req);
-}
-
 /* Fold the keys kv (k then v, each (BH, T, d), of rank src) into the online state of my queries
  * q (BH, T, d); OpenMP over (b, h, query piece and tile). */
-static void ring_forward_step(const struct ring *rg, struct online_state st, const float *q,
+static void ring_forward_step(const struct exact_ring *rg, struct online_state st, const float *q,
                               const float *kv, int src) {
-  const long L = rg->L, T = rg->T, ntp = (L + rg->tile - 1) / rg->tile, X = rg->BH * T * rg->d;
+  const long L = rg->lay.L, T = rg->lay.T, ntp = (L + rg->tile - 1) / rg->tile,
+             X = rg->BH * T * rg->d;
   const int d = rg->d;
 #pragma omp parallel
   {
     float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)rg->tile * rg->tile);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (long bh = 0; bh < rg->BH; bh++)
-      for (long it = 0; it < rg->pieces * ntp; it++) {
+      for (long it = 0; it < rg->lay.pieces * ntp; it++) {
         const int p = (int)(it / ntp);
         const long i0 = it % ntp * rg->tile, i1 = i0 + rg->tile < L ? i0 + rg->tile : L;
         const long qo = bh * T + p * L;
         struct online_state s = {st.m + qo, st.l + qo, st.acc + qo * d};
-        for (int kp = 0; kp < rg->pieces; kp++) {
+        for (int kp = 0; kp < rg->lay.pieces; kp++) {
           const long ko = (bh * T + kp * L) * d;
-          exact_block_forward(s, q + qo * d, ring_offset(rg, rg->me, p), kv + ko, kv + X + ko, L,
-                              ring_offset(rg, src, kp), d, rg->mk, rg->tile, i0, i1, S);
+          exact_block_forward(s, q + qo * d, ring_offset(&rg->lay, rg->lay.me, p), kv + ko,
+                              kv + X + ko, L, ring_offset(&rg->lay, src, kp), d, rg->mk, rg->tile,
+                              i0, i1, S);
         }
       }
     mem_free(S);
@@ -461,9 +373,9 @@ static void ring_forward_step(const struct ring *rg, struct online_state st, con
 
 static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const float *q,
                          const float *k, const float *v) {
-  const struct ring rg = ring_plan(ctx);
-  const bool zig = rg.pieces == 2;
-  const long BH = rg.BH, T = rg.T, X = BH * T * rg.d;
+  const struct exact_ring rg = exact_ring_plan(ctx);
+  const bool zig = rg.lay.pieces == 2;
+  const long BH = rg.BH, T = rg.lay.T, X = BH * T * rg.d;
   const int d = rg.d;
   float *kv = mem_alloc(MEM_COMM, sizeof(float) * 4 * (size_t)X); /* 2 × (k, v) (BH, T, d) */
   float *cur = kv, *nxt = kv + 2 * X;
@@ -472,9 +384,8 @@ static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const flo
   if (zig) {
     qz = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
     oz = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
-    const long w[3] = {d, d, d};
-    zigzag_move(rg.cm, true, 3, (const float *[]){q, k, v}, (float *[]){qz, cur, cur + X}, w, BH,
-                rg.L);
+    const long w[3] = {d, d, d}, rows[3] = {BH, BH, BH};
+    ring_move(&rg.lay, true, 3, (const float *[]){q, k, v}, (float *[]){qz, cur, cur + X}, rows, w);
   } else {
     memcpy(cur, k, sizeof(float) * (size_t)X);
     memcpy(cur + X, v, sizeof(float) * (size_t)X);
@@ -482,11 +393,11 @@ static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const flo
   }
   for (long i = 0; i < BH * T; i++) ml[i] = -INFINITY;
   const struct online_state st = {ml, ml + BH * T, oz};
-  for (int t = 0; t < rg.S; t++) {
+  for (int t = 0; t < rg.lay.S; t++) {
     struct ring_xfer x = {0};
-    if (t < rg.S - 1) ring_start(&rg, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &x);
-    ring_forward_step(&rg, st, qz, cur, (rg.me - t + rg.S) % rg.S);
-    if (t < rg.S - 1) {
+    if (t < rg.lay.S - 1) ring_start(&rg.lay, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &x);
+    ring_forward_step(&rg, st, qz, cur, (rg.lay.me - t + rg.lay.S) % rg.lay.S);
+    if (t < rg.lay.S - 1) {
       ring_finish(&x);
       float *tmp = cur;
       cur = nxt;
@@ -502,8 +413,8 @@ static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const flo
   mem_free(kv);
   mem_free(ml);
   if (zig) {
-    zigzag_move(rg.cm, false, 1, (const float *[]){oz}, (float *[]){out}, (const long[]){d}, BH,
-                rg.L);
+    ring_move(&rg.lay, false, 1, (const float *[]){oz}, (float *[]){out}, (const long[]){BH},
+              (const long[]){d});
     mem_free(qz);
     mem_free(oz);
   }
@@ -511,23 +422,24 @@ static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const flo
 
 /* Gradients of my queries against the keys kv of rank src: dq (BH, T, d) and dkv (dk then dv,
  * each (BH, T, d), src's accumulators) +=; OpenMP over (b, h) as in slab_backward. */
-static void ring_backward_step(const struct ring *rg, const float *head_scale, float *dq,
+static void ring_backward_step(const struct exact_ring *rg, const float *head_scale, float *dq,
                                float *dkv, const float *dout, const float *q, const float *lse,
                                const float *D, const float *kv, int src) {
-  const long L = rg->L, T = rg->T, X = rg->BH * T * rg->d;
+  const long L = rg->lay.L, T = rg->lay.T, X = rg->BH * T * rg->d;
   const int d = rg->d, tile = rg->tile;
 #pragma omp parallel
   {
     float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)tile * tile);
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < rg->BH; bh++)
-      for (int p = 0; p < rg->pieces; p++)
-        for (int kp = 0; kp < rg->pieces; kp++) {
+      for (int p = 0; p < rg->lay.pieces; p++)
+        for (int kp = 0; kp < rg->lay.pieces; kp++) {
           const long qo = bh * T + p * L, ko = (bh * T + kp * L) * d;
-          exact_block_backward(
-              dq + qo * d, dkv + ko, dkv + X + ko, dout + qo * d, head_alpha(head_scale, bh, rg->H),
-              q + qo * d, lse + qo, D + qo, L, ring_offset(rg, rg->me, p), kv + ko, kv + X + ko, L,
-              ring_offset(rg, src, kp), d, rg->mk, tile, S, S + (size_t)tile * tile);
+          exact_block_backward(dq + qo * d, dkv + ko, dkv + X + ko, dout + qo * d,
+                               head_alpha(head_scale, bh, rg->H), q + qo * d, lse + qo, D + qo, L,
+                               ring_offset(&rg->lay, rg->lay.me, p), kv + ko, kv + X + ko, L,
+                               ring_offset(&rg->lay, src, kp), d, rg->mk, tile, S,
+                               S + (size_t)tile * tile);
         }
     mem_free(S);
   }
@@ -541,9 +453,9 @@ static void ring_backward_step(const struct ring *rg, const float *head_scale, f
 static void ring_backward(struct attn_ctx *ctx, const float *head_scale, float *dq, float *dk,
                           float *dv, const float *dout, const float *q, const float *k,
                           const float *v, const float *out, const float *lse) {
-  const struct ring rg = ring_plan(ctx);
-  const bool zig = rg.pieces == 2;
-  const long BH = rg.BH, T = rg.T, X = BH * T * rg.d;
+  const struct exact_ring rg = exact_ring_plan(ctx);
+  const bool zig = rg.lay.pieces == 2;
+  const long BH = rg.BH, T = rg.lay.T, X = BH * T * rg.d;
   const int d = rg.d;
   float *kv = mem_alloc(MEM_COMM, sizeof(float) * 4 * (size_t)X); /* 2 × (k, v) (BH, T, d) */
   float *cur = kv, *nxt = kv + 2 * X;
@@ -559,27 +471,27 @@ static void ring_backward(struct attn_ctx *ctx, const float *head_scale, float *
     zbuf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(3 * X + BH * T));
     float *qw = zbuf, *dow = zbuf + X, *Dw = zbuf + 3 * X;
     dqz = zbuf + 2 * X; /* zeroed */
-    const long w[5] = {d, d, d, d, 1};
-    zigzag_move(rg.cm, true, 5, (const float *[]){q, k, v, dout, D},
-                (float *[]){qw, cur, cur + X, dow, Dw}, w, BH, rg.L);
+    const long w[5] = {d, d, d, d, 1}, rows[5] = {BH, BH, BH, BH, BH};
+    ring_move(&rg.lay, true, 5, (const float *[]){q, k, v, dout, D},
+              (float *[]){qw, cur, cur + X, dow, Dw}, rows, w);
     qz = qw, doz = dow, Dz = Dw;
   } else {
     memcpy(cur, k, sizeof(float) * (size_t)X);
     memcpy(cur + X, v, sizeof(float) * (size_t)X);
   }
-  for (int t = 0; t < rg.S; t++) {
+  for (int t = 0; t < rg.lay.S; t++) {
     struct ring_xfer xkv = {0}, xacc = {0};
-    if (t < rg.S - 1) ring_start(&rg, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &xkv);
-    if (t > 0) ring_start(&rg, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc);
+    if (t < rg.lay.S - 1) ring_start(&rg.lay, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &xkv);
+    if (t > 0) ring_start(&rg.lay, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc);
     memset(part, 0, sizeof(float) * 2 * (size_t)X);
     ring_backward_step(&rg, head_scale, dqz, part, doz, qz, lse, Dz, cur,
-                       (rg.me - t + rg.S) % rg.S);
+                       (rg.lay.me - t + rg.lay.S) % rg.lay.S);
     if (t > 0) {
       ring_finish(&xacc);
 #pragma omp parallel for schedule(static)
       for (long i = 0; i < 2 * X; i++) part[i] += in[i];
     }
-    if (t < rg.S - 1) {
+    if (t < rg.lay.S - 1) {
       ring_finish(&xkv);
       float *tmp = cur;
       cur = nxt;
@@ -590,15 +502,15 @@ static void ring_backward(struct attn_ctx *ctx, const float *head_scale, float *
     part = tmp;
   }
   struct ring_xfer xacc;
-  ring_start(&rg, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc); /* home: my dk, dv in `in` */
+  ring_start(&rg.lay, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc); /* home: my dk, dv in `in` */
   ring_finish(&xacc);
   mem_free(kv);
   mem_free(D);
   const float *hq = NULL, *hk = in, *hv = in + X; /* what to add into the caller's dq, dk, dv */
   if (zig) { /* back to the contiguous slab, into acc[0, 3X), free by now (`in` is acc + 4X) */
-    const long w[3] = {d, d, d};
-    zigzag_move(rg.cm, false, 3, (const float *[]){dqz, in, in + X},
-                (float *[]){acc, acc + X, acc + 2 * X}, w, BH, rg.L);
+    const long w[3] = {d, d, d}, rows[3] = {BH, BH, BH};
+    ring_move(&rg.lay, false, 3, (const float *[]){dqz, in, in + X},
+              (float *[]){acc, acc + X, acc + 2 * X}, rows, w);
     hq = acc, hk = acc + X, hv = acc + 2 * X;
     mem_free(zbuf);
   }
