@@ -104,7 +104,7 @@ static int bench_variant_config(const struct config *base, const char *variant, 
 
 static bool bench_attention_one(const struct config *cfg, long n, int repeats, double sgemm,
                                 struct attn_row *row) {
-  const struct attn_variant *v = attention_find(cfg->attention.variant);
+  const struct attn_variant *v = attention_select(cfg);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
   struct attn_ctx ctx = attention_open(
       cfg, v, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM});
@@ -115,17 +115,18 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
     attention_close(&ctx);
     return false;
   }
-  const size_t count = (size_t)(B * H * n * d);
-  float *q = mem_alloc(MEM_DATA, sizeof(float) * count),
-        *k = mem_alloc(MEM_DATA, sizeof(float) * count);
+  const size_t count = (size_t)(B * H * n * d),
+               qcount = (size_t)(B * attention_qk_heads(cfg) * n * d);
+  float *q = mem_alloc(MEM_DATA, sizeof(float) * qcount),
+        *k = mem_alloc(MEM_DATA, sizeof(float) * qcount);
   float *vv = mem_alloc(MEM_DATA, sizeof(float) * count),
         *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
   float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
-        *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dq = mem_alloc(MEM_DATA, sizeof(float) * qcount);
+  float *dk = mem_alloc(MEM_DATA, sizeof(float) * qcount),
         *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
-  fill_normal(q, count, 1);
-  fill_normal(k, count, 2);
+  fill_normal(q, qcount, 1);
+  fill_normal(k, qcount, 2);
   fill_normal(vv, count, 3);
   fill_normal(dout, count, 4);
   struct attn_params ap;
@@ -145,8 +146,8 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
     double t0 = timer_now();
     v->forward(&ctx, out, saved, q, k, vv, pp);
     double t1 = timer_now();
-    memset(dq, 0, sizeof(float) * count);
-    memset(dk, 0, sizeof(float) * count);
+    memset(dq, 0, sizeof(float) * qcount);
+    memset(dk, 0, sizeof(float) * qcount);
     memset(dv, 0, sizeof(float) * count);
     double t1b = timer_now();
     v->backward(&ctx, dq, dk, dv, dpp, dout, q, k, vv, pp, out, saved);
@@ -157,7 +158,8 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
       p2p_ms += timer_total_ms(TIMER_P2P) - p0;
     }
   }
-  snprintf(row->variant, sizeof row->variant, "%s", v->name);
+  snprintf(row->variant, sizeof row->variant, "%s%s", v->name,
+           cfg->attention.heads_mode == HEADS_FISH ? "+fish" : "");
   snprintf(row->downsample, sizeof row->downsample, "%s",
            strncmp(v->name, "fma", 3) == 0 ? config_downsample_name(cfg->attention.fma_downsample)
                                            : "-");
@@ -203,7 +205,7 @@ struct comm_row {
 
 static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
                            double sgemm, struct comm_row *row) {
-  const struct attn_variant *v = attention_find(cfg->attention.variant);
+  const struct attn_variant *v = attention_select(cfg);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
   const long S = comm->S, T = n / S, t0 = comm->seq_rank * T;
   struct attn_ctx ctx =

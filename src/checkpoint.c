@@ -41,6 +41,8 @@ double checkpoint_write(const struct model *m, struct comm *comm, long step, con
   h5_attr_string(f, "/", "deck", m->cfg->resolved);
   h5_attr_string(f, "/", "version", PACKAGE_VERSION);
   h5_attr_string(f, "/", "variant", m->attn->name);
+  h5_attr_string(f, "/", "heads_mode",
+                 m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard");
   h5_attr_long(f, "/", "ranks", comm->world_size);
   h5_attr_long(f, "/", "seq_ranks", comm->S);
   h5_close(f);
@@ -74,6 +76,13 @@ long checkpoint_read(struct model *m, struct comm *comm, const char *path) {
     error("checkpoint '%s' holds attention variant %s, but the deck asks for %s", path, variant,
           m->attn->name);
   free(variant);
+  char *heads = NULL; /* absent in checkpoints of standard heads written before FiSH existed */
+  const char *want = m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard";
+  if (h5_read_attr_string(f, "/", "heads_mode", &heads) ? strcmp(heads, want) != 0
+                                                        : strcmp(want, "standard") != 0)
+    error("checkpoint '%s' holds attention.heads_mode = %s, but the deck asks for %s", path,
+          heads ? heads : "standard", want);
+  free(heads);
   read_set(f, m, "/model", m->params, path);
   read_set(f, m, "/optimizer/m", m->m, path);
   read_set(f, m, "/optimizer/v", m->v, path);

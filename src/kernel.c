@@ -86,12 +86,19 @@ int kernel_run(const char *in_path, const char *out_path) {
   H5_CHECK(H5Aiterate2(in, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, read_attr, &ka));
   if (!ka.variant[0]) error("%s: root attribute 'variant' is missing", in_path);
   if (ka.causal < 0) error("%s: root attribute 'causal' is missing", in_path);
-  long shape[3];
+  long shape[3], vshape[3];
   if (h5_dataset_shape(in, "q", shape, 3) != 3)
     error("%s: dataset q [H, n, d] is missing or not 3-D", in_path);
-  const long H = shape[0], n = shape[1], d = shape[2];
+  if (h5_dataset_shape(in, "v", vshape, 3) != 3)
+    error("%s: dataset v [H, n, d] is missing or not 3-D", in_path);
+  /* v and dout have the H value heads; q and k as many (or FiSH's G global heads) */
+  const long Hq = shape[0], H = vshape[0], n = vshape[1], d = vshape[2];
+  if (shape[1] != n || shape[2] != d)
+    error("%s: q has shape [%ld, %ld, %ld], v [%ld, %ld, %ld]: n and d must agree", in_path,
+          shape[0], shape[1], shape[2], H, n, d);
 
-  /* The variant keys share the deck's prefix: fma_linear uses the fma.* keys. */
+  /* The variant keys share the deck's prefix: fma_linear uses the fma.* keys; FiSH's keys
+   * (global_heads, mix, noise) are fish.*, and heads_mode is attention.heads_mode. */
   const char *prefix = strcmp(ka.variant, "fma_linear") == 0 ? "fma" : ka.variant;
   char items[KERNEL_MAX_KEYS + 6][200];
   struct config_overrides ov = {0};
@@ -102,25 +109,34 @@ int kernel_run(const char *in_path, const char *out_path) {
   snprintf(items[4], sizeof items[4], "model.dim=%ld", H * d);
   snprintf(items[5], sizeof items[5], "data.source=copy");
   int ni = 6;
-  for (int i = 0; i < ka.count; i++)
-    if (snprintf(items[ni++], sizeof items[0], "attention.%s.%s", prefix, ka.items[i]) >=
-        (int)sizeof items[0])
-      error("%s: attribute %s is too long", in_path, ka.items[i]);
+  for (int i = 0; i < ka.count; i++) {
+    const char *key = ka.items[i];
+    const bool fish = strncmp(key, "global_heads=", 13) == 0 || strncmp(key, "mix=", 4) == 0 ||
+                      strncmp(key, "noise=", 6) == 0;
+    int len = strncmp(key, "heads_mode=", 11) == 0
+                  ? snprintf(items[ni++], sizeof items[0], "attention.%s", key)
+                  : snprintf(items[ni++], sizeof items[0], "attention.%s.%s",
+                             fish ? "fish" : prefix, key);
+    if (len >= (int)sizeof items[0]) error("%s: attribute %s is too long", in_path, key);
+  }
   for (int i = 0; i < ni; i++) ov.items[ov.count++] = items[i];
   struct config cfg;
   char err[1024];
   if (config_load(&cfg, NULL, &ov, err, sizeof err)) error("%s: %s", in_path, err);
   if (attention_check(&cfg, n, 1, err, sizeof err)) error("%s: %s", in_path, err);
-  const struct attn_variant *v = attention_find(ka.variant);
+  const struct attn_variant *v = attention_select(&cfg);
+  if (Hq != attention_qk_heads(&cfg))
+    error("%s: q and k have %ld heads, but %s needs %d (v has %ld)", in_path, Hq, v->name,
+          attention_qk_heads(&cfg), H);
 
-  const size_t count = (size_t)(H * n * d);
-  const long dims3[3] = {H, n, d};
-  float *q = mem_alloc(MEM_DATA, sizeof(float) * count),
-        *k = mem_alloc(MEM_DATA, sizeof(float) * count);
+  const size_t count = (size_t)(H * n * d), qcount = (size_t)(Hq * n * d);
+  const long dims3[3] = {H, n, d}, qdims3[3] = {Hq, n, d};
+  float *q = mem_alloc(MEM_DATA, sizeof(float) * qcount),
+        *k = mem_alloc(MEM_DATA, sizeof(float) * qcount);
   float *vv = mem_alloc(MEM_DATA, sizeof(float) * count),
         *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
-  h5_read_floats(in, "q", 3, dims3, q, in_path);
-  h5_read_floats(in, "k", 3, dims3, k, in_path);
+  h5_read_floats(in, "q", 3, qdims3, q, in_path);
+  h5_read_floats(in, "k", 3, qdims3, k, in_path);
   h5_read_floats(in, "v", 3, dims3, vv, in_path);
   h5_read_floats(in, "dout", 3, dims3, dout, in_path);
 
@@ -128,7 +144,8 @@ int kernel_run(const char *in_path, const char *out_path) {
   struct attn_params ap;
   attention_params_make(&ap, &cfg, v, n);
   const struct param_list *list = &ap.list;
-  const size_t skip = strlen("layer_000/attn/") + strlen(v->name) + 1;
+  const size_t skip =
+      strlen("layer_000/attn/") + strlen(v->params_name ? v->params_name : v->name) + 1;
   for (int i = 0; i < list->count; i++) {
     const struct param_desc *p = &list->p[i];
     char path[PARAM_NAME + 16];
@@ -143,8 +160,8 @@ int kernel_run(const char *in_path, const char *out_path) {
   size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
   float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
-        *dq = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *dk = mem_alloc(MEM_DATA, sizeof(float) * count),
+        *dq = mem_alloc(MEM_DATA, sizeof(float) * qcount);
+  float *dk = mem_alloc(MEM_DATA, sizeof(float) * qcount),
         *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
   const float *pp = list->count ? ap.params : NULL;
   double t0 = timer_now();
@@ -155,8 +172,8 @@ int kernel_run(const char *in_path, const char *out_path) {
 
   hid_t f = h5_create(out_path);
   h5_write_floats(f, "out", 3, dims3, out, false, true);
-  h5_write_floats(f, "dq", 3, dims3, dq, false, true);
-  h5_write_floats(f, "dk", 3, dims3, dk, false, true);
+  h5_write_floats(f, "dq", 3, qdims3, dq, false, true);
+  h5_write_floats(f, "dk", 3, qdims3, dk, false, true);
   h5_write_floats(f, "dv", 3, dims3, dv, false, true);
   for (int i = 0; i < list->count; i++) {
     const struct param_desc *p = &list->p[i];

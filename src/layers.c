@@ -347,36 +347,42 @@ void residual_dropout_backward(float *dres, float *dy, const float *dout,
 /* ---------------------------------------------------------------------------------------------
  * head layout */
 
-void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int H,
-                         int d) {
-  int C = H * d;
+void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int Hqk,
+                         int H, int d) {
+  const int Cqk = Hqk * d, W = (2 * Hqk + H) * d; /* a row of qkv: q (Cqk) | k (Cqk) | v (H·d) */
 #pragma omp parallel for collapse(2) schedule(static)
   for (long b = 0; b < B; b++)
-    for (int h = 0; h < H; h++)
-      for (long t = 0; t < T; t++) {
-        const float *src = qkv + (b * T + t) * 3 * C + h * d;
-        size_t dst = (((size_t)b * H + h) * T + t) * d;
-        memcpy(q + dst, src, sizeof(float) * d);
-        memcpy(k + dst, src + C, sizeof(float) * d);
-        memcpy(v + dst, src + 2 * C, sizeof(float) * d);
+    for (long t = 0; t < T; t++) {
+      const float *src = qkv + (b * T + t) * W;
+      for (int h = 0; h < Hqk; h++) {
+        const size_t dst = (((size_t)b * Hqk + h) * T + t) * d;
+        memcpy(q + dst, src + h * d, sizeof(float) * d);
+        memcpy(k + dst, src + Cqk + h * d, sizeof(float) * d);
       }
+      for (int h = 0; h < H; h++)
+        memcpy(v + (((size_t)b * H + h) * T + t) * d, src + 2 * Cqk + h * d, sizeof(float) * d);
+    }
 }
 
 void heads_split_backward(float *dqkv, const float *dq, const float *dk, const float *dv, long B,
-                          long T, int H, int d) {
-  int C = H * d;
+                          long T, int Hqk, int H, int d) {
+  const int Cqk = Hqk * d, W = (2 * Hqk + H) * d;
 #pragma omp parallel for collapse(2) schedule(static)
   for (long b = 0; b < B; b++)
-    for (int h = 0; h < H; h++)
-      for (long t = 0; t < T; t++) {
-        float *dst = dqkv + (b * T + t) * 3 * C + h * d;
-        size_t src = (((size_t)b * H + h) * T + t) * d;
+    for (long t = 0; t < T; t++) {
+      float *dst = dqkv + (b * T + t) * W;
+      for (int h = 0; h < Hqk; h++) {
+        const size_t src = (((size_t)b * Hqk + h) * T + t) * d;
         for (int i = 0; i < d; i++) {
-          dst[i] += dq[src + i];
-          dst[C + i] += dk[src + i];
-          dst[2 * C + i] += dv[src + i];
+          dst[h * d + i] += dq[src + i];
+          dst[Cqk + h * d + i] += dk[src + i];
         }
       }
+      for (int h = 0; h < H; h++) {
+        const size_t src = (((size_t)b * H + h) * T + t) * d;
+        for (int i = 0; i < d; i++) dst[2 * Cqk + h * d + i] += dv[src + i];
+      }
+    }
 }
 
 void heads_merge_forward(float *y, const float *att, long B, long T, int H, int d) {

@@ -66,11 +66,12 @@ void residual_dropout_forward(float *out, const float *res, const float *y,
 void residual_dropout_backward(float *dres, float *dy, const float *dout,
                                const struct dropout_key *key, long B, long T, int C);
 
-/* (B, T, 3C) packed q|k|v → q, k, v each (B, H, T, d). */
-void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int H,
-                         int d);
+/* (B, T, (2·Hqk + H)·d) packed q|k|v → q, k (B, Hqk, T, d) and v (B, H, T, d). Hqk = H but for
+ * FiSH heads, whose Hqk global query/key heads serve H value heads (SPEC §6.9). */
+void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int Hqk,
+                         int H, int d);
 void heads_split_backward(float *dqkv, const float *dq, const float *dk, const float *dv, long B,
-                          long T, int H, int d);
+                          long T, int Hqk, int H, int d);
 /* (B, H, T, d) → (B, T, C). */
 void heads_merge_forward(float *y, const float *att, long B, long T, int H, int d);
 void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, int d);

@@ -41,8 +41,8 @@ static void register_params(struct model *m) {
 #define BLOCK(fmt) (snprintf(name, sizeof name, "layer_%03d/" fmt, l), name)
     add(m, BLOCK("norm1/weight"), 1, m->C, 0, false, INIT_ONE, 0, l);
     add(m, BLOCK("norm1/bias"), 1, m->C, 0, false, INIT_ZERO, 0, l);
-    add(m, BLOCK("attn/wqkv"), 2, 3L * m->C, m->C, true, INIT_NORMAL, INIT_STD, l);
-    add(m, BLOCK("attn/bqkv"), 1, 3L * m->C, 0, false, INIT_ZERO, 0, l);
+    add(m, BLOCK("attn/wqkv"), 2, m->QKV, m->C, true, INIT_NORMAL, INIT_STD, l);
+    add(m, BLOCK("attn/bqkv"), 1, m->QKV, 0, false, INIT_ZERO, 0, l);
     add(m, BLOCK("attn/wo"), 2, m->C, m->C, true, INIT_NORMAL, resid_std, l);
     add(m, BLOCK("attn/bo"), 1, m->C, 0, false, INIT_ZERO, 0, l);
     attention_register_params(cfg, m->attn, m->n, l, &m->plist);
@@ -112,7 +112,8 @@ size_t model_param_count(const struct model *m) {
 
 double model_flops_per_token(struct model *m) {
   double matmul = (double)m->V * m->C; /* head (tied or not) */
-  for (int l = 0; l < m->L; l++) matmul += 4.0 * m->C * (double)m->C + 2.0 * m->C * (double)m->R;
+  for (int l = 0; l < m->L; l++)
+    matmul += (double)(m->QKV + m->C) * m->C + 2.0 * m->C * (double)m->R;
   double attn = 0.0;
   for (int l = 0; l < m->L; l++) {
     double p2p;
@@ -137,6 +138,8 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
   m->d = m->C / m->H;
   m->V = config_vocab(cfg);
   m->R = cfg->model.mlp_ratio * m->C;
+  m->Hqk = attention_qk_heads(cfg);
+  m->QKV = (2 * m->Hqk + m->H) * m->d;
   m->n = cfg->model.context;
   m->B = B;
   int S = comm ? comm->S : 1, s = comm ? comm->seq_rank : 0;
@@ -145,7 +148,7 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
   m->causal = cfg->model.objective == OBJECTIVE_CLM;
   m->recompute = cfg->train.recompute;
   m->mlp_chunk = B * m->T < MODEL_MLP_CHUNK ? B * m->T : MODEL_MLP_CHUNK;
-  m->attn = attention_find(cfg->attention.variant);
+  m->attn = attention_select(cfg);
   if (!m->attn) error("attention variant %s is not available", cfg->attention.variant);
 
   register_params(m);
@@ -275,14 +278,18 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   const float *x = stream(m, l);
 
   layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-  linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, 3 * C);
-  heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, H, d);
+  linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV);
+  heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d);
   if (m->cfg->model.position == POSITION_ROPE) {
-    rope_forward(a->q, B * H, T, d, m->t0);
-    rope_forward(a->k, B * H, T, d, m->t0);
+    rope_forward(a->q, B * m->Hqk, T, d, m->t0);
+    rope_forward(a->k, B * m->Hqk, T, d, m->t0);
   }
   timer_start(TIMER_ATTENTION);
-  m->attn->forward(&m->actx[l], a->att, a->att_saved, a->q, a->k, a->v, w->attn);
+  struct attn_ctx *ctx = &m->actx[l];
+  ctx->step = step; /* the keys of any noise the variant draws (FiSH), the same in backward */
+  ctx->train = train;
+  ctx->sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
+  m->attn->forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
   if (m->diag_request && m->attn->diagnostics) {
     long nq = m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * H * m->diag_bands,
                                    m->diag_entropy + (size_t)l * H, a->q, a->k, a->v, w->attn);
@@ -417,13 +424,13 @@ void model_backward(struct model *m, long step) {
                       a->att, a->att_saved);
     timer_stop(TIMER_ATTENTION);
     if (m->cfg->model.position == POSITION_ROPE) {
-      rope_backward(m->dq, B * H, T, d, m->t0);
-      rope_backward(m->dk, B * H, T, d, m->t0);
+      rope_backward(m->dq, B * m->Hqk, T, d, m->t0);
+      rope_backward(m->dk, B * m->Hqk, T, d, m->t0);
     }
-    zero(m->dqkv, NC * 3);
-    heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, H, d);
+    zero(m->dqkv, (size_t)N * m->QKV);
+    heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d);
     zero(m->dln, NC);
-    linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, 3 * C);
+    linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV);
     layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
     float *t = dres;
     dres = dnext;

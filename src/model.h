@@ -16,8 +16,8 @@
 /* Pointers into one of the contiguous buffers (params or grads), one set per block. */
 struct block_tensors {
   float *ln1w, *ln1b; /* (C) */
-  float *wqkv;        /* (3C, C) */
-  float *bqkv;        /* (3C) */
+  float *wqkv;        /* (QKV, C): q (Hqk·d) | k (Hqk·d) | v (C) rows */
+  float *bqkv;        /* (QKV) */
   float *wo, *bo;     /* (C, C), (C) */
   float *attn;        /* the variant's parameters for this block (contiguous), or NULL */
   float *ln2w, *ln2b; /* (C) */
@@ -36,7 +36,7 @@ struct model_tensors {
 /* Saved activations of one block, over the local (B, T). */
 struct block_acts {
   float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
-  float *q, *k, *v;                 /* (B,H,T,d) each, after rope */
+  float *q, *k, *v;                 /* (B,Hqk,T,d), (B,Hqk,T,d), (B,H,T,d), after rope */
   float *att;                       /* (B,H,T,d) attention output */
   float *att_saved;                 /* variant's saved floats */
   float *atty;                      /* (B,T,C) heads merged */
@@ -49,6 +49,8 @@ struct model {
   const struct config *cfg;
   struct comm *comm;
   int L, C, H, d, V, R; /* blocks, width, heads, head size, vocabulary, MLP hidden */
+  int Hqk;              /* query/key heads: H, or FiSH's global heads G */
+  int QKV;              /* width of the q|k|v projection: (2·Hqk + H)·d (3C when Hqk = H) */
   long n;               /* global sequence length */
   long B, T, t0;        /* local batch, local tokens, global index of local token 0 */
   bool causal, recompute;

@@ -120,8 +120,12 @@ static void print_decomposition(const struct config *cfg, const struct comm *com
       "positions, %zu parameters",
       m->L, m->C, m->H, m->d, m->R, m->V, m->n, config_position_name(cfg->model.position),
       model_param_count(m));
-  message("attention: %s, %s; diagnostics in %d distance bands (fma.m = %d tree)", m->attn->name,
-          m->causal ? "causal" : "bidirectional", m->diag_bands, cfg->attention.fma_m);
+  char heads[96] = "";
+  if (cfg->attention.heads_mode == HEADS_FISH)
+    snprintf(heads, sizeof heads, " with FiSH heads (%d global, %s mix, noise %g)", m->Hqk,
+             cfg->attention.fish_mix, cfg->attention.fish_noise);
+  message("attention: %s%s, %s; diagnostics in %d distance bands (fma.m = %d tree)", m->attn->name,
+          heads, m->causal ? "causal" : "bidirectional", m->diag_bands, cfg->attention.fma_m);
   message(
       "batch: %d sequences per step (%ld per replica), slab of %ld tokens per rank "
       "(tokens [%ld, %ld) on sequence rank %d)",

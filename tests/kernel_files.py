@@ -2,7 +2,7 @@
 """Kernel-file helpers for test_kernel.sh (SPEC §8.3).
 
   kernel_files.py make IN.h5 VARIANT CAUSAL H N D [key=value ...] [param=NAME:SHAPE:VALUE ...]
-                                               [--ones-v] [--bad-attr]
+                                               [--ones-v] [--bad-attr] [--qk-heads=G]
                                                (param=gamma:2,8:2.0 stores params/gamma, 2x8, all 2.0)
   kernel_files.py close A.h5 B.h5 TOL          out, dq, dk, dv of two OUT files agree
   kernel_files.py ones OUT.h5 TOL              every output equals 1
@@ -18,9 +18,13 @@ import numpy as np
 
 def make(path, variant, causal, H, n, d, extra):
     rng = np.random.default_rng(7)
+    hq = H  # FiSH: --qk-heads=G gives q and k G heads
+    for kv in extra:
+        if kv.startswith("--qk-heads="):
+            hq = int(kv.split("=", 1)[1])
     with h5py.File(path, "w") as f:
         for name in ("q", "k", "v", "dout"):
-            f[name] = rng.standard_normal((H, n, d)).astype(np.float32)
+            f[name] = rng.standard_normal((hq if name in "qk" else H, n, d)).astype(np.float32)
         if "--ones-v" in extra:
             f["v"][...] = 1.0
         f.attrs["variant"] = variant
@@ -30,7 +34,7 @@ def make(path, variant, causal, H, n, d, extra):
                 name, shape, value = kv[len("param="):].split(":")
                 shape = tuple(int(x) for x in shape.split(","))
                 f["params/" + name] = np.full(shape, float(value), dtype=np.float32)
-            elif "=" in kv:
+            elif "=" in kv and not kv.startswith("--"):
                 key, value = kv.split("=", 1)
                 f.attrs[key] = int(value) if value.isdigit() else value
         if "--bad-attr" in extra:

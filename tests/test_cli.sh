@@ -53,7 +53,7 @@ many=""
 for i in $(seq 70); do many="$many --set=train.steps=1"; done
 expect_fail "more than 64 --set= options are refused" "too many --set options" "$F" good.in $many
 expect_fail "unknown option" "unknown option '--frobnicate'" "$F" good.in --frobnicate
-expect_fail "an unimplemented heads mode is named as such" "attention.heads_mode = fish is not implemented" "$F" good.in --set attention.heads_mode=fish
+expect_fail "FiSH heads on a kernelized variant are refused with the reason" "composes with attention.variant = full or local" "$F" good.in --set attention.heads_mode=fish --set attention.variant=linear
 check "nothing was written by the failed runs" sh -c "! test -e out"
 
 # a file in place of the output directory

@@ -50,6 +50,16 @@ check "nystrom (12 landmarks, conv 5): kernel runs" "$F" kernel ny.h5 ny_out.h5
 check "nystrom: dparams/conv has shape [H, k]" py "$K" dparams ny_out.h5 conv 2,5
 py "$K" make nyc.h5 nystrom 1 2 96 8 landmarks=12
 expect_fail "nystrom refuses causal kernel files" "bidirectional only" "$F" kernel nyc.h5 nyc_out.h5
+# FiSH heads: q and k with the G global heads, v and dout with the H value heads
+py "$K" make fish.h5 full 1 3 64 8 heads_mode=fish global_heads=2 mix=mlp --qk-heads=2
+check "FiSH heads on full (2 global heads, mlp mix): kernel runs" "$F" kernel fish.h5 fish_out.h5
+check "FiSH: dparams/w2 has shape [H, R]" py "$K" dparams fish_out.h5 w2 3,3
+check "FiSH: dq has the global heads' shape [G, n, d]" py -c "
+import h5py, sys
+f = h5py.File('fish_out.h5')
+sys.exit(0 if f['dq'].shape == (2, 64, 8) and f['dv'].shape == (3, 64, 8) else 1)"
+py "$K" make fishbad.h5 full 1 3 64 8 heads_mode=fish global_heads=2
+expect_fail "FiSH: q with the wrong number of heads is refused" "q and k have 3 heads" "$F" kernel fishbad.h5 fishbad_out.h5
 py "$K" make badk.h5 fmmformer 1 2 100 8 kernels=elu,cosine
 expect_fail "fmmformer refuses an unknown kernel" "cosine" "$F" kernel badk.h5 badk_out.h5
 

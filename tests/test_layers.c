@@ -308,7 +308,7 @@ static void test_heads(void **state) {
   const int B = 2, T = 5, H = 3, d = 4, C = H * d;
   float qkv[B * T * 3 * C], q[B * H * T * d], k[B * H * T * d], v[B * H * T * d];
   tu_randn(qkv, B * T * 3 * C, 19, 1.0f);
-  heads_split_forward(q, k, v, qkv, B, T, H, d);
+  heads_split_forward(q, k, v, qkv, B, T, H, H, d);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
       for (int t = 0; t < T; t++)
@@ -318,13 +318,32 @@ static void test_heads(void **state) {
         }
   float back[B * T * 3 * C];
   memset(back, 0, sizeof back);
-  heads_split_backward(back, q, k, v, B, T, H, d);
+  heads_split_backward(back, q, k, v, B, T, H, H, d);
   assert_memory_equal(back, qkv, sizeof back);
   float y[B * T * C], att2[B * H * T * d];
   heads_merge_forward(y, q, B, T, H, d);
   memset(att2, 0, sizeof att2);
   heads_merge_backward(att2, y, B, T, H, d);
   assert_memory_equal(att2, q, sizeof att2);
+  /* FiSH heads: G = 2 query/key heads for H = 3 value heads, rows q (2d) | k (2d) | v (3d) */
+  enum { G = 2, W = (2 * G + H) * d };
+  float x[B * T * W], fq[B * G * T * d], fk[B * G * T * d], fv[B * H * T * d], fb[B * T * W];
+  tu_randn(x, B * T * W, 20, 1.0f);
+  heads_split_forward(fq, fk, fv, x, B, T, G, H, d);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int i = 0; i < d; i++) {
+        for (int h = 0; h < G; h++) {
+          const int dst = ((b * G + h) * T + t) * d + i, src = (b * T + t) * W + h * d + i;
+          assert_true(fq[dst] == x[src] && fk[dst] == x[src + G * d]);
+        }
+        for (int h = 0; h < H; h++)
+          assert_true(fv[((b * H + h) * T + t) * d + i] ==
+                      x[(b * T + t) * W + 2 * G * d + h * d + i]);
+      }
+  memset(fb, 0, sizeof fb);
+  heads_split_backward(fb, fq, fk, fv, B, T, G, H, d);
+  assert_memory_equal(fb, x, sizeof fb);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ struct seq_case {
 };
 
 static void make_config(struct config *cfg, const struct seq_case *t, int H, int d, int S) {
-  char items[14][96];
+  char items[16][96];
   struct config_overrides ov = {0};
   int k = 0;
   snprintf(items[k++], 96, "attention.variant=%s", t->variant);
@@ -61,7 +61,10 @@ static void make_config(struct config *cfg, const struct seq_case *t, int H, int
   snprintf(items[k++], 96, "attention.fma.p=%d", t->p ? t->p : 2);
   snprintf(items[k++], 96, "attention.fma.downsample=%s", t->down ? t->down : "conv");
   snprintf(items[k++], 96, "parallel.seq_ranks=%d", S);
-  if (t->extra) snprintf(items[k++], 96, "%s", t->extra);
+  char extra[3][96] = {"", "", ""}; /* up to three settings, separated by spaces */
+  if (t->extra) sscanf(t->extra, "%95s %95s %95s", extra[0], extra[1], extra[2]);
+  for (int e = 0; e < 3; e++)
+    if (extra[e][0]) snprintf(items[k++], 96, "%s", extra[e]);
   for (int i = 0; i < k; i++) ov.items[ov.count++] = items[i];
   char err[CONFIG_ERR_LEN];
   if (config_load(cfg, NULL, &ov, err, sizeof err)) error("config: %s", err);
@@ -76,10 +79,14 @@ struct result {
 static struct result run(const struct config *cfg, struct comm *comm, long B, long H, long n,
                          long d, long t0, long T, bool causal, const float *q, const float *k,
                          const float *v, const float *g) {
-  const struct attn_variant *var = attention_find(cfg->attention.variant);
+  const struct attn_variant *var = attention_select(cfg);
   if (!var) error("variant %s is not registered", cfg->attention.variant);
+  const long Hq = attention_qk_heads(cfg); /* q, k heads: H, or FiSH's global heads */
   struct attn_ctx ctx =
       attention_open(cfg, var, comm, 0, (struct attn_dims){B, H, T, d, n, t0, causal});
+  ctx.step = 3; /* training: FiSH's noise on, keyed by global (sample, i, j) */
+  ctx.train = true;
+  ctx.sample0 = 0;
   struct param_list list;
   param_list_init(&list);
   attention_register_params(cfg, var, n, 0, &list);
@@ -93,19 +100,21 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
     for (size_t e = 0; e < list.p[i].numel && !list.p[i].frozen; e++)
       params[list.p[i].offset + e] += 0.1f * (float)rng_normal(3, RNG_TEST, 77, (uint64_t)i, e);
   }
-  const size_t count = (size_t)(B * H * T * d);
-  float *ql = malloc(4 * count), *kl = malloc(4 * count), *vl = malloc(4 * count),
+  const size_t count = (size_t)(B * H * T * d), qcount = (size_t)(B * Hq * T * d);
+  float *ql = malloc(4 * qcount), *kl = malloc(4 * qcount), *vl = malloc(4 * count),
         *gl = malloc(4 * count);
-  for (long bh = 0; bh < B * H; bh++) {
+  for (long bh = 0; bh < B * H; bh++) { /* rows of the global (B, ·, n, d) tensors */
     const size_t src = (size_t)((bh * n + t0) * d), dst = (size_t)(bh * T * d);
-    memcpy(ql + dst, q + src, 4 * (size_t)(T * d));
-    memcpy(kl + dst, k + src, 4 * (size_t)(T * d));
+    if (bh < B * Hq) {
+      memcpy(ql + dst, q + src, 4 * (size_t)(T * d));
+      memcpy(kl + dst, k + src, 4 * (size_t)(T * d));
+    }
     memcpy(vl + dst, v + src, 4 * (size_t)(T * d));
     memcpy(gl + dst, g + src, 4 * (size_t)(T * d));
   }
   r.out = calloc(count, 4);
-  r.dq = calloc(count, 4);
-  r.dk = calloc(count, 4);
+  r.dq = calloc(qcount, 4);
+  r.dk = calloc(qcount, 4);
   r.dv = calloc(count, 4);
   float *saved = calloc(var->saved_floats(&ctx) + 1, 4);
   const float *pp = list.count ? params : NULL;
@@ -176,9 +185,10 @@ static void check_case(const struct seq_case *t, struct comm *comm) {
   const uint64_t sent = comm->bytes_sent - bytes0;
   if (dist.nparams) /* the model sums parameter gradients over ranks */
     MPI_Allreduce(MPI_IN_PLACE, dist.dparams, (int)dist.nparams, MPI_FLOAT, MPI_SUM, comm->seq);
+  const long Hq = attention_qk_heads(&cfg1);
   double e_out = slab_error(dist.out, ref.out, B, H, n, d, t0, T, comm->seq);
-  double e_dq = slab_error(dist.dq, ref.dq, B, H, n, d, t0, T, comm->seq);
-  double e_dk = slab_error(dist.dk, ref.dk, B, H, n, d, t0, T, comm->seq);
+  double e_dq = slab_error(dist.dq, ref.dq, B, Hq, n, d, t0, T, comm->seq);
+  double e_dk = slab_error(dist.dk, ref.dk, B, Hq, n, d, t0, T, comm->seq);
   double e_dv = slab_error(dist.dv, ref.dv, B, H, n, d, t0, T, comm->seq);
   double e_dp = 0.0;
   if (ref.nparams) {
@@ -224,6 +234,16 @@ int main(int argc, char **argv) {
     if (!only || strcmp(only, "local") == 0) {
       check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 5, 8, NULL}, &comm);
       check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 20, 8, NULL}, &comm);
+    }
+    /* FiSH heads (one global head for two value heads) with training noise: the ring and the
+     * halo carry the global key heads; the noise is keyed by global positions */
+    if (!only || strcmp(only, "fish") == 0) {
+      check_case(&(struct seq_case){"full", causal, NULL, 64, 0, 0, 0, 8,
+                                    "attention.heads_mode=fish attention.fish.noise=0.4"},
+                 &comm);
+      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 20, 8,
+                                    "attention.heads_mode=fish attention.fish.mix=mlp"},
+                 &comm);
     }
     /* the kernelized variants: exclusive scans of the running sums (and fmmformer's band halo,
      * here wider than a slab at S = 8) */

@@ -2,7 +2,7 @@
 # Training with sequence parallelism against one rank (SPEC §7): with parallel.seq_ranks = S the
 # losses, gradient norms and validation losses equal the 1-rank run within 1e-5 relative, for fma
 # (causal and bidirectional), fma_linear, full (both), local, linear, fmmformer (bidirectional),
-# rmfa and nystrom (bidirectional); world 4 as S = 2 × 2 replicas equals world 1 with the same global batch; a checkpoint written with S = 4 restarts with S = 2 and with
+# rmfa, nystrom (bidirectional) and FiSH heads (full with noise, local with the MLP mix); world 4 as S = 2 × 2 replicas equals world 1 with the same global batch; a checkpoint written with S = 4 restarts with S = 2 and with
 # S = 1 with the same losses within rounding. The attention diagnostics (every query of a
 # 128-token context is sampled, on any S) equal 1 rank too.
 . "$TESTDIR/tap.sh"
@@ -48,10 +48,13 @@ same() { # name: the run out/$1 equals its 1-rank twin out/$2 within 1e-5
   check "$1: attention level masses and entropies equal 1 rank" py "$TESTDIR/h5check.py" same-series "out/$2/diag.h5" "out/$1/diag.h5" attention 0 1e-5
 }
 
-for v in "fma clm" "fma mlm" "fma_linear clm" "full clm" "full mlm" "local clm" "linear clm" "fmmformer mlm" "rmfa clm" "nystrom mlm"; do
+for v in "fma clm" "fma mlm" "fma_linear clm" "full clm" "full mlm" "local clm" "linear clm" "fmmformer mlm" "rmfa clm" "nystrom mlm" "fish clm" "fish-local mlm"; do
   set -- $v
   tag="$1-$2"
   extra="--set attention.variant=$1 --set model.objective=$2"
+  # FiSH heads (one global head for the two value heads) with training noise, on full and local
+  [ "$1" = fish ] && extra="--set attention.variant=full --set attention.heads_mode=fish --set attention.fish.noise=0.3 --set model.objective=$2"
+  [ "$1" = fish-local ] && extra="--set attention.variant=local --set attention.heads_mode=fish --set attention.fish.mix=mlp --set model.objective=$2"
   # mlm scores masked positions; the majority task scores only its markers: use the copy task
   [ "$2" = mlm ] && extra="$extra --set data.source=copy"
   check "$tag: 1 rank" "$MPI_RUN" 1 "$F" sp.in --set run.name=$tag-1 $extra

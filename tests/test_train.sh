@@ -84,6 +84,20 @@ import h5py
 with h5py.File('bad_features.h5', 'r+') as f: f['/model/layer_000/attn/rmfa/degree'][1] = 2.5"
 expect_fail "rmfa: a checkpoint with corrupt features is refused" "not a whole number" "$F" copy.in $rm --set run.name=rm-bad --set output.restart=bad_features.h5
 
+# FiSH heads with training noise restart bit for bit too (the noise is keyed by the step), and a
+# checkpoint of FiSH heads is refused by a deck of standard heads
+fi="$common --set attention.heads_mode=fish --set attention.fish.noise=0.5"
+check "fish: uninterrupted 40-step run" "$F" copy.in $fi --set run.name=fi-straight
+mkdir -p out/fi-resumed && cp out/fi-straight/ckpt_000020.h5 out/fi-resumed/
+check "fish: run resumed from step 20" "$F" copy.in $fi --set run.name=fi-resumed --set output.restart=latest
+check "fish: resumed losses equal the uninterrupted run bit for bit" py "$TESTDIR/h5check.py" same-series out/fi-straight/diag.h5 out/fi-resumed/diag.h5 train 20 0
+check "fish: the checkpoint holds attn/fish/mix [H, G] and wqkv [(2G + H) d, C]" py -c "
+import h5py, sys
+f = h5py.File('out/fi-straight/ckpt_000040.h5')
+ok = f['/model/layer_000/attn/fish/mix'].shape == (2, 1) and f['/model/layer_000/attn/wqkv'].shape == (4 * 32, 64)
+sys.exit(0 if ok and f.attrs['heads_mode'] in (b'fish', 'fish') else 1)"
+expect_fail "a FiSH checkpoint is refused by a deck of standard heads" "heads_mode = fish, but the deck asks for standard" "$F" copy.in $common --set run.name=fi-std --set output.restart=out/fi-straight/ckpt_000040.h5
+
 # SIGTERM (SLURM pre-emption): checkpoint at the current step, exit 0, resume with latest
 "$F" copy.in --set run.name=sig --set train.steps=1000000 --set output.log_every=1 --set output.checkpoint_every=0 > sig.log 2>&1 &
 pid=$!

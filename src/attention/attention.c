@@ -38,6 +38,22 @@ const struct attn_variant *attention_find(const char *name) {
 
 bool attention_implemented(const char *name) { return attention_find(name) != NULL; }
 
+extern const struct attn_variant attention_fish_full;
+extern const struct attn_variant attention_fish_local;
+
+const struct attn_variant *attention_select(const struct config *cfg) {
+  const struct attn_variant *v = attention_find(cfg->attention.variant);
+  if (!v || cfg->attention.heads_mode != HEADS_FISH) return v;
+  if (v == &attention_full) return &attention_fish_full;
+  if (v == &attention_local) return &attention_fish_local;
+  return NULL;
+}
+
+int attention_qk_heads(const struct config *cfg) {
+  return cfg->attention.heads_mode == HEADS_FISH ? cfg->attention.fish_global_heads
+                                                 : cfg->model.heads;
+}
+
 int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len) {
   const char *name = cfg->attention.variant;
   const struct attn_variant *v = attention_find(name);
@@ -63,10 +79,15 @@ int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, 
              name);
     return 1;
   }
-  if (cfg->attention.heads_mode != HEADS_STANDARD) {
-    snprintf(err, len, "attention.heads_mode = fish is not implemented in this version of fmattn");
+  if (cfg->attention.heads_mode == HEADS_FISH && !attention_select(cfg)) {
+    snprintf(err, len,
+             "attention.heads_mode = fish composes with attention.variant = full or local, not %s "
+             "(FiSH mixes the global heads' scores of every query-key pair; docs/fish.md says why "
+             "the other variants cannot)",
+             name);
     return 1;
   }
+  if (cfg->attention.heads_mode == HEADS_FISH) v = attention_select(cfg);
   if (v->check) {
     const char *why = v->check(cfg, n, seq_ranks, err, len);
     if (why) return 1;
@@ -95,7 +116,8 @@ int attention_register_params(const struct config *cfg, const struct attn_varian
   for (int i = 0; i < rel.count; i++) {
     const struct param_desc *p = &rel.p[i];
     char full[PARAM_NAME + 32];
-    snprintf(full, sizeof full, "layer_%03d/attn/%s/%s", layer, v->name, p->name);
+    snprintf(full, sizeof full, "layer_%03d/attn/%s/%s", layer,
+             v->params_name ? v->params_name : v->name, p->name);
     int k = param_list_add(list, full, p->ndim, p->shape, p->decay, p->init, p->std);
     list->p[k].layer = layer;
     list->p[k].owner = 1;
@@ -162,10 +184,10 @@ enum { ROW_MAX, ROW_Z, ROW_ZS, ROW_BAND0 };
 
 static void row_statistics(double *st, const float *qi, long gi, const float *k, long t0, long T,
                            long width, const struct attn_ctx *ctx, const struct fma_tree *tree,
-                           double *row, attention_score_fn score) {
+                           double *row, attention_score_fn score, const void *user) {
   double mx = -INFINITY;
   for (long j = 0; j < T; j++) {
-    row[j] = score(ctx, qi, gi, k + j * width, t0 + j, width);
+    row[j] = score(ctx, qi, gi, k + j * width, t0 + j, width, user);
     if (row[j] > mx) mx = row[j];
   }
   st[ROW_MAX] = mx;
@@ -182,7 +204,8 @@ static void row_statistics(double *st, const float *qi, long gi, const float *k,
 }
 
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
-                         const float *k, long width, long max_queries, attention_score_fn score) {
+                         const float *k, long width, long max_queries, attention_score_fn score,
+                         const void *user) {
   const struct attn_dims *dm = &ctx->dims;
   struct comm *cm = ctx->comm;
   const int S = cm ? cm->S : 1, me = cm ? cm->seq_rank : 0;
@@ -208,7 +231,7 @@ long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, co
 #pragma omp for schedule(dynamic, 4)
     for (long a = 0; a < nall; a++)
       row_statistics(st + a * w, qs + a * width, (a / nq) * T + (a % nq) * T / nq, k, dm->t0, T,
-                     width, ctx, &tree, row, score);
+                     width, ctx, &tree, row, score, user);
     mem_free(row);
   }
   if (S > 1) { /* combine the ranks' partial statistics relative to the global maximum */

@@ -1,9 +1,10 @@
 /* The attention interface: one ops table per variant (SPEC §1, §6), the only seam between the
  * model and a variant. The model calls these entry points and never branches on a variant's name;
- * adding a variant is one new file plus one line in the registry (attention.c). q, k, v and the
- * output are in head layout (B, H, T, d) over the LOCAL tokens; under sequence parallelism a
- * variant reaches the rest of the sequence through ctx->comm (the halo/summary exchange it needs
- * is its own business, behind forward/backward). */
+ * adding a variant is one new file plus one line in the registry (attention.c). v and the output
+ * are in head layout (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d) with Hqk =
+ * attention_qk_heads(cfg): H, or the G global heads of FiSH (SPEC §6.9). Under sequence
+ * parallelism a variant reaches the rest of the sequence through ctx->comm (the halo/summary
+ * exchange it needs is its own business, behind forward/backward). */
 #ifndef FMATTN_ATTENTION_H
 #define FMATTN_ATTENTION_H
 
@@ -33,12 +34,19 @@ struct attn_ctx {
   struct comm *comm; /* sequence group for exchanges; S = 1 means the slab is the sequence */
   void *state;       /* the variant's private state (tree, scratch sizes), from setup */
   int layer;
+  /* Set by the caller before forward (backward sees the same): the training step, whether this is
+   * training (dropout-like noise on), and the global index of local batch element 0 — the keys of
+   * counter-based noise (FiSH), so that it is the same on any rank layout. */
+  long step;
+  bool train;
+  long sample0;
 };
 
 struct attn_variant {
   const char *name;
-  bool causal_ok; /* may run in clm mode */
-  bool bidir_ok;  /* may run in mlm mode */
+  const char *params_name; /* the group of its parameters below attn/ (NULL: name) */
+  bool causal_ok;          /* may run in clm mode */
+  bool bidir_ok;           /* may run in mlm mode */
   /* Why this variant refuses a configuration (NULL when it accepts it). Called before anything is
    * allocated, with the global sequence length and the sequence-parallel rank count. */
   const char *(*check)(const struct config *cfg, long n, int seq_ranks, char *buf, size_t len);
@@ -72,6 +80,11 @@ struct attn_variant {
 
 /* The registry. NULL when the name is unknown or not built. */
 const struct attn_variant *attention_find(const char *name);
+/* The ops the configuration asks for: attention.variant, under attention.heads_mode = fish its
+ * FiSH form (full and local have one); NULL when there is none (attention_check says why). */
+const struct attn_variant *attention_select(const struct config *cfg);
+/* Query/key heads of the configuration: model.heads, or fish.global_heads under FiSH. */
+int attention_qk_heads(const struct config *cfg);
 /* Names of every variant the deck may name but this build does not implement yet: NULL if name
  * is implemented. */
 bool attention_implemented(const char *name);
@@ -118,7 +131,7 @@ int attention_diag_bands(const struct config *cfg, long n);
  * as the caller gave them: raw q and k, or feature maps): the share of j in i's attention is
  * e^score / Σ_j e^score; −INFINITY when i may not see j. */
 typedef double (*attention_score_fn)(const struct attn_ctx *ctx, const float *qi, long i,
-                                     const float *kj, long j, long width);
+                                     const float *kj, long j, long width, const void *user);
 
 /* Diagnostics of one head whose attention weights can be formed row by row (full, local, and the
  * kernelized variants through their feature maps): for up to `max_queries` evenly spaced local
@@ -126,8 +139,9 @@ typedef double (*attention_score_fn)(const struct attn_ctx *ctx, const float *qi
  * distance bands of the fma.m tree: mass (bands) and entropy (1) summed over the queries examined,
  * which are returned. With S > 1 sequence ranks each rank samples its own queries; the sampled
  * rows go round the group and every rank scores them against its own keys, so no rank ever holds
- * more than its slab of k. Collective over the sequence group. */
+ * more than its slab of k. user is passed to score. Collective over the sequence group. */
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
-                         const float *k, long width, long max_queries, attention_score_fn score);
+                         const float *k, long width, long max_queries, attention_score_fn score,
+                         const void *user);
 
 #endif

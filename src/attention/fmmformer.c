@@ -144,7 +144,7 @@ static void fmm_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
  * diagnostics and FLOPs */
 
 static double band_score(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
-                         long j, long width) {
+                         long j, long width, const void *user) {
   const struct fmm_state *st = ctx->state;
   if (!exact_attention_allows(ctx->dims.causal, st->band, i, j)) return -INFINITY;
   double dot = 0.0;
@@ -168,7 +168,7 @@ static long fmm_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
   long nq = 0;
   for (long h = 0; h < H; h++) {
     nq = attention_diag_rows(ctx, pm + h * bands, pe + h, q + h * T * d, k + h * T * d, d,
-                             ATTENTION_DIAG_QUERIES, band_score);
+                             ATTENTION_DIAG_QUERIES, band_score, NULL);
     const double a1 = sigmoid(w1[h]), a2 = sigmoid(w2[h]), total = a1 + st->nk * a2;
     for (int b = 0; b < bands; b++) mass[h * bands + b] += a1 / total * pm[h * bands + b];
     entropy[h] += a1 / total * pe[h];

@@ -589,7 +589,7 @@ static void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv
 }
 
 static double exact_score(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
-                          long j, long width) {
+                          long j, long width, const void *user) {
   if (!exact_attention_allows(ctx->dims.causal, variant_band(ctx), i, j)) return -INFINITY;
   double dot = 0.0;
   for (long c = 0; c < width; c++) dot += (double)qi[c] * kj[c];
@@ -603,7 +603,8 @@ static long exact_diagnostics(struct attn_ctx *ctx, double *mass, double *entrop
   long nq = 0;
   for (long h = 0; h < dm->H; h++) /* batch element 0 */
     nq = attention_diag_rows(ctx, mass + h * bands, entropy + h, q + h * dm->T * dm->d,
-                             k + h * dm->T * dm->d, dm->d, ATTENTION_DIAG_QUERIES, exact_score);
+                             k + h * dm->T * dm->d, dm->d, ATTENTION_DIAG_QUERIES, exact_score,
+                             NULL);
   return nq;
 }
 

@@ -422,12 +422,12 @@ static double weight_score(const struct attn_ctx *ctx, const float *qi, long i, 
 }
 
 static double score_positive(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
-                             long j, long width) {
+                             long j, long width, const void *user) {
   return weight_score(ctx, qi, i, kj, j, width, false);
 }
 
 static double score_magnitude(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
-                              long j, long width) {
+                              long j, long width, const void *user) {
   return weight_score(ctx, qi, i, kj, j, width, true);
 }
 
@@ -444,7 +444,7 @@ long kz_diagnostics(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm
     kz_features(map, fq, q + h * T * d, T, scratch);
     kz_features(map, fk, k + h * T * d, T, scratch);
     nq = attention_diag_rows(ctx, mass + h * bands, entropy + h, fq, fk, F, ATTENTION_DIAG_QUERIES,
-                             norm == KZ_CLAMP1 ? score_magnitude : score_positive);
+                             norm == KZ_CLAMP1 ? score_magnitude : score_positive, NULL);
   }
   mem_free(scratch);
   mem_free(fk);

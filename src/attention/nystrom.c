@@ -573,7 +573,7 @@ static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, f
  * reported are those of F, each query's softmax over the landmarks, placed at the landmark
  * segments' centres. */
 static double landmark_score(const struct attn_ctx *ctx, const float *qi, long i, const float *kj,
-                             long j, long width) {
+                             long j, long width, const void *user) {
   const struct ny_state *st = ctx->state;
   if (j % st->seg != st->seg / 2) return -INFINITY; /* one key per segment: its centre */
   double dot = 0.0;
@@ -598,7 +598,7 @@ static long ny_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, 
         for (long t = 0; t < st->seg; t++) kc[(j * st->seg + t) * d + f] = s / (float)st->seg;
       }
     nq = attention_diag_rows(ctx, mass + h * bands, entropy + h, q + h * T * d, kc, d,
-                             ATTENTION_DIAG_QUERIES, landmark_score);
+                             ATTENTION_DIAG_QUERIES, landmark_score, NULL);
   }
   mem_free(kc);
   return nq;
