@@ -128,3 +128,10 @@ void diag_memory_summary(struct diag *diag, const double *label_peaks, int count
   }
   diag_file_close(f);
 }
+
+void diag_resident_peak(struct diag *diag, double bytes) {
+  if (!diag->active) return;
+  hid_t f = diag_file_open(diag);
+  if (h5_exists(f, "/memory")) h5_attr_double(f, "/memory", "resident_peak_bytes", bytes);
+  diag_file_close(f);
+}

@@ -37,4 +37,7 @@ void diag_attention(struct diag *diag, long step, int L, int H, int bands, const
 void diag_memory_summary(struct diag *diag, const double *label_peaks, int count,
                          const char *const *names);
 
+/* The process's peak resident memory (max over ranks), an attribute of /memory at the end. */
+void diag_resident_peak(struct diag *diag, double bytes);
+
 #endif

@@ -377,6 +377,9 @@ int train_run(const struct config *cfg, struct comm *comm) {
   }
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, peaks, MEM_NLABELS, MPI_DOUBLE, MPI_MAX, comm->world));
   diag_memory_summary(&rs.diag, peaks, MEM_NLABELS, names);
+  double rss = (double)mem_process_peak_rss();
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, comm->world));
+  diag_resident_peak(&rs.diag, rss);
   print_summary(cfg, comm, timer_now() - wall0, test_loss);
   finish_run(&rs);
   return 0;

@@ -66,6 +66,25 @@ expect_fail "scaling.py refuses a deck fmattn rejects" "rejected the deck" \
   "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --extra "--set attention.fma.m=3"
 expect_fail "plot_scaling.py names a missing file" "absent.h5 not found" \
   "$P" scripts/plot_scaling.py "$WORK/absent.h5" -o "$WORK/plots"
+# the variant comparison, --quick: two variants, a few steps, on a text Debian always ships
+check "compare.py --quick trains two variants and collects them" "$P" scripts/compare.py --quick \
+  --fmattn "$FMATTN" --out "$WORK/cmp" --corpus /usr/share/common-licenses/GPL-3
+check "compare.h5 has a row per run and each run's validation curve" "$P" -c "
+import h5py, numpy as np, sys
+f = h5py.File('$WORK/cmp/compare.h5')
+r = f['runs']
+names = [x.decode() if isinstance(x, bytes) else x for x in r['name'][...]]
+ok = sorted(names) == ['full-256', 'linear-256'] and len(r['final_valid_bpc']) == 2
+ok = ok and all(np.isfinite(r[c][...]).all() for c in ('final_valid_bpc', 'test_bpc', 'peak_bytes', 'train_s'))
+ok = ok and all(len(f['curves/%s/valid_bpc' % n]) == len(f['curves/%s/step' % n]) >= 2 for n in names)
+ok = ok and 'corpus' in f.attrs and 'base_deck' in f.attrs
+sys.exit(0 if ok else 1)"
+for png in valid_bpc_vs_step valid_bpc_vs_time bpc_vs_context memory_vs_context; do
+  check "compare.py: $png.png is a PNG" sh -c "head -c 8 '$WORK/cmp/$png.png' | grep -q PNG"
+done
+check "compare.py reuses complete runs" sh -c "'$P' scripts/compare.py --quick --fmattn '$FMATTN' --out '$WORK/cmp' --corpus /usr/share/common-licenses/GPL-3 | grep -q '0 to do'"
+expect_fail "compare.py names a missing corpus" "corpus $WORK/absent.txt is missing" \
+  "$P" scripts/compare.py --quick --fmattn "$FMATTN" --out "$WORK/cmp2" --corpus "$WORK/absent.txt"
 for s in scripts/slurm/*.sbatch; do
   check "$(basename "$s") parses" bash -n "$s"
 done
