@@ -72,6 +72,15 @@ struct attn_variant {
    * returns how many queries were examined per head. */
   long (*diagnostics)(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                       const float *k, const float *v, const float *params);
+  /* Incremental decoding of one causal sequence (generation; B = 1, positions 0 .. n − 1 of the
+   * context): decode_open makes an empty cache of what later positions need; decode_step adds
+   * position pos's key and value and writes the output (H, d) of its query (q, k (Hqk, d),
+   * v (H, d), after rope), equal within rounding to forward's row pos. NULL: no cache (the
+   * caller recomputes the whole context for every token). */
+  void *(*decode_open)(const struct attn_ctx *ctx, const float *params);
+  void (*decode_step)(struct attn_ctx *ctx, void *cache, float *out, const float *q, const float *k,
+                      const float *v, long pos, const float *params);
+  void (*decode_close)(void *cache);
   /* Forward floating-point operations for these dims (model FLOPs: the pairs the variant allows,
    * no recomputation); when the variant has a near field, *p2p_flops receives the FLOPs its
    * near-field GEMMs execute in forward (whole blocks, masked entries included), else 0. */

@@ -24,4 +24,12 @@ bool exact_attention_allows(bool causal, long band, long i, long j);
 /* Forward model FLOPs of this rank's share: 4·d per allowed pair. */
 double exact_attention_flops(const struct attn_ctx *ctx, long band);
 
+/* Incremental decoding of a band (band 0: every earlier key) for generation: a cache of the keys
+ * and values (a ring of the band's last `band` positions), and one position's step: its key and
+ * value added, out (H, d) of its query. */
+void *exact_decode_open_band(const struct attn_ctx *ctx, long band);
+void exact_decode_step_band(const struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                            const float *k, const float *v, long pos);
+void exact_decode_close(void *cache);
+
 #endif

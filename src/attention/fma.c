@@ -399,8 +399,22 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return BH * (4.0 * d * (near_pairs + far) + up * share * d * nsets(st));
 }
 
+static void *fma_decode_open_ops(const struct attn_ctx *ctx, const float *params) {
+  return fma_decode_open(ctx->state, params, ctx->dims.H);
+}
+
+static void fma_decode_step_ops(struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                                const float *k, const float *v, long pos, const float *params) {
+  fma_decode_step(cache, out, q, k, v, pos);
+}
+
+static void fma_decode_close_ops(void *cache) { fma_decode_close(cache); }
+
 const struct attn_variant attention_fma = {
     .name = "fma",
+    .decode_open = fma_decode_open_ops,
+    .decode_step = fma_decode_step_ops,
+    .decode_close = fma_decode_close_ops,
     .causal_ok = true,
     .bidir_ok = true,
     .check = fma_check,

@@ -196,6 +196,45 @@ static double fmm_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return f;
 }
 
+/* The decode cache: local's ring of the band, the sums of every kernel, scratch for the parts. */
+struct fmm_cache {
+  void *band;
+  void *kz[LINEAR_NKERNELS];
+  float *part; /* (H, d) */
+};
+
+static void *fmm_decode_open(const struct attn_ctx *ctx, const float *params) {
+  const struct fmm_state *st = ctx->state;
+  struct fmm_cache *c = xcalloc(1, sizeof *c);
+  c->band = exact_decode_open_band(ctx, st->band);
+  for (int i = 0; i < st->nk; i++) c->kz[i] = kz_decode_open(ctx, &st->map[i]);
+  c->part = xmalloc(sizeof(float) * (size_t)(ctx->dims.H * ctx->dims.d));
+  return c;
+}
+
+static void fmm_decode_step(struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                            const float *k, const float *v, long pos, const float *params) {
+  const struct fmm_state *st = ctx->state;
+  struct fmm_cache *c = cache;
+  const long H = ctx->dims.H, d = ctx->dims.d;
+  const float *w1 = params, *w2 = params + param_aligned(H);
+  exact_decode_step_band(ctx, c->band, out, q, k, v, pos);
+  for (long e = 0; e < H * d; e++) out[e] *= sigmoid(w1[e / d]);
+  for (int i = 0; i < st->nk; i++) {
+    kz_decode_step(ctx, c->kz[i], KZ_PLAIN, c->part, q, k, v);
+    for (long e = 0; e < H * d; e++) out[e] += sigmoid(w2[e / d]) * c->part[e];
+  }
+}
+
+static void fmm_decode_close(void *cache) {
+  struct fmm_cache *c = cache;
+  if (!c) return;
+  exact_decode_close(c->band);
+  for (int i = 0; i < LINEAR_NKERNELS; i++) kz_decode_close(c->kz[i]);
+  free(c->part);
+  free(c);
+}
+
 const struct attn_variant attention_fmmformer = {
     .name = "fmmformer",
     .causal_ok = true,
@@ -209,4 +248,7 @@ const struct attn_variant attention_fmmformer = {
     .backward = fmm_backward,
     .diagnostics = fmm_diagnostics,
     .flops = fmm_flops,
+    .decode_open = fmm_decode_open,
+    .decode_step = fmm_decode_step,
+    .decode_close = fmm_decode_close,
 };

@@ -613,6 +613,72 @@ static double exact_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return exact_attention_flops(ctx, variant_band(ctx));
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * incremental decoding: the keys and values so far (full), or a ring of the last band (local) */
+
+struct exact_cache {
+  long band, slots; /* slots: n (full) or band (local), per head */
+  float *k, *v;     /* (H, slots, d): position p in slot p % slots */
+  float *s;         /* (slots) scores of one head */
+};
+
+void *exact_decode_open_band(const struct attn_ctx *ctx, long band) {
+  const struct attn_dims *dm = &ctx->dims;
+  struct exact_cache *c = xcalloc(1, sizeof *c);
+  c->band = band;
+  c->slots = band > 0 && band < dm->n ? band : dm->n;
+  c->k = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(dm->H * c->slots * dm->d));
+  c->v = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(dm->H * c->slots * dm->d));
+  c->s = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)c->slots);
+  return c;
+}
+
+void exact_decode_step_band(const struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                            const float *k, const float *v, long pos) {
+  struct exact_cache *c = cache;
+  const long H = ctx->dims.H, d = ctx->dims.d, slots = c->slots, slot = pos % slots;
+  const long lo = c->band > 0 && pos - c->band + 1 > 0 ? pos - c->band + 1 : 0;
+  const float scale = 1.0f / sqrtf((float)d);
+  for (long h = 0; h < H; h++) {
+    float *kh = c->k + h * slots * d, *vh = c->v + h * slots * d, *o = out + h * d;
+    memcpy(kh + slot * d, k + h * d, sizeof(float) * (size_t)d);
+    memcpy(vh + slot * d, v + h * d, sizeof(float) * (size_t)d);
+    float mx = -INFINITY, sum = 0.0f;
+    for (long j = lo; j <= pos; j++) { /* scores of the visible keys, oldest first */
+      const float *kj = kh + (j % slots) * d;
+      float dot = 0.0f;
+      for (long f = 0; f < d; f++) dot += q[h * d + f] * kj[f];
+      c->s[j - lo] = dot * scale;
+      mx = c->s[j - lo] > mx ? c->s[j - lo] : mx;
+    }
+    memset(o, 0, sizeof(float) * (size_t)d);
+    for (long j = lo; j <= pos; j++) {
+      const float e = expf(c->s[j - lo] - mx), *vj = vh + (j % slots) * d;
+      sum += e;
+      for (long f = 0; f < d; f++) o[f] += e * vj[f];
+    }
+    for (long f = 0; f < d; f++) o[f] /= sum;
+  }
+}
+
+void exact_decode_close(void *cache) {
+  struct exact_cache *c = cache;
+  if (!c) return;
+  mem_free(c->k);
+  mem_free(c->v);
+  mem_free(c->s);
+  free(c);
+}
+
+static void *exact_decode_open(const struct attn_ctx *ctx, const float *params) {
+  return exact_decode_open_band(ctx, variant_band(ctx));
+}
+
+static void exact_decode_step(struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                              const float *k, const float *v, long pos, const float *params) {
+  exact_decode_step_band(ctx, cache, out, q, k, v, pos);
+}
+
 const struct attn_variant attention_full = {
     .name = "full",
     .causal_ok = true,
@@ -623,6 +689,9 @@ const struct attn_variant attention_full = {
     .backward = exact_backward,
     .diagnostics = exact_diagnostics,
     .flops = exact_flops,
+    .decode_open = exact_decode_open,
+    .decode_step = exact_decode_step,
+    .decode_close = exact_decode_close,
 };
 
 const struct attn_variant attention_local = {
@@ -635,4 +704,7 @@ const struct attn_variant attention_local = {
     .backward = exact_backward,
     .diagnostics = exact_diagnostics,
     .flops = exact_flops,
+    .decode_open = exact_decode_open,
+    .decode_step = exact_decode_step,
+    .decode_close = exact_decode_close,
 };

@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -450,4 +451,57 @@ long kz_diagnostics(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm
   mem_free(fk);
   mem_free(fq);
   return nq;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * incremental decoding: the running sums S, z of every head */
+
+struct kz_cache {
+  struct kz_map map;
+  float *Sz;      /* (H, F·d + F) */
+  float *fq, *fk; /* (F) */
+  float *scratch; /* the map's */
+};
+
+void *kz_decode_open(const struct attn_ctx *ctx, const struct kz_map *map) {
+  struct kz_cache *c = xcalloc(1, sizeof *c);
+  c->map = *map;
+  c->Sz = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * state_floats(map) * (size_t)ctx->dims.H);
+  c->fq = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)map->F);
+  c->fk = c->fq + map->F;
+  c->scratch = mem_alloc(MEM_WORKSPACE, sizeof(float) * (map->scratch_floats + 1));
+  return c;
+}
+
+void kz_decode_step(const struct attn_ctx *ctx, void *cache, enum kz_norm norm, float *out,
+                    const float *q, const float *k, const float *v) {
+  struct kz_cache *c = cache;
+  const struct kz_map *map = &c->map;
+  const int F = map->F, d = map->d;
+  for (long h = 0; h < ctx->dims.H; h++) {
+    float *S = c->Sz + (size_t)h * state_floats(map), *z = S + (size_t)F * d, *o = out + h * d;
+    map->forward(map, c->fk, k + h * d, 1, c->scratch);
+    map->forward(map, c->fq, q + h * d, 1, c->scratch);
+    for (int a = 0; a < F; a++) { /* the key joins the sums first: J(i) = {j ≤ i} */
+      for (int f = 0; f < d; f++) S[a * d + f] += c->fk[a] * v[h * d + f];
+      z[a] += c->fk[a];
+    }
+    float den = 0.0f;
+    for (int a = 0; a < F; a++) den += c->fq[a] * z[a];
+    if (norm == KZ_CLAMP1 && den < 1.0f) den = 1.0f;
+    for (int f = 0; f < d; f++) {
+      float num = 0.0f;
+      for (int a = 0; a < F; a++) num += c->fq[a] * S[a * d + f];
+      o[f] = num / den;
+    }
+  }
+}
+
+void kz_decode_close(void *cache) {
+  struct kz_cache *c = cache;
+  if (!c) return;
+  mem_free(c->Sz);
+  mem_free(c->fq);
+  mem_free(c->scratch);
+  free(c);
 }

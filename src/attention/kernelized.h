@@ -71,4 +71,12 @@ void kz_features(const struct kz_map *map, float *phi, const float *x, long T, f
 long kz_diagnostics(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, double *mass,
                     double *entropy, const float *q, const float *k);
 
+/* Incremental decoding (generation): the running sums of every head, and one position's step (its
+ * key joins the sums, then out (H, d) of its query). The map is copied; what its data points to
+ * must outlive the cache. */
+void *kz_decode_open(const struct attn_ctx *ctx, const struct kz_map *map);
+void kz_decode_step(const struct attn_ctx *ctx, void *cache, enum kz_norm norm, float *out,
+                    const float *q, const float *k, const float *v);
+void kz_decode_close(void *cache);
+
 #endif

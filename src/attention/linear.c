@@ -115,6 +115,16 @@ static double linear_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return kz_flops(ctx, &map);
 }
 
+static void *linear_decode_open(const struct attn_ctx *ctx, const float *params) {
+  const struct kz_map map = linear_map(LINEAR_ELU, (int)ctx->dims.d);
+  return kz_decode_open(ctx, &map);
+}
+
+static void linear_decode_step(struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                               const float *k, const float *v, long pos, const float *params) {
+  kz_decode_step(ctx, cache, KZ_PLAIN, out, q, k, v);
+}
+
 const struct attn_variant attention_linear = {
     .name = "linear",
     .causal_ok = true,
@@ -125,4 +135,7 @@ const struct attn_variant attention_linear = {
     .backward = linear_backward,
     .diagnostics = linear_diagnostics,
     .flops = linear_flops,
+    .decode_open = linear_decode_open,
+    .decode_step = linear_decode_step,
+    .decode_close = kz_decode_close,
 };

@@ -410,6 +410,38 @@ static double rmfa_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return kz_flops(ctx, &map);
 }
 
+/* The decode cache holds the layer's features (the map points into them) and the sums. */
+struct rmfa_cache {
+  struct rmfa_features rf;
+  void *kz;
+  const float *gamma; /* (H, d), or NULL without ppSBN */
+};
+
+static void *rmfa_decode_open(const struct attn_ctx *ctx, const float *params) {
+  struct rmfa_cache *c = xcalloc(1, sizeof *c);
+  rmfa_features_open(&c->rf, ctx->cfg, params, (int)ctx->dims.d);
+  const struct kz_map map = rmfa_map(&c->rf);
+  c->kz = kz_decode_open(ctx, &map);
+  c->gamma = ctx->cfg->attention.rmfa_ppsbn ? params + gamma_offset(ctx->cfg) : NULL;
+  return c;
+}
+
+static void rmfa_decode_step(struct attn_ctx *ctx, void *cache, float *out, const float *q,
+                             const float *k, const float *v, long pos, const float *params) {
+  struct rmfa_cache *c = cache;
+  kz_decode_step(ctx, c->kz, KZ_CLAMP1, out, q, k, v);
+  if (c->gamma)
+    for (long e = 0; e < ctx->dims.H * ctx->dims.d; e++) out[e] *= c->gamma[e];
+}
+
+static void rmfa_decode_close(void *cache) {
+  struct rmfa_cache *c = cache;
+  if (!c) return;
+  kz_decode_close(c->kz);
+  rmfa_features_close(&c->rf);
+  free(c);
+}
+
 const struct attn_variant attention_rmfa = {
     .name = "rmfa",
     .causal_ok = true,
@@ -422,4 +454,7 @@ const struct attn_variant attention_rmfa = {
     .backward = rmfa_backward,
     .diagnostics = rmfa_diagnostics,
     .flops = rmfa_flops,
+    .decode_open = rmfa_decode_open,
+    .decode_step = rmfa_decode_step,
+    .decode_close = rmfa_decode_close,
 };

@@ -133,4 +133,13 @@ void fma_linear_backward(const struct fma_state *st, float *dq, float *dk, float
  * ρ_l(i) − 1 causal (the sub-segment before i's, so that no later query leaks in); −1: none. */
 long fma_linear_query_row(const struct fma_state *st, int l, long i);
 
+/* Incremental decoding of causal fma for generation (fma/decode.c): a cache of one sequence's
+ * last 2m keys and values and of every level's summaries, kept up to date token by token; each step
+ * adds position pos's key and value (k, v (H, d)) and writes out (H, d) of its query q (H, d). */
+struct fma_decoder;
+struct fma_decoder *fma_decode_open(const struct fma_state *st, const float *params, long H);
+void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const float *k,
+                     const float *v, long pos);
+void fma_decode_close(struct fma_decoder *dec);
+
 #endif

@@ -1,0 +1,139 @@
+/* Incremental decoding of causal `fma` (generation): what one new token needs, kept up to date
+ * token by token, so that a token costs O(m + p·L) attention work instead of O(n log n). The
+ * cache holds the last 2m keys and values (the near field: block b − 1 and block b up to the
+ * query) and the summaries of every level's windows. A level made from tokens (conv, avg, and
+ * level 1 of m2m: the upward pass's P2M) accumulates each token's taps into its current window as
+ * the token arrives; a level made from children (m2m: M2M) forms a window once its two children are
+ * complete. The query then attends, with one softmax, to its near keys and to the summaries its
+ * interaction lists name (fma_lists: always complete windows, earlier than its own). Equal within
+ * rounding to the batched forward's row (tested). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "fma/fma.h"
+#include "memory.h"
+
+struct fma_decoder {
+  const struct fma_state *st;
+  long H;
+  struct fma_down_weights w[2]; /* K, V */
+  float *X[2];                  /* (H, rows, d) summaries of keys and values */
+  float *rk, *rv;               /* (H, 2m, d) the last 2m keys and values; position j in j % 2m */
+  float *s;                     /* (2m + 3pL) scores */
+  long *row;                    /* (3pL) summary rows of the far keys */
+  float *logw;                  /* (3pL) their multiplicity terms */
+};
+
+struct fma_decoder *fma_decode_open(const struct fma_state *st, const float *params, long H) {
+  if (!st->causal || st->linear) error("fma decoding is for causal fma");
+  struct fma_decoder *dec = xcalloc(1, sizeof *dec);
+  const long d = st->d, ring = 2L * st->tree.m, far = 3L * st->tree.p * st->tree.levels;
+  dec->st = st;
+  dec->H = H;
+  for (int s = 0; s < 2; s++) {
+    fma_weights_load(st, params, (enum fma_set)s, &dec->w[s]);
+    dec->X[s] = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(H * st->rows * d + 1));
+  }
+  dec->rk = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(H * ring * d));
+  dec->rv = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(H * ring * d));
+  dec->s = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(ring + far + 1));
+  dec->row = xcalloc((size_t)(far + 1), sizeof(long));
+  dec->logw = xcalloc((size_t)(far + 1), sizeof(float));
+  return dec;
+}
+
+void fma_decode_close(struct fma_decoder *dec) {
+  if (!dec) return;
+  for (int s = 0; s < 2; s++) {
+    fma_weights_free(dec->st, &dec->w[s]);
+    mem_free(dec->X[s]);
+  }
+  mem_free(dec->rk);
+  mem_free(dec->rv);
+  mem_free(dec->s);
+  free(dec->row);
+  free(dec->logw);
+  free(dec);
+}
+
+/* Fold token x (d) at position i into the summaries X (rows, d) of one head and one set. */
+static void summaries_add(const struct fma_state *st, const struct fma_down_weights *w, float *X,
+                          const float *x, long i) {
+  const long d = st->d, P = st->tree.p;
+  for (int l = 1; l <= st->tree.levels; l++) {
+    const long win = st->tree.window[l], c = i / win, tau = i % win;
+    float *rows = X + (st->level_row[l] + c * P) * d;
+    if (st->down == FMA_DOWN_M2M && l > 1) { /* from the two children, once they are complete */
+      if (tau == win - 1) fma_M2M_window(st, l, c, X, w);
+      continue;
+    }
+    if (tau == 0) { /* a window begins: its bias (conv, m2m), or nothing (avg) */
+      if (st->down == FMA_DOWN_AVG)
+        memset(rows, 0, sizeof(float) * (size_t)(P * d));
+      else
+        memcpy(rows, w->bt[l], sizeof(float) * (size_t)(P * d));
+    }
+    if (st->down == FMA_DOWN_AVG) { /* the mean of sub-segment r */
+      const long seg = win / P;
+      float *o = rows + (tau / seg) * d;
+      for (long f = 0; f < d; f++) o[f] += x[f] / (float)seg;
+      continue;
+    }
+    const long span = st->layout.span[l];
+    for (long r = 0; r < P; r++) { /* tap tau of every summary row */
+      const float *wr = w->wt[l] + (r * span + tau) * d;
+      float *o = rows + r * d;
+      for (long f = 0; f < d; f++) o[f] += wr[f] * x[f];
+    }
+  }
+}
+
+void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const float *k,
+                     const float *v, long i) {
+  const struct fma_state *st = dec->st;
+  const struct fma_tree *tr = &st->tree;
+  const long d = st->d, m = tr->m, ring = 2 * m, rows = st->rows;
+  const float scale = 1.0f / sqrtf((float)d);
+  /* the far keys of position i: every level's listed windows (complete, earlier than i's own) */
+  long windows[FMA_LIST_MAX], nfar = 0;
+  for (int l = 1; l <= tr->levels; l++) {
+    const int nw = fma_lists_level(tr, true, l, i / tr->window[l], windows);
+    const float logw = st->multiplicity ? logf((float)(tr->window[l] / tr->p)) : 0.0f;
+    for (int a = 0; a < nw; a++)
+      for (long r = 0; r < tr->p; r++, nfar++) {
+        dec->row[nfar] = st->level_row[l] + windows[a] * tr->p + r;
+        dec->logw[nfar] = logw;
+      }
+  }
+  const long lo = i / m * m - m > 0 ? i / m * m - m : 0; /* block b − 1, then b up to i */
+  const long nnear = i - lo + 1;
+  for (long h = 0; h < dec->H; h++) {
+    const float *qh = q + h * d;
+    float *rk = dec->rk + h * ring * d, *rv = dec->rv + h * ring * d;
+    float *XK = dec->X[FMA_K] + h * rows * d, *XV = dec->X[FMA_V] + h * rows * d;
+    memcpy(rk + (i % ring) * d, k + h * d, sizeof(float) * (size_t)d);
+    memcpy(rv + (i % ring) * d, v + h * d, sizeof(float) * (size_t)d);
+    summaries_add(st, &dec->w[FMA_K], XK, k + h * d, i);
+    summaries_add(st, &dec->w[FMA_V], XV, v + h * d, i);
+    /* one softmax over the near keys and the far summaries */
+    float mx = -INFINITY, sum = 0.0f;
+    for (long j = 0; j < nnear + nfar; j++) {
+      const float *key = j < nnear ? rk + ((lo + j) % ring) * d : XK + dec->row[j - nnear] * d;
+      float dot = 0.0f;
+      for (long f = 0; f < d; f++) dot += qh[f] * key[f];
+      dec->s[j] = dot * scale + (j < nnear ? 0.0f : dec->logw[j - nnear]);
+      mx = dec->s[j] > mx ? dec->s[j] : mx;
+    }
+    float *o = out + h * d;
+    memset(o, 0, sizeof(float) * (size_t)d);
+    for (long j = 0; j < nnear + nfar; j++) {
+      const float e = expf(dec->s[j] - mx);
+      const float *val = j < nnear ? rv + ((lo + j) % ring) * d : XV + dec->row[j - nnear] * d;
+      sum += e;
+      for (long f = 0; f < d; f++) o[f] += e * val[f];
+    }
+    for (long f = 0; f < d; f++) o[f] /= sum;
+  }
+}
