@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 # Plot a training run's diagnostics: reads runs/<name>/diag.h5 (SPEC section 8.1) and writes
-# loss.png, lr.png, timing.png, attention_mass.png and entropy.png. Read-only: it never opens the
-# file for writing nor holds an HDF5 lock, so it is safe to run on a job that is still writing.
+# loss.png, lr.png, timing.png, attention_mass.png and entropy.png; when the run directory also
+# holds eval.h5 (run.mode = eval), loss_vs_position.png: the loss by position in the context.
+# Read-only: it never opens a file for writing nor holds an HDF5 lock, so it is safe to run on a
+# job that is still writing.
 # Usage: scripts/plot_run.py RUN_DIR_or_diag.h5 [-o OUT_DIR] (Debian's python3-h5py, -matplotlib)
 import argparse
 import math
@@ -302,6 +304,27 @@ def plot_entropy(data, attrs, title, out_dir, written):
     save(fig, out_dir, "entropy.png", written, tight=False)
 
 
+def plot_position(eval_path, title, out_dir, written):
+    """eval.h5's loss by position bucket: how much a byte's prediction gains from more context."""
+    with h5py.File(eval_path, "r") as f:
+        if "position" not in f:
+            return
+        lo, hi = f["position/start"][...], f["position/end"][...]
+        step = int(f.attrs.get("step", -1))
+        curves = {s: (f[f"position/{s}_loss"][...], f[f"{s}/bpc"][0])
+                  for s in ("valid", "test") if f"position/{s}_loss" in f}
+    mid = 0.5 * (lo + hi)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for split, (loss, bpc) in curves.items():
+        ax.plot(mid, loss / math.log(2), marker="o", ms=3, label=f"{split} (mean {bpc:.3f} bpc)")
+    ax.set_xlabel("position in the context (bucket centre)")
+    ax.set_ylabel("bits per byte")
+    ax.set_title(f"{title}\nloss by position, checkpoint step {step}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, out_dir, "loss_vs_position.png", written)
+
+
 def main():
     ap = argparse.ArgumentParser(
         prog=PROG, description="Plot the diagnostics of an fmattn run (diag.h5) as PNG files.")
@@ -329,6 +352,9 @@ def main():
     plot_timing(data, attrs, title, out_dir, written)
     plot_attention_mass(data, attrs, title, out_dir, written)
     plot_entropy(data, attrs, title, out_dir, written)
+    eval_path = os.path.join(os.path.dirname(os.path.abspath(path)), "eval.h5")
+    if os.path.isfile(eval_path):
+        plot_position(eval_path, title, out_dir, written)
     for w in written:
         print(f"wrote {w}")
     if not written:

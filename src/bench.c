@@ -329,6 +329,68 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * generation: one new token with the decode caches, against recomputing the context */
+
+#define GEN_TIMED 32 /* decode steps timed at the end of the context */
+
+struct gen_row {
+  char variant[64];
+  long n;
+  double decode_ms, recompute_ms; /* per new token; NaN when not measured */
+};
+
+static bool bench_generate_one(const struct config *cfg, struct comm *comm, int repeats,
+                               double sgemm, struct gen_row *row) {
+  struct model m;
+  model_build(&m, cfg, NULL, 1); /* one sequence, one rank */
+  model_init_params(&m);
+  const long n = m.n;
+  snprintf(row->variant, sizeof row->variant, "%s", m.attn->name);
+  row->n = n;
+  row->decode_ms = row->recompute_ms = NAN;
+  float *logits = xmalloc(sizeof(float) * (size_t)m.V);
+  struct model_decoder dec;
+  if (model_decode_open(&m, &dec)) { /* fill the cache to n − GEN_TIMED, then time the rest */
+    const long timed = n > 2 * GEN_TIMED ? GEN_TIMED : n / 2, fill = n - timed;
+    double *t = xmalloc(sizeof(double) * (size_t)timed);
+    for (long pos = 0; pos < n; pos++) {
+      const int byte = (int)rng_below(256, cfg->run.seed, RNG_TEST, 13, (uint64_t)pos, 0);
+      const double t0 = timer_now();
+      model_decode_step(&m, &dec, byte, pos, logits);
+      if (pos >= fill) t[pos - fill] = 1e3 * (timer_now() - t0);
+    }
+    row->decode_ms = median(t, (int)timed);
+    free(t);
+    model_decode_close(&m, &dec);
+  }
+  /* recompute: one forward over the context per new token, unless it would take too long */
+  const double est = model_flops_per_token(&m) / 3.0 * (double)n / (0.5 * sgemm * 1e9);
+  if (est < BENCH_MAX_SECONDS / 10) {
+    for (long t = 0; t < n; t++) {
+      m.tokens[t] = (int)rng_below(256, cfg->run.seed, RNG_TEST, 13, (uint64_t)t, 0);
+      m.targets[t] = -1;
+    }
+    double *t = xmalloc(sizeof(double) * (size_t)repeats);
+    model_forward_logits(&m); /* warm-up */
+    for (int r = 0; r < repeats; r++) {
+      const double t0 = timer_now();
+      model_forward_logits(&m);
+      t[r] = 1e3 * (timer_now() - t0);
+    }
+    row->recompute_ms = median(t, repeats);
+    free(t);
+  }
+  message(
+      "  generate   n = %8ld: decode cache %9.3f ms/token | recompute %10.2f ms/token | "
+      "%7.1fx",
+      n, row->decode_ms, row->recompute_ms, row->recompute_ms / row->decode_ms);
+  free(logits);
+  model_free(&m);
+  (void)comm;
+  return true;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * bench.h5 */
 
 static void write_strings(hid_t f, const char *path, char names[][64], int count,
@@ -408,6 +470,27 @@ int bench_run(const struct config *cfg, struct comm *comm) {
       }
   }
 
+  static struct gen_row grows[BENCH_ROWS];
+  int ng = 0;
+  if (cfg->bench.what & BENCH_GENERATE) {
+    message(
+        "generation, one new token at the end of the context (%s; decode: median of the last "
+        "%d of n steps; recompute: median of %d forwards over the context):",
+        cfg->attention.variant, GEN_TIMED, repeats);
+    if (comm->world_rank == 0)
+      for (int ni = 0; ni < cfg->bench.n_count && ng < BENCH_ROWS; ni++) {
+        struct config c;
+        long n = cfg->bench.n_list[ni];
+        if (bench_config(cfg, cfg->attention.variant, n, 1, &c, err, sizeof err)) {
+          message("  generate   n = %8ld: skipped (%s)", n, err);
+          continue;
+        }
+        c.model.objective = OBJECTIVE_CLM;
+        if (bench_generate_one(&c, comm, repeats, rank_rate, &grows[ng])) ng++;
+      }
+    comm_barrier(comm, COMM_WORLD);
+  }
+
   if (comm->world_rank == 0) {
     char path[1100];
     snprintf(path, sizeof path, "%s/bench.h5", dir);
@@ -480,6 +563,26 @@ int bench_run(const struct config *cfg, struct comm *comm) {
           "bytes sent by the busiest rank in one attention forward + backward");
       COL(fwd_ms, "/comm/fwd_ms", "milliseconds, median forward (slowest rank)");
       COL(bwd_ms, "/comm/bwd_ms", "milliseconds, median backward (slowest rank)");
+#undef COL
+    }
+    if (ng > 0) {
+      char names[BENCH_ROWS][64];
+      double col[BENCH_ROWS];
+      for (int i = 0; i < ng; i++) {
+        memcpy(names[i], grows[i].variant, 63);
+        names[i][63] = '\0';
+      }
+      write_strings(f, "/generate/variant", names, ng, "attention variant");
+#define COL(field, path, units)                                   \
+  do {                                                            \
+    for (int i = 0; i < ng; i++) col[i] = (double)grows[i].field; \
+    write_column(f, path, col, ng, units);                        \
+  } while (0)
+      COL(n, "/generate/n", "tokens of context");
+      COL(decode_ms, "/generate/decode_ms",
+          "milliseconds per new token with the decode caches, cache filled to the context's end");
+      COL(recompute_ms, "/generate/recompute_ms",
+          "milliseconds per new token recomputing the context (one forward over n tokens)");
 #undef COL
     }
     h5_close(f);

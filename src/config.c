@@ -390,6 +390,14 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
                 "are means of equal segments)",
                 at->nystrom_landmarks, mo->context);
   }
+  if (cfg->run.mode == MODE_GENERATE && cfg->generate.prompt_file[0]) {
+    FILE *pf = fopen(cfg->generate.prompt_file, "rb");
+    if (!pf)
+      fail_keys(c, "generate.prompt_file", "generate.prompt_file = '%s': cannot open (%s)",
+                cfg->generate.prompt_file, strerror(errno));
+    else
+      fclose(pf);
+  }
   if ((cfg->run.mode == MODE_GENERATE || cfg->run.mode == MODE_EVAL) && !cfg->output.restart[0])
     fail_keys(c, "run.mode output.restart",
               "run.mode = %s needs output.restart (a checkpoint path, or latest)",

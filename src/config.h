@@ -30,7 +30,7 @@ enum fma_init_kind { FMA_INIT_MEAN, FMA_INIT_RANDOM };
 enum heads_mode { HEADS_STANDARD, HEADS_FISH };
 
 /* Bench sections, as a bit set. */
-enum bench_what { BENCH_ATTENTION = 1, BENCH_TRAIN = 2, BENCH_COMM = 4 };
+enum bench_what { BENCH_ATTENTION = 1, BENCH_TRAIN = 2, BENCH_COMM = 4, BENCH_GENERATE = 8 };
 
 struct config_run {
   char name[CONFIG_STR];
@@ -124,6 +124,10 @@ struct config_generate {
   int length;
   double temperature;
   int top_k;
+  char prompt_file[CONFIG_STR];
+  int samples;
+  bool cache;
+  bool record;
 };
 
 struct config {

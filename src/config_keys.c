@@ -42,7 +42,7 @@ static const char *const rmfa_kernel_names[] = {"exp", "inv", "log", "trigh", "s
 static const char *const fish_mix_names[] = {"linear", "mlp", NULL};
 static const char *const kernel_names[] = {"elu", "elu_neg", "tanh", NULL};
 /* In bit order of enum bench_what. */
-static const char *const bench_what_names[] = {"attention", "train", "comm", NULL};
+static const char *const bench_what_names[] = {"attention", "train", "comm", "generate", NULL};
 
 int config_name_index(const char *const *names, const char *word) {
   for (int i = 0; names[i]; i++)
@@ -246,6 +246,15 @@ const struct key_def config_keys[] = {
           "temp", "sampling temperature"),
     K_NUM("generate", "top_k", KEY_INT, "0", 0, 0, LO1, generate.top_k, "topk",
           "sample among the k likeliest bytes (0: all)"),
+    K_TEXT("generate", "prompt_file", "", 0, generate.prompt_file, "prompt_path",
+           "file whose bytes are the prompt (instead of generate.prompt)"),
+    K_NUM("generate", "samples", KEY_INT, "1", 1, 1000, LOHI, generate.samples, "num_samples",
+          "independent samples from the prompt"),
+    K_BOOL("generate", "cache", "true", generate.cache, "kv_cache use_cache",
+           "decode with the attention caches (one token costs one token's work); false: recompute "
+           "the context for every byte"),
+    K_BOOL("generate", "record", "false", generate.record, "",
+           "write every step's logits and byte to generate.h5 in the run directory"),
 };
 
 _Static_assert(sizeof config_keys / sizeof config_keys[0] == CONFIG_NKEYS,

@@ -205,6 +205,22 @@ void h5_write_floats(hid_t loc, const char *path, int ndim, const long *shape, c
   H5Sclose(space);
 }
 
+void h5_write_doubles(hid_t loc, const char *path, int ndim, const long *shape, const double *data,
+                      const char *units) {
+  hsize_t dims[8];
+  for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
+  hid_t space = H5_CHECK(H5Screate_simple(ndim, dims, NULL));
+  hid_t lcpl = lcpl_intermediate();
+  hid_t ds = H5Dcreate2(loc, path, H5T_NATIVE_DOUBLE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+  if (ds < 0) error("cannot create dataset %s", path);
+  if (H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    error("cannot write dataset %s", path);
+  H5Dclose(ds);
+  H5Pclose(lcpl);
+  H5Sclose(space);
+  if (units) h5_attr_string(loc, path, strchr(units, ' ') ? "description" : "units", units);
+}
+
 int h5_dataset_shape(hid_t loc, const char *path, long *shape, int maxdim) {
   if (!h5_exists(loc, path)) return -1;
   hid_t ds = H5Dopen2(loc, path, H5P_DEFAULT);

@@ -36,6 +36,10 @@ bool h5_read_attr_bool(hid_t loc, const char *obj, const char *name, long *value
  * supplies data; others pass NULL. */
 void h5_write_floats(hid_t loc, const char *path, int ndim, const long *shape, const float *data,
                      bool collective, bool writer);
+/* Create a float64 dataset of the given shape at path (serial files) with its units (one word) or
+ * description (several) attribute, and write data. */
+void h5_write_doubles(hid_t loc, const char *path, int ndim, const long *shape, const double *data,
+                      const char *units);
 /* Read a float32 dataset whose shape must equal `shape` (error otherwise, naming both shapes). */
 void h5_read_floats(hid_t loc, const char *path, int ndim, const long *shape, float *data,
                     const char *file_name);

@@ -411,7 +411,7 @@ void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, i
  * softmax cross-entropy */
 
 double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
-                                     float grad_scale) {
+                                     float grad_scale, float *row_loss) {
   double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (long i = 0; i < N; i++) {
@@ -419,6 +419,7 @@ double softmax_xent_forward_backward(float *logits, const int *targets, long N, 
     int tgt = targets[i];
     if (tgt < 0) {
       memset(z, 0, sizeof(float) * (size_t)V);
+      if (row_loss) row_loss[i] = 0.0f;
       continue;
     }
     float mx = z[0], zt = z[tgt];
@@ -430,7 +431,9 @@ double softmax_xent_forward_backward(float *logits, const int *targets, long N, 
       s += z[j];
     }
     float inv = 1.0f / s;
-    total += log((double)s) - (double)(zt - mx);
+    const double loss = log((double)s) - (double)(zt - mx);
+    total += loss;
+    if (row_loss) row_loss[i] = (float)loss;
 #pragma omp simd
     for (int j = 0; j < V; j++) z[j] *= inv * grad_scale;
     z[tgt] -= grad_scale;

@@ -78,8 +78,9 @@ void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, i
 
 /* Softmax cross-entropy, fused with its backward: logits (N, V) are overwritten by
  * dlogits = (softmax − onehot) · grad_scale. Rows whose target is negative are ignored (their
- * dlogits are zero). Returns Σ over counted rows of −log p(target), in double. */
+ * dlogits are zero). Returns Σ over counted rows of −log p(target), in double; row_loss (N), when
+ * given, receives each row's −log p(target) (0 for ignored rows). */
 double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
-                                     float grad_scale);
+                                     float grad_scale, float *row_loss);
 
 #endif

@@ -352,7 +352,8 @@ double model_forward(struct model *m, long step, bool train, float grad_scale, l
   long cnt = 0;
   for (long i = 0; i < N; i++) cnt += m->targets[i] >= 0;
   *count = cnt;
-  double loss = softmax_xent_forward_backward(m->logits, m->targets, N, m->V, grad_scale);
+  double loss =
+      softmax_xent_forward_backward(m->logits, m->targets, N, m->V, grad_scale, m->row_loss);
   timer_stop(TIMER_FORWARD);
   return loss;
 }
@@ -441,4 +442,69 @@ void model_backward(struct model *m, long step) {
   dropout_backward(dres, &k0, B, T, C);
   embedding_backward(m->G.token, m->G.position, dres, m->tokens, B, T, C, m->t0);
   timer_stop(TIMER_BACKWARD);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * incremental decoding */
+
+bool model_decode_open(struct model *m, struct model_decoder *dec) {
+  memset(dec, 0, sizeof *dec);
+  if (!m->attn->decode_open) return false;
+  const size_t C = (size_t)m->C, R = (size_t)m->R;
+  dec->cache = xcalloc((size_t)m->L, sizeof(void *));
+  for (int l = 0; l < m->L; l++)
+    dec->cache[l] = m->attn->decode_open(&m->actx[l], m->P.block[l].attn);
+  float *p = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (8 * C + 2 * (size_t)m->QKV + 2 * R + 2));
+  dec->x = p, p += C;
+  dec->ln = p, p += C;
+  dec->qkv = p, p += m->QKV;
+  dec->q = p, p += m->QKV; /* q, k, v of the token: Hqk·d, Hqk·d, C */
+  dec->k = dec->q + (size_t)m->Hqk * m->d;
+  dec->v = dec->k + (size_t)m->Hqk * m->d;
+  dec->att = p, p += C;
+  dec->proj = p, p += C;
+  dec->res2 = p, p += C;
+  dec->fch = p, p += R;
+  dec->fchg = p, p += R;
+  dec->mean = p, p += 1;
+  dec->rstd = p;
+  return true;
+}
+
+void model_decode_step(struct model *m, struct model_decoder *dec, int token, long pos,
+                       float *logits) {
+  const int C = m->C, H = m->H, d = m->d, R = m->R;
+  embedding_forward(dec->x, &token, m->P.token, m->P.position, 1, 1, C, pos);
+  if (m->cfg->model.position == POSITION_SINUSOIDAL)
+    sinusoidal_forward(dec->x, 1, 1, C, pos, INIT_STD * sqrtf(2.0f));
+  for (int l = 0; l < m->L; l++) { /* as block_forward, one token, dropout off */
+    const struct block_tensors *w = &m->P.block[l];
+    struct attn_ctx *ctx = &m->actx[l];
+    layernorm_forward(dec->ln, dec->mean, dec->rstd, dec->x, w->ln1w, w->ln1b, 1, C);
+    linear_forward(dec->qkv, dec->ln, w->wqkv, w->bqkv, 1, C, m->QKV);
+    heads_split_forward(dec->q, dec->k, dec->v, dec->qkv, 1, 1, m->Hqk, H, d);
+    if (m->cfg->model.position == POSITION_ROPE) {
+      rope_forward(dec->q, m->Hqk, 1, d, pos);
+      rope_forward(dec->k, m->Hqk, 1, d, pos);
+    }
+    ctx->train = false;
+    m->attn->decode_step(ctx, dec->cache[l], dec->att, dec->q, dec->k, dec->v, pos, w->attn);
+    linear_forward(dec->proj, dec->att, w->wo, w->bo, 1, C, C); /* (H, 1, d) is (1, C) */
+    for (int c = 0; c < C; c++) dec->res2[c] = dec->x[c] + dec->proj[c];
+    layernorm_forward(dec->ln, dec->mean, dec->rstd, dec->res2, w->ln2w, w->ln2b, 1, C);
+    linear_forward(dec->fch, dec->ln, w->w1, w->b1, 1, C, R);
+    gelu_forward(dec->fchg, dec->fch, (size_t)R);
+    linear_forward(dec->proj, dec->fchg, w->w2, w->b2, 1, R, C);
+    for (int c = 0; c < C; c++) dec->x[c] = dec->res2[c] + dec->proj[c];
+  }
+  layernorm_forward(dec->ln, dec->mean, dec->rstd, dec->x, m->P.lnfw, m->P.lnfb, 1, C);
+  linear_forward(logits, dec->ln, m->P.head, NULL, 1, C, m->V);
+}
+
+void model_decode_close(struct model *m, struct model_decoder *dec) {
+  if (!dec->cache) return;
+  for (int l = 0; l < m->L; l++) m->attn->decode_close(dec->cache[l]);
+  free(dec->cache);
+  mem_free(dec->x);
+  memset(dec, 0, sizeof *dec);
 }

@@ -67,7 +67,8 @@ struct model {
 
   /* activations */
   int *tokens, *targets; /* (B,T) inputs and targets (−1: not predicted) */
-  float *residual;       /* (L+1, B, T, C) block inputs; residual[L] is the final stream */
+  float *row_loss; /* (B,T) each position's loss after a forward, when set (eval), else NULL */
+  float *residual; /* (L+1, B, T, C) block inputs; residual[L] is the final stream */
   struct block_acts *acts;
   int nacts;                        /* L, or 1 with recompute */
   float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
@@ -100,6 +101,20 @@ void model_forward_logits(struct model *model);
 /* Backward of the last forward; accumulates into model->grads. */
 void model_backward(struct model *model, long step);
 void model_zero_grads(struct model *model);
+
+/* Incremental decoding of one sequence for generation (B = 1, one rank): every layer's attention
+ * cache, and one token's buffers. model_decode_open returns false when the attention variant has
+ * no cache (the caller then recomputes the context for every token). */
+struct model_decoder {
+  void **cache;                                                                   /* (L) */
+  float *x, *ln, *mean, *rstd, *qkv, *q, *k, *v, *att, *proj, *res2, *fch, *fchg; /* one token */
+};
+bool model_decode_open(struct model *model, struct model_decoder *dec);
+/* Feed the byte at position pos (0 .. n − 1, every earlier position fed before): logits (V) of the
+ * next byte. */
+void model_decode_step(struct model *model, struct model_decoder *dec, int token, long pos,
+                       float *logits);
+void model_decode_close(struct model *model, struct model_decoder *dec);
 
 /* Trainable parameter count (frozen tensors such as random features excluded), and model FLOPs per
  * token for forward + backward (6 · parameters in matrices + attention, SPEC issue 2's accounting).

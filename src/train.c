@@ -108,8 +108,8 @@ static void format_eta(double seconds, char *buf, size_t len) {
   snprintf(buf, len, "%02ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
 }
 
-static void print_decomposition(const struct config *cfg, const struct comm *comm,
-                                const struct model *m, const char *run_dir) {
+void train_print_decomposition(const struct config *cfg, const struct comm *comm,
+                               const struct model *m, const char *run_dir) {
   message(
       "run %s: mode %s, %d rank(s) = %d data replica(s) x %d sequence rank(s), %d thread(s) "
       "per rank",
@@ -133,8 +133,8 @@ static void print_decomposition(const struct config *cfg, const struct comm *com
   message("output: %s", run_dir);
 }
 
-static void print_summary(const struct config *cfg, struct comm *comm, double wall,
-                          double test_loss) {
+void train_print_summary(const struct config *cfg, struct comm *comm, double wall,
+                         double test_loss) {
   double peaks[MEM_NLABELS + 1];
   for (int i = 0; i < MEM_NLABELS; i++) peaks[i] = (double)mem_peak((enum mem_label)i);
   peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
@@ -156,8 +156,7 @@ static void print_summary(const struct config *cfg, struct comm *comm, double wa
               timer_total_ms((enum timer_id)i) / 1e3);
 }
 
-/* Diagnostics of the last forward: sums over this rank's queries → averages over all ranks. */
-static void record_attention(struct model *m, struct comm *comm, struct diag *diag, long step) {
+bool train_attention_average(struct model *m, struct comm *comm, double *mass, double *entropy) {
   const int L = m->L, H = m->H, bands = m->diag_bands;
   size_t nm = (size_t)(L * H * bands), ne = (size_t)(L * H);
   double *buf = xmalloc(sizeof(double) * (nm + ne + 1));
@@ -167,30 +166,32 @@ static void record_attention(struct model *m, struct comm *comm, struct diag *di
   /* only replica 0's batch element 0 is examined; its sequence ranks hold disjoint queries */
   if (comm->replica != 0) memset(buf, 0, sizeof(double) * (nm + ne + 1));
   comm_allreduce_sum_double(comm, COMM_WORLD, buf, nm + ne + 1);
-  double q = buf[nm + ne];
-  if (q > 0) {
-    for (size_t i = 0; i < nm + ne; i++) buf[i] /= q;
-    diag_attention(diag, step, L, H, bands, buf, buf + nm);
-  }
+  const double q = buf[nm + ne];
+  for (size_t i = 0; i < nm + ne && q > 0; i++) buf[i] /= q;
+  memcpy(mass, buf, sizeof(double) * nm);
+  memcpy(entropy, buf + nm, sizeof(double) * ne);
   free(buf);
+  return q > 0;
+}
+
+/* Diagnostics of the last forward, averaged over the queries of every rank, into diag.h5. */
+static void record_attention(struct model *m, struct comm *comm, struct diag *diag, long step) {
+  double *mass = xmalloc(sizeof(double) * (size_t)(m->L * m->H * m->diag_bands));
+  double *entropy = xmalloc(sizeof(double) * (size_t)(m->L * m->H));
+  if (train_attention_average(m, comm, mass, entropy))
+    diag_attention(diag, step, m->L, m->H, m->diag_bands, mass, entropy);
+  free(mass);
+  free(entropy);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * train */
 
-struct run_state {
-  const struct config *cfg;
-  struct comm *comm;
-  char dir[1024];
-  struct dataset ds;
-  struct model model;
-  struct diag diag;
-};
-
-static long start_run(struct run_state *rs, const struct config *cfg, struct comm *comm,
-                      bool need_restart) {
+long train_open_run(struct run_state *rs, const struct config *cfg, struct comm *comm,
+                    bool need_restart) {
   rs->cfg = cfg;
   rs->comm = comm;
+  rs->restart[0] = '\0';
   train_make_run_dir(cfg, comm, rs->dir, sizeof rs->dir);
   data_open(&rs->ds, cfg);
   model_build(&rs->model, cfg, comm, cfg->train.batch / comm->D);
@@ -199,6 +200,7 @@ static long start_run(struct run_state *rs, const struct config *cfg, struct com
     char path[1200];
     int rc = checkpoint_resolve(cfg->output.restart, rs->dir, path, sizeof path);
     if (rc) error_collective(path);
+    snprintf(rs->restart, sizeof rs->restart, "%s", path);
     message("restarting from %s", path);
     step = checkpoint_read(&rs->model, comm, path);
   } else if (need_restart) {
@@ -209,7 +211,7 @@ static long start_run(struct run_state *rs, const struct config *cfg, struct com
   return step;
 }
 
-static void finish_run(struct run_state *rs) {
+void train_close_run(struct run_state *rs) {
   model_free(&rs->model);
   data_close(&rs->ds);
 }
@@ -217,10 +219,10 @@ static void finish_run(struct run_state *rs) {
 int train_run(const struct config *cfg, struct comm *comm) {
   const double wall0 = timer_now();
   struct run_state rs;
-  long step0 = start_run(&rs, cfg, comm, false);
+  long step0 = train_open_run(&rs, cfg, comm, false);
   struct model *m = &rs.model;
   diag_open(&rs.diag, cfg, comm, rs.dir, cfg->output.restart[0] ? step0 : -1);
-  print_decomposition(cfg, comm, m, rs.dir);
+  train_print_decomposition(cfg, comm, m, rs.dir);
   install_signals();
 
   const long steps = cfg->train.steps;
@@ -380,105 +382,7 @@ int train_run(const struct config *cfg, struct comm *comm) {
   double rss = (double)mem_process_peak_rss();
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, comm->world));
   diag_resident_peak(&rs.diag, rss);
-  print_summary(cfg, comm, timer_now() - wall0, test_loss);
-  finish_run(&rs);
-  return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * eval */
-
-int eval_run(const struct config *cfg, struct comm *comm) {
-  const double wall0 = timer_now();
-  struct run_state rs;
-  long step = start_run(&rs, cfg, comm, true);
-  print_decomposition(cfg, comm, &rs.model, rs.dir);
-  long cnt;
-  double vl = train_evaluate(&rs.model, &rs.ds, comm, SPLIT_VALID, &cnt);
-  message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", step, vl, vl / log(2.0),
-          cnt);
-  double tl = train_evaluate(&rs.model, &rs.ds, comm, SPLIT_TEST, &cnt);
-  message("test step %ld | test loss %.4f | test bpc %.4f | %ld bytes", step, tl, tl / log(2.0),
-          cnt);
-  print_summary(cfg, comm, timer_now() - wall0, tl);
-  finish_run(&rs);
-  return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * generate */
-
-int generate_run(const struct config *cfg, struct comm *comm) {
-  if (comm->world_size != 1) error_collective("run.mode = generate runs on one rank");
-  if (cfg->model.objective != OBJECTIVE_CLM)
-    error_collective("run.mode = generate needs a causal model (model.objective = clm)");
-  struct config one = *cfg;
-  one.train.batch = 1;
-  struct run_state rs;
-  long step = start_run(&rs, &one, comm, true);
-  struct model *m = &rs.model;
-  const long n = m->n;
-  const int V = m->V;
-  const char *prompt = cfg->generate.prompt;
-  long len = (long)strlen(prompt);
-  unsigned char *text = xmalloc((size_t)len + 1 + (size_t)cfg->generate.length + 1);
-  memcpy(text, prompt, (size_t)len);
-  if (len == 0) text[len++] = '\n'; /* something to condition on */
-  const long total = len + cfg->generate.length;
-  message("generating %d bytes from step %ld (temperature %.2f, top_k %d)", cfg->generate.length,
-          step, cfg->generate.temperature, cfg->generate.top_k);
-  float *probs = xmalloc(sizeof(float) * (size_t)V);
-  fwrite(text, 1, (size_t)len, stdout);
-  for (long pos = len; pos < total; pos++) {
-    long start = pos > n ? pos - n : 0, used = pos - start;
-    for (long t = 0; t < n; t++) {
-      m->tokens[t] = t < used ? text[start + t] : 0;
-      m->targets[t] = -1;
-    }
-    model_forward_logits(m);
-    const float *z = m->logits + (size_t)(used - 1) * V;
-    float mx = -INFINITY;
-    for (int j = 0; j < 256; j++) mx = z[j] > mx ? z[j] : mx;
-    double s = 0.0;
-    for (int j = 0; j < 256; j++) {
-      probs[j] = expf((z[j] - mx) / (float)cfg->generate.temperature);
-      s += probs[j];
-    }
-    if (cfg->generate.top_k > 0 && cfg->generate.top_k < 256) {
-      /* keep the k most probable bytes */
-      float sorted[256];
-      memcpy(sorted, probs, sizeof sorted);
-      for (int a = 0; a < cfg->generate.top_k; a++)
-        for (int b = a + 1; b < 256; b++)
-          if (sorted[b] > sorted[a]) {
-            float t = sorted[a];
-            sorted[a] = sorted[b];
-            sorted[b] = t;
-          }
-      float kth = sorted[cfg->generate.top_k - 1];
-      s = 0.0;
-      for (int j = 0; j < 256; j++) {
-        if (probs[j] < kth) probs[j] = 0.0f;
-        s += probs[j];
-      }
-    }
-    double u =
-        rng_uniform_double(cfg->run.seed, RNG_GENERATE, (uint64_t)step, (uint64_t)pos, 0) * s;
-    int pick = 255;
-    for (int j = 0; j < 256; j++) {
-      u -= probs[j];
-      if (u < 0) {
-        pick = j;
-        break;
-      }
-    }
-    text[pos] = (unsigned char)pick;
-    fputc(pick, stdout);
-    fflush(stdout);
-  }
-  fputc('\n', stdout);
-  free(probs);
-  free(text);
-  finish_run(&rs);
+  train_print_summary(cfg, comm, timer_now() - wall0, test_loss);
+  train_close_run(&rs);
   return 0;
 }

@@ -359,9 +359,10 @@ static void test_xent(void **state) {
   tgt[3] = -1; /* not counted */
   double *zd = tu_to_double(z, N * V);
   const float scale = 0.125f;
-  double expect = 0.0;
+  double expect = 0.0, rows[N];
   double fd[N * V];
   for (int i = 0; i < N; i++) {
+    rows[i] = 0.0;
     if (tgt[i] < 0) {
       for (int j = 0; j < V; j++) fd[i * V + j] = 0.0;
       continue;
@@ -369,12 +370,15 @@ static void test_xent(void **state) {
     double mx = -1e300, s = 0.0;
     for (int j = 0; j < V; j++) mx = zd[i * V + j] > mx ? zd[i * V + j] : mx;
     for (int j = 0; j < V; j++) s += exp(zd[i * V + j] - mx);
-    expect += log(s) + mx - zd[i * V + tgt[i]];
+    rows[i] = log(s) + mx - zd[i * V + tgt[i]];
+    expect += rows[i];
     for (int j = 0; j < V; j++)
       fd[i * V + j] = scale * (exp(zd[i * V + j] - mx) / s - (j == tgt[i]));
   }
-  double got = softmax_xent_forward_backward(z, tgt, N, V, scale);
+  float row_loss[N];
+  double got = softmax_xent_forward_backward(z, tgt, N, V, scale, row_loss);
   TU_ASSERT_CLOSE(fabs(got - expect) / fabs(expect), 1e-6, "cross-entropy loss");
+  TU_ASSERT_CLOSE(tu_rel_err(row_loss, rows, N), 1e-6, "cross-entropy loss per row");
   TU_ASSERT_CLOSE(tu_rel_err(z, fd, N * V), 1e-5, "cross-entropy gradient");
   free(zd);
 }

@@ -1,0 +1,148 @@
+/* `run.mode = eval`: the validation and test loss of the output.restart checkpoint over the
+ * splits' evaluation windows (SPEC §4), printed and written to eval.h5 in the run directory with
+ * what a user analyses next: the loss by position in the context (averaged over the windows in
+ * position buckets: the curve of how much the model gains from more context) and the attention
+ * diagnostics (level mass and entropy) of the first validation batch. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "h5io.h"
+#include "memory.h"
+#include "timer.h"
+#include "train.h"
+
+#define EVAL_BUCKETS 32 /* position buckets over the context, at most */
+
+/* Loss sums of one split: total and by position bucket, and their counts, summed over ranks. */
+struct split_loss {
+  double sum, count;
+  double *bsum, *bcount; /* (buckets) */
+};
+
+/* As train_evaluate, keeping each position's loss; the first batch of the first split also
+ * records the attention diagnostics when diag is set. Collective. */
+static void evaluate_split(struct model *m, const struct dataset *ds, struct comm *comm,
+                           enum data_split split, int buckets, struct split_loss *out, bool diag) {
+  const long windows = data_eval_windows(ds, split), per_round = m->B * comm->D;
+  const long T = m->T, n = m->n;
+  memset(out->bsum, 0, sizeof(double) * (size_t)buckets);
+  memset(out->bcount, 0, sizeof(double) * (size_t)buckets);
+  out->sum = out->count = 0.0;
+  for (long first = 0; first < windows; first += per_round) {
+    data_eval_batch(ds, split, first + comm->replica, comm->D, windows, m->B, m->t0, T, m->tokens,
+                    m->targets);
+    m->diag_request = diag && first == 0 && m->attn->diagnostics;
+    long c = 0;
+    out->sum += model_forward(m, 0, false, 0.0f, &c);
+    for (long b = 0; b < m->B; b++)
+      for (long t = 0; t < T; t++) {
+        if (m->targets[b * T + t] < 0) continue;
+        const long k = (m->t0 + t) * buckets / n; /* the global position's bucket */
+        out->bsum[k] += m->row_loss[b * T + t];
+        out->bcount[k] += 1.0;
+      }
+    out->count += (double)c;
+  }
+  comm_allreduce_sum_double(comm, COMM_WORLD, &out->sum, 1);
+  comm_allreduce_sum_double(comm, COMM_WORLD, &out->count, 1);
+  comm_allreduce_sum_double(comm, COMM_WORLD, out->bsum, (size_t)buckets);
+  comm_allreduce_sum_double(comm, COMM_WORLD, out->bcount, (size_t)buckets);
+}
+
+static void write_split(hid_t f, const char *name, const struct split_loss *s, int buckets) {
+  char path[64];
+  const double loss = s->count > 0 ? s->sum / s->count : NAN;
+  const double vals[3] = {loss, loss / log(2.0), s->count};
+  const char *cols[3] = {"loss", "bpc", "tokens"};
+  const char *units[3] = {"nats per scored byte", "bits per scored byte",
+                          "bytes scored (predicted positions; masked ones for mlm)"};
+  const long one[1] = {1};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "/%s/%s", name, cols[i]);
+    h5_write_doubles(f, path, 1, one, &vals[i], units[i]);
+  }
+  double *bl = xmalloc(sizeof(double) * (size_t)buckets);
+  for (int k = 0; k < buckets; k++) bl[k] = s->bcount[k] > 0 ? s->bsum[k] / s->bcount[k] : NAN;
+  const long shape[1] = {buckets};
+  snprintf(path, sizeof path, "/position/%s_loss", name);
+  h5_write_doubles(f, path, 1, shape, bl, "mean loss (nats) of the scored bytes in each bucket");
+  snprintf(path, sizeof path, "/position/%s_tokens", name);
+  h5_write_doubles(f, path, 1, shape, s->bcount, "bytes scored in each bucket");
+  free(bl);
+}
+
+int eval_run(const struct config *cfg, struct comm *comm) {
+  const double wall0 = timer_now();
+  struct run_state rs;
+  const long step = train_open_run(&rs, cfg, comm, true);
+  struct model *m = &rs.model;
+  train_print_decomposition(cfg, comm, m, rs.dir);
+  const int buckets = (int)(m->n < EVAL_BUCKETS ? m->n : EVAL_BUCKETS);
+  m->row_loss = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(m->B * m->T));
+  struct split_loss sl[2];
+  for (int s = 0; s < 2; s++) {
+    sl[s].bsum = xcalloc((size_t)buckets, sizeof(double));
+    sl[s].bcount = xcalloc((size_t)buckets, sizeof(double));
+  }
+  evaluate_split(m, &rs.ds, comm, SPLIT_VALID, buckets, &sl[0], true);
+  const size_t nm = (size_t)(m->L * m->H * m->diag_bands), ne = (size_t)(m->L * m->H);
+  double *mass = xmalloc(sizeof(double) * nm), *entropy = xmalloc(sizeof(double) * ne);
+  const bool have_diag = m->attn->diagnostics && train_attention_average(m, comm, mass, entropy);
+  evaluate_split(m, &rs.ds, comm, SPLIT_TEST, buckets, &sl[1], false);
+  const char *names[2] = {"valid", "test"};
+  for (int s = 0; s < 2; s++) {
+    const double loss = sl[s].count > 0 ? sl[s].sum / sl[s].count : NAN;
+    message("%s step %ld | %s loss %.4f | %s bpc %.4f | %.0f bytes", s ? "test" : "eval", step,
+            names[s], loss, names[s], loss / log(2.0), sl[s].count);
+  }
+  if (comm->world_rank == 0) {
+    char path[1300];
+    snprintf(path, sizeof path, "%s/eval.h5", rs.dir);
+    hid_t f = h5_create(path);
+    char started[64];
+    const time_t now = time(NULL);
+    strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%S", localtime(&now));
+    h5_attr_string(f, "/", "checkpoint", rs.restart);
+    h5_attr_long(f, "/", "step", step);
+    h5_attr_string(f, "/", "deck", cfg->resolved);
+    h5_attr_string(f, "/", "version", PACKAGE_VERSION);
+    h5_attr_string(f, "/", "created", started);
+    h5_attr_long(f, "/", "ranks", comm->world_size);
+    for (int s = 0; s < 2; s++) write_split(f, names[s], &sl[s], buckets);
+    double *lo = xmalloc(sizeof(double) * (size_t)buckets), *hi = xmalloc(sizeof(double) * buckets);
+    for (int k = 0; k < buckets; k++) {
+      lo[k] = (double)((long)k * m->n / buckets);
+      hi[k] = (double)((long)(k + 1) * m->n / buckets);
+    }
+    const long shape[1] = {buckets};
+    h5_write_doubles(f, "/position/start", 1, shape, lo, "first position of each bucket");
+    h5_write_doubles(f, "/position/end", 1, shape, hi, "position after the last of each bucket");
+    if (have_diag) {
+      const long ms[3] = {m->L, m->H, m->diag_bands}, es[2] = {m->L, m->H};
+      h5_write_doubles(f, "/attention/level_mass", 3, ms, mass,
+                       "share of attention on the near field and each level, first valid batch");
+      h5_write_doubles(f, "/attention/entropy", 2, es, entropy,
+                       "attention entropy (nats), first valid batch");
+    }
+    h5_close(f);
+    free(lo);
+    free(hi);
+    message("wrote %s", path);
+  }
+  free(mass);
+  free(entropy);
+  for (int s = 0; s < 2; s++) {
+    free(sl[s].bsum);
+    free(sl[s].bcount);
+  }
+  mem_free(m->row_loss);
+  m->row_loss = NULL;
+  train_print_summary(cfg, comm, timer_now() - wall0,
+                      sl[1].count > 0 ? sl[1].sum / sl[1].count : NAN);
+  train_close_run(&rs);
+  return 0;
+}
