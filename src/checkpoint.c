@@ -6,34 +6,89 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "error.h"
 #include "h5io.h"
 #include "timer.h"
 
-static void write_set(hid_t f, const struct model *m, const char *prefix, const float *base,
-                      bool writer) {
-  char path[PARAM_NAME + 64];
-  for (int i = 0; i < m->plist.count; i++) {
-    const struct param_desc *p = &m->plist.p[i];
-    snprintf(path, sizeof path, "%s/%s", prefix, p->name);
-    h5_write_floats(f, path, p->ndim, p->shape, writer ? base + p->offset : NULL, true, writer);
+/* The three tensor sets of a checkpoint, in file order. */
+enum { NSETS = 3 };
+static const char *const set_prefix[NSETS] = {"/model", "/optimizer/m", "/optimizer/v"};
+
+static const float *set_base(const struct model *m, int set) {
+  return set == 0 ? m->params : set == 1 ? m->m : m->v;
+}
+
+/* CRC-32 (zlib) of a tensor's float32 bytes as they lie in memory and in the file (little-endian
+ * on every machine fmattn runs on): h5py users check it with zlib.crc32(dataset[...].tobytes()). */
+static long tensor_crc(const float *x, size_t count) {
+  return (long)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)x, (z_size_t)(count * sizeof(float)));
+}
+
+/* Bytes a checkpoint of this model takes on disk, roughly (tensors plus HDF5 metadata). */
+static double checkpoint_bytes(const struct model *m) {
+  return (double)NSETS * (double)m->plist.total * sizeof(float) +
+         4096.0 * (double)(NSETS * m->plist.count) + (1 << 20);
+}
+
+/* Refuse, on every rank and before touching the disk, a checkpoint that cannot fit. */
+static void check_free_space(const struct model *m, struct comm *comm, const char *dir,
+                             const char *final) {
+  double avail = -1.0; /* unknown: let the write itself find out */
+  struct statvfs fs;
+  if (comm->world_rank == 0 && statvfs(dir, &fs) == 0)
+    avail = (double)fs.f_bavail * (double)fs.f_frsize;
+  MPI_CHECK(MPI_Bcast(&avail, 1, MPI_DOUBLE, 0, comm->world));
+  const double need = checkpoint_bytes(m);
+  if (avail >= 0 && avail < need) {
+    char msg[1400];
+    snprintf(msg, sizeof msg,
+             "cannot write checkpoint %s: it needs about %.1f MiB and the file system of %s has "
+             "%.1f MiB free. The run stops here; the checkpoints already written are untouched. "
+             "Free some space (or move output.dir) and resume with output.restart = latest",
+             final, need / 1048576.0, dir, avail / 1048576.0);
+    error_collective(msg);
   }
 }
 
 double checkpoint_write(const struct model *m, struct comm *comm, long step, const char *dir) {
   double t0 = timer_now();
   timer_start(TIMER_IO);
-  char final[1024], tmp[1040];
+  char final[1024], tmp[1040], context[1200];
   snprintf(final, sizeof final, "%s/ckpt_%06ld.h5", dir, step);
   snprintf(tmp, sizeof tmp, "%s.tmp", final);
+  check_free_space(m, comm, dir, final);
   const bool writer = comm->world_rank == 0; /* parameters are replicated; one rank writes */
+  /* the checksums are computed where the data is and travel with the (collective) attributes */
+  const int count = m->plist.count;
+  long *crc = xcalloc((size_t)(NSETS * count), sizeof(long));
+  for (int s = 0; writer && s < NSETS; s++)
+    for (int i = 0; i < count; i++)
+      crc[s * count + i] = tensor_crc(set_base(m, s) + m->plist.p[i].offset, m->plist.p[i].numel);
+  MPI_CHECK(MPI_Bcast(crc, NSETS * count, MPI_LONG, 0, comm->world));
+
+  /* a failed write (a full disk, a file-size limit) ends the job saying what it was writing, and
+   * removes the temporary: the checkpoints already in dir are never touched */
+  snprintf(context, sizeof context,
+           "writing checkpoint %s: is its file system full or read-only? The earlier checkpoints "
+           "are intact",
+           tmp);
+  error_context(context, tmp);
   hid_t f = h5_create_collective(tmp, comm->world);
-  write_set(f, m, "/model", m->params, writer);
-  write_set(f, m, "/optimizer/m", m->m, writer);
-  write_set(f, m, "/optimizer/v", m->v, writer);
-  /* attributes are collective metadata: every rank writes the same values */
+  char path[PARAM_NAME + 64];
+  for (int s = 0; s < NSETS; s++)
+    for (int i = 0; i < count; i++) {
+      const struct param_desc *p = &m->plist.p[i];
+      snprintf(path, sizeof path, "%s/%s", set_prefix[s], p->name);
+      h5_write_floats(f, path, p->ndim, p->shape, writer ? set_base(m, s) + p->offset : NULL, true,
+                      writer);
+      /* attributes are collective metadata: every rank writes the same values */
+      h5_attr_long(f, path, "crc32", crc[s * count + i]);
+    }
+  free(crc);
   h5_attr_long(f, "/", "step", step);
   h5_attr_string(f, "/", "rng", "counter-based: every stream is a function of (seed, step)");
   h5_attr_long(f, "/", "seed", (long)m->cfg->run.seed);
@@ -45,7 +100,10 @@ double checkpoint_write(const struct model *m, struct comm *comm, long step, con
                  m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard");
   h5_attr_long(f, "/", "ranks", comm->world_size);
   h5_attr_long(f, "/", "seq_ranks", comm->S);
+  h5_attr_string(f, "/", "checksum",
+                 "crc32: attribute crc32 of every dataset, zlib's CRC-32 of its float32 bytes");
   h5_close(f);
+  error_context(NULL, NULL);
   comm_barrier(comm, COMM_WORLD);
   int rc = 0;
   if (writer && rename(tmp, final) != 0) rc = errno;
@@ -55,38 +113,124 @@ double checkpoint_write(const struct model *m, struct comm *comm, long step, con
   return timer_now() - t0;
 }
 
-static void read_set(hid_t f, struct model *m, const char *prefix, float *base, const char *file) {
-  char path[PARAM_NAME + 64];
-  for (int i = 0; i < m->plist.count; i++) {
-    const struct param_desc *p = &m->plist.p[i];
-    snprintf(path, sizeof path, "%s/%s", prefix, p->name);
-    h5_read_floats(f, path, p->ndim, p->shape, base + p->offset, file);
+/* A checkpoint that cannot be used: damaged (try an older one) or of another model (fatal). */
+enum ckpt_status { CKPT_OK, CKPT_DAMAGED, CKPT_MISMATCH };
+
+/* The worst status over the ranks; why holds rank 0's reason (every rank reads the same file,
+ * so rank 0 is the one that has seen a problem whenever one was seen). */
+static enum ckpt_status agree(struct comm *comm, enum ckpt_status st, char *why, size_t len) {
+  int v = (int)st;
+  comm_allreduce_max_int(comm, COMM_WORLD, &v, 1);
+  if (v != CKPT_OK && !why[0]) snprintf(why, len, "another rank could not read it");
+  return (enum ckpt_status)v;
+}
+
+/* Whether the file's model is the deck's: variant and head mode (shapes come with the tensors). */
+static enum ckpt_status check_identity(hid_t f, const struct model *m, char *why, size_t len) {
+  long step = -1;
+  if (!h5_read_attr_long(f, "/", "step", &step) || step < 0) {
+    snprintf(why, len, "it is not an fmattn checkpoint (no step attribute)");
+    return CKPT_MISMATCH;
   }
+  enum ckpt_status st = CKPT_OK;
+  char *variant = NULL;
+  if (h5_read_attr_string(f, "/", "variant", &variant) && strcmp(variant, m->attn->name) != 0) {
+    snprintf(why, len, "it holds attention variant %s, but the deck asks for %s", variant,
+             m->attn->name);
+    st = CKPT_MISMATCH;
+  }
+  free(variant);
+  char *heads = NULL; /* absent in checkpoints of standard heads written before FiSH existed */
+  const char *want = m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard";
+  if (st == CKPT_OK &&
+      (h5_read_attr_string(f, "/", "heads_mode", &heads) ? strcmp(heads, want) != 0
+                                                         : strcmp(want, "standard") != 0)) {
+    snprintf(why, len, "it holds attention.heads_mode = %s, but the deck asks for %s",
+             heads ? heads : "standard", want);
+    st = CKPT_MISMATCH;
+  }
+  free(heads);
+  return st;
+}
+
+/* Read every tensor and check it against its stored CRC-32. */
+static enum ckpt_status read_tensors(hid_t f, struct model *m, char *why, size_t len,
+                                     bool *verified) {
+  char path[PARAM_NAME + 64];
+  *verified = true;
+  for (int s = 0; s < NSETS; s++)
+    for (int i = 0; i < m->plist.count; i++) {
+      const struct param_desc *p = &m->plist.p[i];
+      snprintf(path, sizeof path, "%s/%s", set_prefix[s], p->name);
+      float *dst = (float *)set_base(m, s) + p->offset;
+      enum h5_read_status rs = h5_try_read_floats(f, path, p->ndim, p->shape, dst, why, len);
+      if (rs == H5_READ_MISMATCH) return CKPT_MISMATCH;
+      if (rs == H5_READ_DAMAGED) return CKPT_DAMAGED;
+      long stored;
+      if (!h5_read_attr_long(f, path, "crc32", &stored)) {
+        *verified = false; /* written before checkpoints carried checksums */
+        continue;
+      }
+      const long crc = tensor_crc(dst, p->numel);
+      if (crc != stored) {
+        snprintf(why, len, "dataset %s fails its checksum (crc32 %08lx stored, %08lx read)", path,
+                 (unsigned long)stored, (unsigned long)crc);
+        return CKPT_DAMAGED;
+      }
+    }
+  return CKPT_OK;
+}
+
+/* Try one checkpoint: its step, or −1 with the status and the reason. Collective. */
+static long try_read(struct model *m, struct comm *comm, const char *path, enum ckpt_status *st,
+                     char *why, size_t len) {
+  why[0] = '\0';
+  char context[1200];
+  snprintf(context, sizeof context, "reading checkpoint %s", path);
+  error_context(context, NULL);
+  *st = CKPT_OK;
+  if (access(path, R_OK) != 0) {
+    snprintf(why, len, "it cannot be read: %s", strerror(errno));
+    *st = CKPT_DAMAGED;
+  }
+  hid_t f = -1;
+  if (agree(comm, *st, why, len) == CKPT_OK) {
+    f = h5_try_open_collective(path, comm->world);
+    if (f < 0) {
+      snprintf(why, len, "HDF5 cannot open it: truncated, or not an HDF5 file");
+      *st = CKPT_DAMAGED;
+    }
+    *st = agree(comm, *st, why, len);
+  } else {
+    *st = CKPT_DAMAGED;
+  }
+  long step = -1;
+  bool verified = true;
+  if (*st == CKPT_OK) *st = agree(comm, check_identity(f, m, why, len), why, len);
+  if (*st == CKPT_OK) *st = agree(comm, read_tensors(f, m, why, len, &verified), why, len);
+  if (*st == CKPT_OK) h5_read_attr_long(f, "/", "step", &step);
+  if (f >= 0) H5Fclose(f); /* a damaged file may not close cleanly; nothing to do about it */
+  error_context(NULL, NULL);
+  if (*st == CKPT_OK && !verified)
+    message("note: %s carries no checksums (an older fmattn wrote it): not verified", path);
+  return *st == CKPT_OK ? step : -1;
+}
+
+static void refuse(const char *path, enum ckpt_status st, const char *why) {
+  char msg[1800];
+  snprintf(msg, sizeof msg, "checkpoint %s is refused: %s%s", path, why,
+           st == CKPT_MISMATCH ? " (it was written for another model: compare its deck "
+                                 "attribute with this deck)"
+                               : "");
+  error_collective(msg);
 }
 
 long checkpoint_read(struct model *m, struct comm *comm, const char *path) {
   timer_start(TIMER_IO);
-  if (access(path, R_OK) != 0) error("cannot read checkpoint '%s': %s", path, strerror(errno));
-  hid_t f = h5_open_collective(path, comm->world);
-  long step = -1;
-  if (!h5_read_attr_long(f, "/", "step", &step) || step < 0)
-    error("'%s' is not an fmattn checkpoint (no step attribute)", path);
-  char *variant = NULL;
-  if (h5_read_attr_string(f, "/", "variant", &variant) && strcmp(variant, m->attn->name) != 0)
-    error("checkpoint '%s' holds attention variant %s, but the deck asks for %s", path, variant,
-          m->attn->name);
-  free(variant);
-  char *heads = NULL; /* absent in checkpoints of standard heads written before FiSH existed */
-  const char *want = m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard";
-  if (h5_read_attr_string(f, "/", "heads_mode", &heads) ? strcmp(heads, want) != 0
-                                                        : strcmp(want, "standard") != 0)
-    error("checkpoint '%s' holds attention.heads_mode = %s, but the deck asks for %s", path,
-          heads ? heads : "standard", want);
-  free(heads);
-  read_set(f, m, "/model", m->params, path);
-  read_set(f, m, "/optimizer/m", m->m, path);
-  read_set(f, m, "/optimizer/v", m->v, path);
-  h5_close(f);
+  enum ckpt_status st;
+  char why[1024];
+  long step = try_read(m, comm, path, &st, why, sizeof why);
+  if (st != CKPT_OK) refuse(path, st, why);
   timer_stop(TIMER_IO);
   return step;
 }
@@ -98,50 +242,73 @@ static long ckpt_step(const char *name) {
   return -1;
 }
 
-int checkpoint_resolve(const char *restart, const char *dir, char *path, size_t len) {
-  if (strcmp(restart, "latest") != 0) {
-    snprintf(path, len, "%s", restart);
-    return 0;
-  }
-  DIR *d = opendir(dir);
-  long best = -1;
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      long s = ckpt_step(e->d_name);
-      if (s > best) best = s;
-    }
-    closedir(d);
-  }
-  if (best < 0) {
-    snprintf(path, len, "output.restart = latest, but %s holds no checkpoint (ckpt_<step>.h5)",
-             dir);
-    return 1;
-  }
-  snprintf(path, len, "%s/ckpt_%06ld.h5", dir, best);
-  return 0;
-}
-
 static int cmp_long(const void *a, const void *b) {
   long x = *(const long *)a, y = *(const long *)b;
   return (x > y) - (x < y);
 }
 
-void checkpoint_prune(const char *dir, int keep) {
+/* The steps of the ckpt_<step>.h5 files in dir, ascending; returns how many (at most max). */
+static int list_steps(const char *dir, long *steps, int max) {
   DIR *d = opendir(dir);
-  if (!d) return;
-  long steps[4096];
+  if (!d) return 0;
   int count = 0;
   struct dirent *e;
-  while ((e = readdir(d)) && count < 4096) {
+  while ((e = readdir(d)) && count < max) {
     long s = ckpt_step(e->d_name);
     if (s >= 0) steps[count++] = s;
   }
   closedir(d);
   qsort(steps, (size_t)count, sizeof(long), cmp_long);
+  return count;
+}
+
+long checkpoint_restore(struct model *m, struct comm *comm, const char *restart, const char *dir,
+                        char *used, size_t len) {
+  if (strcmp(restart, "latest") != 0) {
+    snprintf(used, len, "%s", restart);
+    message("restarting from %s", restart);
+    return checkpoint_read(m, comm, restart);
+  }
+  timer_start(TIMER_IO);
+  enum { MAX_CKPT = 4096 };
+  long *steps = xmalloc(sizeof(long) * MAX_CKPT);
+  /* rank 0 lists the directory: every rank must try the same files in the same order */
+  int count = comm->world_rank == 0 ? list_steps(dir, steps, MAX_CKPT) : 0;
+  MPI_CHECK(MPI_Bcast(&count, 1, MPI_INT, 0, comm->world));
+  MPI_CHECK(MPI_Bcast(steps, count, MPI_LONG, 0, comm->world));
+  if (count == 0) {
+    char msg[1200];
+    snprintf(msg, sizeof msg,
+             "output.restart = latest, but %s holds no checkpoint (ckpt_<step>.h5)", dir);
+    error_collective(msg);
+  }
+  long step = -1;
+  for (int k = count - 1; k >= 0 && step < 0; k--) {
+    snprintf(used, len, "%s/ckpt_%06ld.h5", dir, steps[k]);
+    message("restarting from %s", used);
+    enum ckpt_status st;
+    char why[1024];
+    step = try_read(m, comm, used, &st, why, sizeof why);
+    if (st == CKPT_MISMATCH || (st == CKPT_DAMAGED && k == 0)) refuse(used, st, why);
+    if (st == CKPT_DAMAGED && comm->world_rank == 0)
+      warning(
+          "checkpoint %s is damaged: %s. Trying the one before it, ckpt_%06ld.h5 (the damaged "
+          "file is left in place, and replaced when the run writes that step again)",
+          used, why, steps[k - 1]);
+  }
+  free(steps);
+  timer_stop(TIMER_IO);
+  return step;
+}
+
+void checkpoint_prune(const char *dir, int keep) {
+  enum { MAX_CKPT = 4096 };
+  long *steps = xmalloc(sizeof(long) * MAX_CKPT);
+  int count = list_steps(dir, steps, MAX_CKPT);
   for (int i = 0; i < count - keep; i++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/ckpt_%06ld.h5", dir, steps[i]);
     if (unlink(path) != 0) warning("cannot remove old checkpoint %s: %s", path, strerror(errno));
   }
+  free(steps);
 }

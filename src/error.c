@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int error_rank_ = -1;
 static int error_nranks_ = 1;
@@ -20,6 +21,14 @@ void error_set_rank(int rank, int nranks) {
 }
 
 int error_rank(void) { return error_rank_; }
+
+static char error_context_[1024];
+static char error_remove_[1024];
+
+void error_context(const char *context, const char *remove_on_error) {
+  snprintf(error_context_, sizeof error_context_, "%s", context ? context : "");
+  snprintf(error_remove_, sizeof error_remove_, "%s", remove_on_error ? remove_on_error : "");
+}
 
 static double elapsed(void) {
   struct timespec t;
@@ -43,9 +52,11 @@ noreturn void error_at(const char *file, const char *func, int line, const char 
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
   fflush(stdout);
-  fprintf(stderr, "[%d] %s:%s:%d: error: %s\n", error_rank_ < 0 ? 0 : error_rank_,
-          basename_of(file), func, line, text);
+  fprintf(stderr, "[%d] %s:%s:%d: error: %s%s%s%s\n", error_rank_ < 0 ? 0 : error_rank_,
+          basename_of(file), func, line, text, error_context_[0] ? " (while " : "", error_context_,
+          error_context_[0] ? ")" : "");
   fflush(stderr);
+  if (error_remove_[0]) unlink(error_remove_); /* several ranks may try: the first one wins */
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

@@ -18,6 +18,12 @@ noreturn void error_at(const char *file, const char *func, int line, const char 
 void warning_at(const char *file, const char *func, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* What the job is doing, for the fatal errors of library calls deep inside it ("writing
+ * checkpoint X"): error() appends "(while <context>)" and, when remove_on_error is not NULL,
+ * removes that file (a half-written temporary) before ending the job. error_context(NULL, NULL)
+ * clears it. The strings are copied. */
+void error_context(const char *context, const char *remove_on_error);
+
 /* Ordinary progress output: rank 0 only, with the elapsed wall time. */
 void message(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Output from every rank, stamped with the rank. */

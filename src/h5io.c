@@ -44,6 +44,19 @@ hid_t h5_open_collective(const char *path, MPI_Comm comm) {
   return f;
 }
 
+hid_t h5_try_open_collective(const char *path, MPI_Comm comm) {
+  H5E_auto2_t func;
+  void *data;
+  H5Eget_auto2(H5E_DEFAULT, &func, &data); /* a damaged file is an answer here, not an error */
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
+  H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
+  H5Eset_auto2(H5E_DEFAULT, func, data);
+  return f < 0 ? -1 : f;
+}
+
 void h5_close(hid_t file) { H5_CHECK(H5Fclose(file)); }
 
 bool h5_exists(hid_t loc, const char *path) {
@@ -240,6 +253,38 @@ static void shape_text(char *buf, size_t len, int nd, const long *shape) {
   for (int i = 0; i < nd && u < len; i++)
     u += (size_t)snprintf(buf + u, len - u, i ? ", %ld" : "%ld", shape[i]);
   if (u < len) snprintf(buf + u, len - u, "]");
+}
+
+enum h5_read_status h5_try_read_floats(hid_t loc, const char *path, int ndim, const long *shape,
+                                       float *data, char *why, size_t len) {
+  long have[16];
+  int nd = h5_dataset_shape(loc, path, have, 16);
+  if (nd < 0) {
+    snprintf(why, len, "dataset %s is missing", path);
+    return H5_READ_MISMATCH;
+  }
+  bool same = nd == ndim;
+  for (int i = 0; same && i < nd; i++) same = have[i] == shape[i];
+  if (!same) {
+    char a[128], b[128];
+    shape_text(a, sizeof a, nd, have);
+    shape_text(b, sizeof b, ndim, shape);
+    snprintf(why, len, "dataset %s has shape %s, the model's is %s", path, a, b);
+    return H5_READ_MISMATCH;
+  }
+  H5E_auto2_t func;
+  void *edata;
+  H5Eget_auto2(H5E_DEFAULT, &func, &edata);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  hid_t ds = H5Dopen2(loc, path, H5P_DEFAULT);
+  herr_t rc = ds < 0 ? -1 : H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  if (ds >= 0) H5Dclose(ds);
+  H5Eset_auto2(H5E_DEFAULT, func, edata);
+  if (rc < 0) {
+    snprintf(why, len, "dataset %s cannot be read (the file is damaged)", path);
+    return H5_READ_DAMAGED;
+  }
+  return H5_READ_OK;
 }
 
 void h5_read_floats(hid_t loc, const char *path, int ndim, const long *shape, float *data,

@@ -16,6 +16,9 @@ hid_t h5_open(const char *path, bool writable);
 /* Collective access over comm through MPI-IO. */
 hid_t h5_create_collective(const char *path, MPI_Comm comm);
 hid_t h5_open_collective(const char *path, MPI_Comm comm);
+/* As h5_open_collective, but −1 (and no message) when the file cannot be opened: a damaged or
+ * truncated file is an answer for the caller (checkpoint restart), not an error. */
+hid_t h5_try_open_collective(const char *path, MPI_Comm comm);
 void h5_close(hid_t file);
 
 bool h5_exists(hid_t loc, const char *path);
@@ -43,6 +46,10 @@ void h5_write_doubles(hid_t loc, const char *path, int ndim, const long *shape, 
 /* Read a float32 dataset whose shape must equal `shape` (error otherwise, naming both shapes). */
 void h5_read_floats(hid_t loc, const char *path, int ndim, const long *shape, float *data,
                     const char *file_name);
+/* As h5_read_floats, but reporting instead of ending the job: why receives the reason. */
+enum h5_read_status { H5_READ_OK, H5_READ_MISMATCH, H5_READ_DAMAGED };
+enum h5_read_status h5_try_read_floats(hid_t loc, const char *path, int ndim, const long *shape,
+                                       float *data, char *why, size_t len);
 /* Shape of a dataset: returns ndim (≤ maxdim), or −1 when absent. */
 int h5_dataset_shape(hid_t loc, const char *path, long *shape, int maxdim);
 

@@ -197,12 +197,8 @@ long train_open_run(struct run_state *rs, const struct config *cfg, struct comm 
   model_build(&rs->model, cfg, comm, cfg->train.batch / comm->D);
   long step = 0;
   if (cfg->output.restart[0]) {
-    char path[1200];
-    int rc = checkpoint_resolve(cfg->output.restart, rs->dir, path, sizeof path);
-    if (rc) error_collective(path);
-    snprintf(rs->restart, sizeof rs->restart, "%s", path);
-    message("restarting from %s", path);
-    step = checkpoint_read(&rs->model, comm, path);
+    step = checkpoint_restore(&rs->model, comm, cfg->output.restart, rs->dir, rs->restart,
+                              sizeof rs->restart);
   } else if (need_restart) {
     error_collective("this mode needs a checkpoint: set output.restart = latest or a path");
   } else {
@@ -216,8 +212,21 @@ void train_close_run(struct run_state *rs) {
   data_close(&rs->ds);
 }
 
+/* Fault injection for the test suite (docs/operations.md): FMATTN_FAULT=nan_grad@K puts a NaN
+ * into one reduced gradient entry at step K, as an overflow in the backward pass would; −1 when
+ * unset. */
+static long injected_nan_step(void) {
+  const char *f = getenv("FMATTN_FAULT");
+  long k;
+  if (!f || !f[0]) return -1;
+  if (sscanf(f, "nan_grad@%ld", &k) != 1 || k < 1)
+    error_collective("FMATTN_FAULT must be nan_grad@<step>, step >= 1 (a testing hook)");
+  return k;
+}
+
 int train_run(const struct config *cfg, struct comm *comm) {
   const double wall0 = timer_now();
+  const long nan_step = injected_nan_step();
   struct run_state rs;
   long step0 = train_open_run(&rs, cfg, comm, false);
   struct model *m = &rs.model;
@@ -269,6 +278,7 @@ int train_run(const struct config *cfg, struct comm *comm) {
     comm_allreduce_sum_float(comm, COMM_WORLD, m->grads, m->plist.total);
     comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
     timer_stop(TIMER_COMM);
+    if (step + 1 == nan_step) m->grads[0] = NAN;
     /* a batch can hold no predicted position (a masked objective on a sparse task): its loss is
      * undefined and its gradient zero, which is not a divergence */
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
@@ -278,14 +288,25 @@ int train_run(const struct config *cfg, struct comm *comm) {
     if (!isfinite(loss)) {
       char msg[512];
       snprintf(msg, sizeof msg,
-               "training loss is %f at step %ld: stopping without writing a checkpoint (the last "
-               "good one is kept); try a lower train.lr or a tighter train.clip",
-               loss, step);
+               "training loss is %f at step %ld: the step is not applied and the run stops without "
+               "writing a checkpoint (the last good one is kept); try a lower train.lr or a "
+               "tighter train.clip",
+               loss, step + 1);
       error_collective(msg);
     }
 
     timer_start(TIMER_OPTIMIZER);
     const double norm = optimizer_grad_norm(m);
+    if (!isfinite(norm)) { /* the loss can be finite while a gradient overflows */
+      timer_stop(TIMER_OPTIMIZER);
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "the gradient norm is %f at step %ld: the step is not applied and the run stops "
+               "without writing a checkpoint (the last good one is kept); try a lower train.lr "
+               "or a tighter train.clip",
+               norm, step + 1);
+      error_collective(msg);
+    }
     const double lr = optimizer_lr(cfg, step);
     const float clip =
         cfg->train.clip > 0 && norm > cfg->train.clip ? (float)(cfg->train.clip / norm) : 1.0f;

@@ -3,7 +3,8 @@
 
   h5check.py diag FILE                    diag.h5 has every series of SPEC §8.1, with units
   h5check.py ckpt FILE                    a checkpoint has every tensor of SPEC §8.2, shaped
-                                          as its own deck says
+                                          as its own deck says, each matching its crc32
+  h5check.py flip FILE DATASET            flip one bit in the middle of DATASET's stored bytes
   h5check.py value FILE DATASET [INDEX]   print one value (default: the last)
   h5check.py same-series A B GROUP FROM RTOL
                                           the series of GROUP in A and B agree for records with
@@ -18,6 +19,7 @@ Exit status 0 when the check holds; a message on stderr otherwise.
 """
 import configparser
 import sys
+import zlib
 
 import h5py
 import numpy as np
@@ -102,6 +104,24 @@ def check_ckpt(path):
                     fail(f"{path}: {prefix}{name} missing")
                 if f[prefix + name].shape != shape or f[prefix + name].dtype != np.float32:
                     fail(f"{path}: {prefix}{name} is {f[prefix + name].shape} {f[prefix + name].dtype}, expected {shape} float32")
+        def crc(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                if "crc32" not in obj.attrs:
+                    fail(f"{path}: {name} has no crc32 attribute")
+                if zlib.crc32(obj[...].tobytes()) != int(obj.attrs["crc32"]) & 0xFFFFFFFF:
+                    fail(f"{path}: {name} does not match its crc32")
+        f.visititems(crc)
+
+
+def flip_bit(path, dataset):
+    with h5py.File(path, "r") as f:
+        d = f[dataset]
+        offset, size = d.id.get_offset(), d.id.get_storage_size()
+    with open(path, "r+b") as b:
+        b.seek(offset + size // 2)
+        byte = b.read(1)[0]
+        b.seek(offset + size // 2)
+        b.write(bytes([byte ^ 0x10]))
 
 
 def tensors(f):
@@ -169,6 +189,8 @@ def main(argv):
         check_diag(argv[2])
     elif cmd == "ckpt":
         check_ckpt(argv[2])
+    elif cmd == "flip":
+        flip_bit(argv[2], argv[3])
     elif cmd == "value":
         with h5py.File(argv[2], "r") as f:
             d = f[argv[3]][...]

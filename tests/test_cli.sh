@@ -64,7 +64,7 @@ echo "not hdf5" > corrupt.h5
 expect_fail "corrupt checkpoint" "corrupt.h5" "$F" good.in --set output.restart=corrupt.h5
 expect_fail "restart latest without checkpoints" "holds no checkpoint" "$F" good.in --set output.dir=fresh --set output.restart=latest
 check "a valid run writes a checkpoint" "$F" good.in
-expect_fail "checkpoint of another model shape" "expected [256, 32]" "$F" good.in --set model.dim=32 --set output.restart=out/good/ckpt_000002.h5 --set run.name=other
+expect_fail "checkpoint of another model shape" "the model's is [256, 32]" "$F" good.in --set model.dim=32 --set output.restart=out/good/ckpt_000002.h5 --set run.name=other
 
 # several ranks: one message, every rank exits non-zero, no hang
 out=$("$MPI_RUN" 2 "$F" bad_key.in 2>&1); rc=$?

@@ -1,0 +1,152 @@
+#!/bin/sh
+# Faults that lose nothing (SPEC §10, docs/operations.md): damaged checkpoints are refused naming
+# the file and the problem, and `latest` falls back to the one before; a checkpoint of another
+# model is refused naming the mismatch; a NaN gradient stops the run before the step is applied;
+# a rank killed with SIGKILL ends a 2- and a 4-rank job within 60 s; a full or read-only file
+# system during a checkpoint write gives a clear error and keeps the checkpoints already written;
+# a data file shorter than one window is refused.
+. "$TESTDIR/tap.sh"
+cd "$WORK" || exit 1
+F="$FMATTN"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+H5C="$TESTDIR/h5check.py"
+
+cat > t.in <<'DECK'
+[run]
+name = t
+[data]
+source = copy
+[model]
+layers = 2
+dim = 64
+heads = 2
+context = 32
+[attention]
+variant = full
+[train]
+steps = 20
+batch = 2
+[output]
+dir = out
+checkpoint_every = 5
+keep = 10
+log_every = 5
+DECK
+
+# ---- checksums, damaged files, and the fallback of `latest` ------------------------------------
+check "a run writes a checkpoint every 5 steps" "$F" t.in
+check "every tensor of a checkpoint carries its crc32, and matches it" py "$H5C" ckpt out/t/ckpt_000020.h5
+check "an uninterrupted 25-step run, for comparison" "$F" t.in --set run.name=straight --set train.steps=25
+cp -r out/t pristine
+
+check "a bit flipped in a tensor's bytes" py "$H5C" flip out/t/ckpt_000020.h5 /model/layer_001/attn/wqkv
+expect_fail "a bit-flipped checkpoint named by path is refused, naming the file and the tensor" \
+  "checkpoint out/t/ckpt_000020.h5 is refused: dataset /model/layer_001/attn/wqkv fails its checksum" \
+  "$F" t.in --set run.name=x --set train.steps=25 --set output.restart=out/t/ckpt_000020.h5
+"$F" t.in --set train.steps=25 --set output.restart=latest > flip.log 2>&1
+check "latest: the damaged file is reported" grep -q "warning: checkpoint out/t/ckpt_000020.h5 is damaged: dataset /model/layer_001/attn/wqkv fails its checksum" flip.log
+check "latest: the run resumes from the checkpoint before it" grep -q "restarting from out/t/ckpt_000015.h5" flip.log
+check "latest: the resumed run ends as the uninterrupted one, bit for bit" py "$H5C" same-tensors out/t/ckpt_000025.h5 out/straight/ckpt_000025.h5 0
+check "the damaged checkpoint was rewritten whole when the run passed its step" py "$H5C" ckpt out/t/ckpt_000020.h5
+
+rm -rf out/t && cp -r pristine out/t
+truncate -s 700000 out/t/ckpt_000020.h5
+expect_fail "a truncated checkpoint named by path is refused, naming the file and the problem" \
+  "checkpoint out/t/ckpt_000020.h5 is refused: HDF5 cannot open it: truncated" \
+  "$F" t.in --set run.name=x --set train.steps=25 --set output.restart=out/t/ckpt_000020.h5
+"$F" t.in --set train.steps=25 --set output.restart=latest > trunc.log 2>&1
+check "latest: a truncated newest checkpoint falls back to the one before it" sh -c \
+  "grep -q 'ckpt_000020.h5 is damaged: HDF5 cannot open it' trunc.log && grep -q 'restarting from out/t/ckpt_000015.h5' trunc.log && grep -q 'step 25/25' trunc.log"
+
+rm -rf out/t && cp -r pristine out/t
+for c in out/t/ckpt_*.h5; do truncate -s 1000 "$c"; done
+expect_fail "latest: when every checkpoint is damaged, the oldest is refused and the run stops" \
+  "checkpoint out/t/ckpt_000005.h5 is refused" "$F" t.in --set train.steps=25 --set output.restart=latest
+
+# ---- a checkpoint of another model --------------------------------------------------------------
+rm -rf out/t && cp -r pristine out/t
+expect_fail "another variant is refused naming both" "it holds attention variant full, but the deck asks for local" \
+  "$F" t.in --set attention.variant=local --set train.steps=25 --set output.restart=latest
+expect_fail "another shape is refused naming the tensor and both shapes" \
+  "dataset /model/embed/token has shape [256, 64], the model's is [256, 32]" \
+  "$F" t.in --set model.dim=32 --set train.steps=25 --set output.restart=latest
+expect_fail "another depth is refused naming the missing tensor" "dataset /model/layer_002/norm1/weight is missing" \
+  "$F" t.in --set model.layers=3 --set train.steps=25 --set output.restart=latest
+check "a mismatch does not fall back to an older checkpoint" sh -c \
+  "'$F' t.in --set model.dim=32 --set train.steps=25 --set output.restart=latest 2>&1 | grep -c 'restarting from' | grep -qx 1"
+
+# ---- a NaN gradient: the step is not applied, the last good checkpoint is intact ----------------
+FMATTN_FAULT=nan_grad@7 "$F" t.in --set run.name=nan --set output.checkpoint_every=1 > nan.log 2>&1
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q "the gradient norm is nan at step 7: the step is not applied" nan.log; then
+  ok "a NaN gradient at step 7 stops the run with status 1 and a message"
+else not_ok "a NaN gradient at step 7 stops the run with status 1 and a message (rc $rc)" "$(cat nan.log)"; fi
+check "no checkpoint of step 7, no temporary" sh -c "test -f out/nan/ckpt_000006.h5 && ! ls out/nan/ckpt_000007.h5* 2>/dev/null"
+check "a clean 6-step run, for comparison" "$F" t.in --set run.name=six --set train.steps=6
+check "the checkpoint of step 6 is intact: the clean run's, bit for bit" py "$H5C" same-tensors out/nan/ckpt_000006.h5 out/six/ckpt_000006.h5 0
+FMATTN_FAULT=nan_grad@3 "$MPI_RUN" 2 "$F" t.in --set run.name=nan2 > nan2.log 2>&1
+rc=$?
+n=$(grep -c "the gradient norm is nan at step 3" nan2.log)
+if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then ok "2 ranks: a NaN gradient stops both ranks, one message"
+else not_ok "2 ranks: a NaN gradient stops both ranks, one message (rc $rc, $n messages)" "$(cat nan2.log)"; fi
+
+# ---- one rank killed: the job ends, it never hangs ----------------------------------------------
+for N in 2 4; do
+  "$MPI_RUN" "$N" "$F" t.in --set run.name="kill$N" --set train.batch=4 --set train.steps=100000000 --set output.checkpoint_every=0 --set output.log_every=1 > "kill$N.log" 2>&1 &
+  mp=$!
+  waited=0
+  while ! grep -q "step 3/" "kill$N.log" 2>/dev/null && [ "$waited" -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+  victim=$(pgrep -P "$mp" fmattn | tail -n 1)
+  start=$(date +%s)
+  [ -n "$victim" ] && kill -9 "$victim"
+  while kill -0 "$mp" 2>/dev/null && [ $(($(date +%s) - start)) -lt 60 ]; do sleep 0.2; done
+  if kill -0 "$mp" 2>/dev/null; then
+    not_ok "$N ranks: rank killed with SIGKILL, the job still runs after 60 s" "$(tail -n 20 "kill$N.log")"
+    pkill -9 -P "$mp" fmattn; kill -9 "$mp"; wait "$mp"
+  else
+    wait "$mp"; rc=$?
+    took=$(($(date +%s) - start))
+    if [ -n "$victim" ] && [ "$rc" -ne 0 ]; then ok "$N ranks: one rank killed with SIGKILL, the job ended in ${took} s with status $rc"
+    else not_ok "$N ranks: one rank killed with SIGKILL (victim '$victim', status $rc)" "$(tail -n 20 "kill$N.log")"; fi
+  fi
+done
+
+# ---- a full or read-only file system during a checkpoint write ----------------------------------
+mkdir mnt
+if mount -t tmpfs -o size=4m fmattn-test mnt 2>/dev/null; then
+  # 1.5 MB a checkpoint: the first fits in 4 MB, the second does not
+  expect_fail "a full disk: the checkpoint is refused before writing, saying what it needs and what is free" \
+    "cannot write checkpoint mnt/t/ckpt_000010.h5: it needs about" "$F" t.in --set output.dir=mnt
+  check "the checkpoint before it is intact, and no temporary is left" sh -c \
+    "py() { '${PYTHON3:-/usr/bin/python3}' \"\$@\"; }; py '$H5C' ckpt mnt/t/ckpt_000005.h5 && ! ls mnt/t/*.tmp 2>/dev/null"
+  umount mnt
+  mount -t tmpfs -o size=64m fmattn-test mnt
+  check "a run on the tmpfs writes its checkpoint of step 10" "$F" t.in --set output.dir=mnt --set train.steps=10
+  # resume; once it is training the file system turns read-only and SIGUSR1 asks for a checkpoint
+  "$F" t.in --set output.dir=mnt --set train.steps=100000000 --set output.restart=latest \
+    --set output.log_every=100000000 --set output.diag_every=0 --set output.checkpoint_every=0 > ro.log 2>&1 &
+  pid=$!
+  waited=0
+  while ! grep -q "step 11/" ro.log 2>/dev/null && [ "$waited" -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+  mount -o remount,ro mnt
+  kill -USR1 "$pid"
+  wait "$pid"; rc=$?
+  if [ "$rc" -ne 0 ] && grep -q "(while writing checkpoint mnt/t/ckpt_.*\.h5\.tmp: is its file system full or read-only? The earlier checkpoints are intact)" ro.log; then
+    ok "a read-only file system mid-run: the failed checkpoint write says what it was writing (status $rc)"
+  else not_ok "a read-only file system mid-run: the failed checkpoint write says what it was writing (status $rc)" "$(tail -n 20 ro.log)"; fi
+  mount -o remount,rw mnt
+  check "the checkpoint of step 10 is intact" py "$H5C" ckpt mnt/t/ckpt_000010.h5
+  check "and the run resumes from it" sh -c "'$F' t.in --set output.dir=mnt --set train.steps=12 --set output.restart=latest > again.log 2>&1 && grep -q 'restarting from mnt/t/ckpt_000010.h5' again.log && grep -q 'step 12/12' again.log"
+  umount mnt
+else
+  for what in "a full disk during a checkpoint write" "a read-only file system during a checkpoint write"; do
+    ok "$what # SKIP cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)"
+  done
+fi
+
+# ---- data too short for one window -------------------------------------------------------------
+printf 'far too short' > short.txt
+expect_fail "a data file shorter than one window is refused, with the sizes" \
+  "data.path 'short.txt' has 13 bytes; split 0.9,0.05,0.05 gives train 11 bytes, fewer than model.context+1 = 33" \
+  "$F" t.in --set run.name=short --set data.source=file --set data.path=short.txt
+tap_done
