@@ -144,6 +144,14 @@ else
   done
 fi
 
+# ---- a layout that cannot be: 3 ranks cannot hold sequence groups of 2 ---------------------------
+"$MPI_RUN" 3 "$F" t.in --set run.name=three --set parallel.seq_ranks=2 > three.log 2>&1
+rc=$?
+n=$(grep -c "parallel.seq_ranks = 2 does not divide the 3 MPI ranks" three.log)
+if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && ! test -e out/three; then
+  ok "mpirun -n 3 with seq_ranks = 2: every rank stops, one message, nothing written"
+else not_ok "mpirun -n 3 with seq_ranks = 2: every rank stops, one message (rc $rc, $n messages)" "$(cat three.log)"; fi
+
 # ---- data too short for one window -------------------------------------------------------------
 printf 'far too short' > short.txt
 expect_fail "a data file shorter than one window is refused, with the sizes" \
