@@ -1,0 +1,217 @@
+#!/bin/bash
+# A real SLURM cluster of one node: slurmctld + slurmd with munge, started on localhost from a
+# generated configuration in the test's directory, run the two batch scripts users submit:
+# scripts/slurm/enwik8.sbatch and scripts/slurm/scaling.sbatch, with tiny decks. Pre-emption:
+# `scancel --signal=USR1 --batch` makes the job checkpoint, requeue itself and resume from
+# output.restart = latest, its losses continuing the uninterrupted run's bit for bit. Every daemon
+# is stopped by its pid at the end. Skipped, with the reason, where the daemons cannot start.
+. "$TESTDIR/tap.sh"
+cd "$WORK" || exit 1
+H5C="$TESTDIR/h5check.py"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
+skip() {
+  ok "a one-node SLURM cluster # SKIP $1"
+  tap_done
+  exit 0
+}
+for p in munged slurmctld slurmd sbatch squeue scontrol scancel sinfo; do
+  command -v "$p" > /dev/null ||
+    skip "$p is not installed (Debian's slurm-wlm and munge: scripts/install-deps.sh installs them)"
+done
+[ "$(id -u)" = 0 ] || skip "slurmd runs jobs as their users, so it needs root"
+
+# ---- the cluster: munge, then slurmctld and slurmd, all in $WORK/s ---------------------------
+D="$WORK/s"
+mkdir -p "$D/state" "$D/spool" "$D/munge"
+chmod 700 "$D/munge"
+head -c 1024 /dev/urandom > "$D/munge/munge.key"
+chmod 400 "$D/munge/munge.key"
+# alive PID: running, not a zombie left for an init that does not reap (as in some containers)
+alive() { kill -0 "$1" 2> /dev/null && ! grep -q '^State:.*Z' "/proc/$1/status" 2> /dev/null; }
+pids_of_daemons() { cat "$D"/munge/munged.pid "$D"/slurmctld.pid "$D"/slurmd.pid 2> /dev/null; }
+stop_daemons() {
+  for pid in $(pids_of_daemons); do kill "$pid" 2> /dev/null; done
+  for _ in $(seq 50); do
+    alive=0
+    for pid in $(pids_of_daemons); do alive "$pid" && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.1
+  done
+  for pid in $(pids_of_daemons); do kill -9 "$pid" 2> /dev/null; done
+}
+trap stop_daemons EXIT
+
+munged --force --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
+  --pid-file="$D/munge/munged.pid" --log-file="$D/munge/munged.log" --seed-file="$D/munge/seed" ||
+  skip "munged would not start: $(tail -n 1 "$D/munge/munged.log" 2> /dev/null)"
+
+host=$(hostname -s)
+port=$((20000 + ($$ % 4000) * 2)) # two ports of our own, so that a concurrent run cannot clash
+cat > "$D/slurm.conf" << CONF
+ClusterName=fmattntest
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$D/munge/munge.socket,cred_expire=10
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd.pid
+SlurmctldLogFile=$D/slurmctld.log
+SlurmdLogFile=$D/slurmd.log
+PlugStackConfig=$D/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+NodeName=$host NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+: > "$D/plugstack.conf"
+export SLURM_CONF="$D/slurm.conf"
+slurmctld -f "$SLURM_CONF" || skip "slurmctld would not start: $(tail -n 1 "$D/slurmctld.log" 2> /dev/null)"
+slurmd -f "$SLURM_CONF" || skip "slurmd would not start: $(tail -n 1 "$D/slurmd.log" 2> /dev/null)"
+for _ in $(seq 150); do
+  [ "$(sinfo -h -o %T 2> /dev/null)" = idle ] && break
+  sleep 0.2
+done
+[ "$(sinfo -h -o %T 2> /dev/null)" = idle ] ||
+  skip "the node did not come up: $(tail -n 2 "$D/slurmctld.log" "$D/slurmd.log" 2> /dev/null | tr '\n' ' ')"
+ok "a one-node cluster is up: slurmctld and slurmd on $host with munge, partition cpu idle"
+
+# ---- helpers -----------------------------------------------------------------------------------
+# wait_job JOB SECONDS: until the job has left the queue; then its final state is printed
+wait_job() {
+  for _ in $(seq $(($2 * 5))); do
+    squeue -h -j "$1" 2> /dev/null | grep -q . || break
+    sleep 0.2
+  done
+  scontrol show job "$1" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'
+}
+# wait_for FILE PATTERN SECONDS
+wait_for() {
+  for _ in $(seq $(($3 * 10))); do
+    grep -q -- "$2" "$1" 2> /dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+submit() { sbatch --parsable --ntasks=2 --cpus-per-task=1 --chdir="$WORK" "$@"; }
+
+cat > tiny.in << 'DECK'
+[run]
+name = tiny
+[data]
+source = copy
+[model]
+layers = 2
+dim = 32
+heads = 2
+context = 64
+[attention]
+variant = fma
+fma.m = 16
+fma.p = 4
+[train]
+steps = 30
+batch = 4
+eval_every = 10
+eval_windows = 4
+[output]
+log_every = 1
+checkpoint_every = 10
+DECK
+
+# ---- enwik8.sbatch: accepted, runs to completion, leaves its outputs -----------------------------
+job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=tiny.in" "$SRCDIR/scripts/slurm/enwik8.sbatch")
+if [[ "$job" =~ ^[0-9]+$ ]]; then ok "enwik8.sbatch is accepted: job $job"; else not_ok "enwik8.sbatch is accepted" "$job"; fi
+state=$(wait_job "$job" 120)
+check "enwik8.sbatch runs to completion (state $state)" test "$state" = COMPLETED
+check "its log, checkpoint and diagnostics are there" bash -c \
+  "grep -q 'test  step 30 ' fmattn-enwik8-$job.out && test -f runs/tiny/ckpt_000030.h5 && test -f runs/tiny/diag.h5"
+check "the checkpoint it wrote is whole" py "$H5C" ckpt runs/tiny/ckpt_000030.h5
+
+# ---- scaling.sbatch: a tiny strong-scaling sweep over S = 1, 2 ---------------------------------
+ln -s "$SRCDIR/scripts" scripts
+cat > scale.in << 'DECK'
+[run]
+name = scale
+mode = bench
+[data]
+source = majority
+symbols = 2
+[model]
+layers = 1
+dim = 32
+heads = 2
+context = 1024
+[attention]
+variant = fma
+fma.m = 32
+fma.p = 4
+[train]
+batch = 1
+[bench]
+what = train,comm
+n_list = 1024
+variants = fma
+repeats = 2
+batch = 1
+DECK
+job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=scale.in,PYTHON=${PYTHON3:-/usr/bin/python3},SWEEP_ARGS=--kind strong --n 1024" \
+  "$SRCDIR/scripts/slurm/scaling.sbatch")
+if [[ "$job" =~ ^[0-9]+$ ]]; then ok "scaling.sbatch is accepted: job $job"; else not_ok "scaling.sbatch is accepted" "$job"; fi
+state=$(wait_job "$job" 300)
+check "scaling.sbatch runs to completion (state $state)" test "$state" = COMPLETED
+check "its sweep file and plots are there" bash -c \
+  "test -f runs/scaling/scaling.h5 && ls runs/scaling/*.png > /dev/null && grep -q 'scaling.sbatch: done' fmattn-scaling-$job.out"
+
+# ---- pre-emption: SIGUSR1 to the batch shell, checkpoint, requeue, resume ----------------------
+check "the uninterrupted run, 2 ranks, for comparison" \
+  "$MPI_RUN" 2 "$FMATTN" tiny.in --set run.name=straight --set train.steps=200
+job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=tiny.in" "$SRCDIR/scripts/slurm/enwik8.sbatch" \
+  --set run.name=pre --set train.steps=200)
+joblog="fmattn-enwik8-$job.out"
+if wait_for "$joblog" "step 50/200 " 120; then
+  scancel --signal=USR1 --batch "$job"
+  ok "job $job at step 50 gets SIGUSR1 through scancel --signal=USR1 --batch"
+else
+  not_ok "job $job reaches step 50" "$(tail -n 20 "$joblog")"
+fi
+if wait_for "$joblog" "requeueing job $job" 60; then
+  ok "the job checkpoints and requeues itself"
+else
+  not_ok "the job checkpoints and requeues itself" "$(tail -n 20 "$joblog")"
+fi
+# SLURM holds a requeued job back until its old credential expires (AuthInfo cred_expire, default
+# 120 s, 10 s here), then starts it again with the same job id.
+state=$(wait_job "$job" 300)
+wait_for "$joblog" "test  step 200 " 30 # the last lines of the log may come just after the state
+check "the requeued job runs to completion (state $state)" test "$state" = COMPLETED
+check "it resumed from the checkpoint of its first segment" bash -c \
+  "grep -q 'restart count 1' $joblog && grep -q 'restarting from runs/pre/ckpt_0000' $joblog && grep -q 'test  step 200 ' $joblog"
+check "its losses and gradient norms continue the uninterrupted run's, bit for bit" \
+  py "$H5C" same-series runs/straight/diag.h5 runs/pre/diag.h5 train 0 0
+check "its validation losses too" py "$H5C" same-series runs/straight/diag.h5 runs/pre/diag.h5 eval 0 0
+check "its final checkpoint equals the uninterrupted run's" \
+  py "$H5C" same-tensors runs/pre/ckpt_000200.h5 runs/straight/ckpt_000200.h5 0
+
+# ---- stop what we started --------------------------------------------------------------------
+pids=$(pids_of_daemons | tr '\n' ' ')
+stop_daemons
+alive=""
+for pid in $pids; do alive "$pid" && alive="$alive $pid"; done
+check "munged, slurmctld and slurmd (pids $pids) are stopped" test -z "$alive"
+tap_done
