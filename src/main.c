@@ -48,9 +48,11 @@ static void check_runnable(const struct config *cfg, int world, bool check_only)
       attention_check(cfg, n, cfg->parallel.seq_ranks, err, sizeof err))
     error_collective(err);
   if (cfg->parallel.device == DEVICE_GPU)
-    error_collective("parallel.device = gpu: this build has no GPU back end yet (use cpu or auto)");
+    error_collective(
+        "parallel.device = gpu: fmattn cannot train on a GPU yet (gpu/ holds the CUDA "
+        "back end's building blocks only); use cpu or auto");
   if (cfg->parallel.backend == BACKEND_NCCL)
-    error_collective("parallel.backend = nccl needs the GPU back end, which this build lacks");
+    error_collective("parallel.backend = nccl needs the GPU training step, which fmattn lacks yet");
 }
 
 int main(int argc, char **argv) {

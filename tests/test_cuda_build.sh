@@ -1,0 +1,38 @@
+#!/bin/sh
+# The CUDA build as a compile check (issue 8): where nvcc is installed, a copy of the source tree
+# is configured --with-cuda and built, GPU back end and its tests included, and the GPU test
+# program runs: on a machine without a GPU each of its tests says "skipped: no GPU".
+. "$TESTDIR/tap.sh"
+cd "$WORK" || exit 1
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+if ! command -v nvcc > /dev/null && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+  ok "./configure --with-cuda && make # SKIP no nvcc (install the CUDA toolkit, or set CUDA_HOME)"
+  tap_done
+  exit 0
+fi
+if ! git -C "$SRCDIR" rev-parse --git-dir > /dev/null 2>&1; then
+  ok "./configure --with-cuda && make # SKIP the source tree is not a git checkout to copy from"
+  tap_done
+  exit 0
+fi
+# A clean copy of the tracked files (the source tree itself is configured for the CPU build).
+mkdir tree
+git -C "$SRCDIR" ls-files -z | (cd "$SRCDIR" && xargs -0 tar -cf -) | tar -xf - -C tree
+[ -e "$SRCDIR/data/kjv.txt" ] && mkdir -p tree/data && ln -s "$SRCDIR/data/kjv.txt" tree/data/kjv.txt
+cd tree || exit 1
+check "./bootstrap" ./bootstrap
+check "./configure --with-cuda=$CUDA_HOME" ./configure --with-cuda="$CUDA_HOME"
+check "make: the program, gpu/libfmattn_gpu.a, and tests/test_gpu" sh -c \
+  "make -j2 > make.log 2>&1 && make -C tests test_gpu >> make.log 2>&1 && test -f gpu/libfmattn_gpu.a || { tail -n 30 make.log; exit 1; }"
+check "the CPU program still runs" sh -c "src/fmattn --version"
+# test_gpu on this machine: its TAP lines, passed or skipped; never a failure
+tests/test_gpu > gpu.tap 2>&1
+rc=$?
+# (cmocka writes a skipped test as "not ok N # SKIP name")
+if [ "$rc" -eq 0 ] && ! grep "^not ok" gpu.tap | grep -qv "# SKIP"; then
+  n=$(grep -c "^\(not \)\?ok [0-9]" gpu.tap)
+  s=$(grep -c "# SKIP" gpu.tap)
+  if [ "$s" -gt 0 ]; then ok "tests/test_gpu: $n tests, $s skipped: no GPU here"
+  else ok "tests/test_gpu: $n tests on $(nvidia-smi -L 2> /dev/null | head -n 1)"; fi
+else not_ok "tests/test_gpu (status $rc)" "$(cat gpu.tap)"; fi
+tap_done

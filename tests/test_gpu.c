@@ -1,0 +1,178 @@
+/* The CUDA back end's layers against the CPU layers of src/layers.c on the same inputs: forward
+ * and every gradient (accumulated onto non-zero buffers, as backward's contract says), fp32, and
+ * the NCCL allreduce against MPI_Allreduce on every rank of the run. Built with --with-cuda; on a
+ * machine without a GPU every test reports "skipped: no GPU" (they have not yet run on one). */
+#include "testutil.h"
+
+#include "../gpu/gpu.h"
+#include "../src/layers.h"
+
+/* fp32 on both sides, different summation orders: relative to the largest entry */
+#define TOL 2e-5
+
+static int have_gpu = -1;
+
+static int setup(void **state) {
+  (void)state;
+  if (have_gpu < 0) {
+    char err[256];
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    have_gpu = gpu_open(rank, err, sizeof err) == 0;
+  }
+  return 0;
+}
+
+#define NEED_GPU()                        \
+  do {                                    \
+    if (!have_gpu) {                      \
+      print_message("skipped: no GPU\n"); \
+      skip();                             \
+    }                                     \
+  } while (0)
+
+/* A device copy of a host array. */
+static float *up(const float *h, size_t n) {
+  float *d = gpu_malloc(sizeof(float) * n);
+  gpu_upload(d, h, sizeof(float) * n);
+  return d;
+}
+
+/* The device array d against the host array h, as the CPU op left it. */
+static double diff(const float *d, const float *h, size_t n) {
+  float *back = malloc(sizeof(float) * n);
+  gpu_download(back, d, sizeof(float) * n);
+  double *ref = tu_to_double(h, n);
+  double e = tu_rel_err(back, ref, n);
+  free(back);
+  free(ref);
+  return e;
+}
+
+static float *randn(size_t n, uint64_t key) {
+  float *x = malloc(sizeof(float) * n);
+  tu_randn(x, n, key, 1.0f);
+  return x;
+}
+
+static void test_gpu_linear(void **state) {
+  (void)state;
+  NEED_GPU();
+  const long N = 37;
+  const int IC = 48, OC = 80; /* not multiples of anything in particular */
+  float *x = randn((size_t)N * IC, 1), *w = randn((size_t)OC * IC, 2), *b = randn(OC, 3);
+  float *dy = randn((size_t)N * OC, 4), *y = malloc(sizeof(float) * N * OC);
+  float *dx = randn((size_t)N * IC, 5), *dw = randn((size_t)OC * IC, 6), *db = randn(OC, 7);
+  float *gx = up(x, N * IC), *gw = up(w, OC * IC), *gb = up(b, OC), *gdy = up(dy, N * OC);
+  float *gy = gpu_malloc(sizeof(float) * N * OC);
+  float *gdx = up(dx, N * IC), *gdw = up(dw, OC * IC), *gdb = up(db, OC);
+  linear_forward(y, x, w, b, N, IC, OC);
+  gpu_linear_forward(gy, gx, gw, gb, N, IC, OC);
+  TU_ASSERT_CLOSE(diff(gy, y, N * OC), TOL, "linear forward");
+  linear_backward(dx, dw, db, dy, x, w, N, IC, OC);
+  gpu_linear_backward(gdx, gdw, gdb, gdy, gx, gw, N, IC, OC);
+  TU_ASSERT_CLOSE(diff(gdx, dx, N * IC), TOL, "linear dinp (accumulated)");
+  TU_ASSERT_CLOSE(diff(gdw, dw, OC * IC), TOL, "linear dweight (accumulated)");
+  TU_ASSERT_CLOSE(diff(gdb, db, OC), TOL, "linear dbias (accumulated)");
+  float *all[] = {x, w, b, dy, y, dx, dw, db}, *gall[] = {gx, gw, gb, gdy, gy, gdx, gdw, gdb};
+  for (int i = 0; i < 8; i++) {
+    free(all[i]);
+    gpu_free(gall[i]);
+  }
+}
+
+static void test_gpu_layernorm(void **state) {
+  (void)state;
+  NEED_GPU();
+  const long N = 29;
+  const int C = 96;
+  float *x = randn((size_t)N * C, 11), *w = randn(C, 12), *b = randn(C, 13);
+  float *dy = randn((size_t)N * C, 14), *y = malloc(sizeof(float) * N * C);
+  float *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
+  float *dx = randn((size_t)N * C, 15), *dw = randn(C, 16), *db = randn(C, 17);
+  float *gx = up(x, N * C), *gw = up(w, C), *gb = up(b, C), *gdy = up(dy, N * C);
+  float *gy = gpu_malloc(sizeof(float) * N * C), *gmean = gpu_malloc(sizeof(float) * N),
+        *grstd = gpu_malloc(sizeof(float) * N);
+  float *gdx = up(dx, N * C), *gdw = up(dw, C), *gdb = up(db, C);
+  layernorm_forward(y, mean, rstd, x, w, b, N, C);
+  gpu_layernorm_forward(gy, gmean, grstd, gx, gw, gb, N, C);
+  TU_ASSERT_CLOSE(diff(gy, y, N * C), TOL, "layernorm forward");
+  TU_ASSERT_CLOSE(diff(gmean, mean, N), TOL, "layernorm mean");
+  TU_ASSERT_CLOSE(diff(grstd, rstd, N), TOL, "layernorm rstd");
+  layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
+  gpu_layernorm_backward(gdx, gdw, gdb, gdy, gx, gw, gmean, grstd, N, C);
+  TU_ASSERT_CLOSE(diff(gdx, dx, N * C), TOL, "layernorm dinp (accumulated)");
+  TU_ASSERT_CLOSE(diff(gdw, dw, C), TOL, "layernorm dweight (accumulated)");
+  TU_ASSERT_CLOSE(diff(gdb, db, C), TOL, "layernorm dbias (accumulated)");
+  float *all[] = {x, w, b, dy, y, mean, rstd, dx, dw, db};
+  float *gall[] = {gx, gw, gb, gdy, gy, gmean, grstd, gdx, gdw, gdb};
+  for (int i = 0; i < 10; i++) {
+    free(all[i]);
+    gpu_free(gall[i]);
+  }
+}
+
+static void test_gpu_gelu(void **state) {
+  (void)state;
+  NEED_GPU();
+  const size_t n = 1000;
+  float *x = randn(n, 21), *dy = randn(n, 22), *dx = randn(n, 23), *y = malloc(sizeof(float) * n);
+  float *gx = up(x, n), *gdy = up(dy, n), *gdx = up(dx, n), *gy = gpu_malloc(sizeof(float) * n);
+  gelu_forward(y, x, n);
+  gpu_gelu_forward(gy, gx, n);
+  TU_ASSERT_CLOSE(diff(gy, y, n), TOL, "gelu forward");
+  gelu_backward(dx, dy, x, n);
+  gpu_gelu_backward(gdx, gdy, gx, n);
+  TU_ASSERT_CLOSE(diff(gdx, dx, n), TOL, "gelu dinp (accumulated)");
+  free(x), free(dy), free(dx), free(y);
+  gpu_free(gx), gpu_free(gdy), gpu_free(gdx), gpu_free(gy);
+}
+
+static void test_gpu_softmax_xent(void **state) {
+  (void)state;
+  NEED_GPU();
+  const long N = 33;
+  const int V = 257; /* the mlm vocabulary: not a multiple of the block */
+  float *z = randn((size_t)N * V, 31);
+  int *tgt = malloc(sizeof(int) * N);
+  for (long i = 0; i < N; i++) tgt[i] = i % 7 == 3 ? -1 : (int)((i * 97) % V); /* some ignored */
+  float *gz = up(z, N * V);
+  int *gt = gpu_malloc(sizeof(int) * N);
+  gpu_upload(gt, tgt, sizeof(int) * N);
+  const double cpu = softmax_xent_forward_backward(z, tgt, N, V, 0.25f, NULL);
+  const double gpu = gpu_softmax_xent_forward_backward(gz, gt, N, V, 0.25f);
+  TU_ASSERT_CLOSE(fabs(gpu - cpu) / fabs(cpu), TOL, "softmax cross-entropy loss");
+  TU_ASSERT_CLOSE(diff(gz, z, N * V), TOL, "softmax cross-entropy dlogits");
+  free(z), free(tgt);
+  gpu_free(gz), gpu_free(gt);
+}
+
+static void test_gpu_nccl_allreduce(void **state) {
+  (void)state;
+  NEED_GPU();
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const size_t n = 4099;
+  float *x = randn(n, 41 + (uint64_t)rank), *sum = malloc(sizeof(float) * n);
+  MPI_Allreduce(x, sum, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  struct gpu_nccl *c = gpu_nccl_open(MPI_COMM_WORLD);
+  float *gx = up(x, n);
+  gpu_nccl_allreduce_sum(c, gx, n);
+  TU_ASSERT_CLOSE(diff(gx, sum, n), 1e-6, "NCCL allreduce against MPI_Allreduce");
+  const unsigned long long want = (unsigned long long)(2.0 * (size - 1) / size * (double)(n * 4));
+  assert_true(gpu_nccl_bytes_sent(c) == want);
+  gpu_nccl_close(c);
+  free(x), free(sum);
+  gpu_free(gx);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup(test_gpu_linear, setup),
+    cmocka_unit_test_setup(test_gpu_layernorm, setup),
+    cmocka_unit_test_setup(test_gpu_gelu, setup),
+    cmocka_unit_test_setup(test_gpu_softmax_xent, setup),
+    cmocka_unit_test_setup(test_gpu_nccl_allreduce, setup),
+};
+
+TU_MAIN(tests)
