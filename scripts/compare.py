@@ -63,14 +63,15 @@ def deck_value(sets, key, default):
 
 
 def complete(run_dir, steps):
-    """Whether a run directory holds a finished run of `steps` steps (its test bpc written)."""
+    """Whether a run directory holds a finished run of exactly `steps` steps (its test bpc written;
+    a longer run is another run: its learning-rate schedule differs)."""
     path = os.path.join(run_dir, "diag.h5")
     if not os.path.exists(path):
         return False
     try:
         with h5py.File(path, "r") as f:
             tr = group_columns(f, "train")
-            return "test" in f and tr is not None and len(tr["step"]) and tr["step"][-1] >= steps
+            return "test" in f and tr is not None and len(tr["step"]) and tr["step"][-1] == steps
     except OSError:
         return False
 
@@ -254,6 +255,9 @@ def main():
     base = os.path.join(decks, "base.in")
     steps = a.steps or (120 if a.table1 else 150)
     every = max(1, steps // a.evals)
+    # Table 1's runs have their own directory: its full-512 is not the comparison's full-512
+    runs_dir = os.path.join(a.out, "table1" if a.table1 else "runs")
+    os.makedirs(runs_dir, exist_ok=True)
     jobs, runs = [], []
     for name in names:
         path = os.path.join(decks, f"{name}.in")
@@ -270,17 +274,17 @@ def main():
                        f"train.steps={steps}", f"train.eval_every={every}",
                        f"train.eval_windows={max(1, a.eval_tokens // ctx)}",
                        f"data.path={os.path.abspath(a.corpus)}", f"run.name={run}",
-                       f"output.dir={os.path.abspath(os.path.join(a.out, 'runs'))}"]
+                       f"output.dir={os.path.abspath(runs_dir)}"]
             cmd = [a.fmattn, base] + [w for s in sets + runtime for w in ("--set", s)]
             meta = {"name": run, "variant": name, "context": ctx, "steps": steps,
                     "tokens": steps * tokens,
                     "objective": deck_value(sets, "model.objective", "clm")}
-            run_dir = os.path.join(a.out, "runs", run)
+            run_dir = os.path.join(runs_dir, run)
             runs.append((meta, run_dir))
             if a.force or not complete(run_dir, steps):
-                jobs.append((run, cmd, env, os.path.join(a.out, "runs", f"{run}.log")))
+                jobs.append((run, cmd, env, os.path.join(runs_dir, f"{run}.log")))
     note(f"{len(runs)} run(s), {len(jobs)} to do, {a.jobs} at a time x {threads} thread(s); "
-         f"logs in {os.path.join(a.out, 'runs')}")
+         f"logs in {runs_dir}")
     failed = []
     t_all = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:

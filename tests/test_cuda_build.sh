@@ -4,8 +4,12 @@
 # program runs: on a machine without a GPU each of its tests says "skipped: no GPU".
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
+# CUDA_HOME: as set, else where nvcc is (its bin/'s parent), else /usr/local/cuda
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc > /dev/null; then
+  CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-if ! command -v nvcc > /dev/null && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
   ok "./configure --with-cuda && make # SKIP no nvcc (install the CUDA toolkit, or set CUDA_HOME)"
   tap_done
   exit 0
