@@ -77,11 +77,15 @@ ok = d.shape == (16,) and d[0] == 0 and w.shape == (int(d.sum()), 32) and set(np
 ok = ok and np.array_equal(d, f['/model/layer_000/attn/rmfa/degree'][...])
 ok = ok and not np.array_equal(w, f['/model/layer_000/attn/rmfa/omega'][...])
 sys.exit(0 if ok else 1)"
-# a checkpoint whose stored degrees were altered is refused, not used
+# a checkpoint whose stored degrees were altered is refused, not used (its checksum rewritten to
+# match, so that the degrees' own validation is what refuses it)
 cp out/rm-straight/ckpt_000040.h5 bad_features.h5
 py -c "
-import h5py
-with h5py.File('bad_features.h5', 'r+') as f: f['/model/layer_000/attn/rmfa/degree'][1] = 2.5"
+import h5py, zlib
+with h5py.File('bad_features.h5', 'r+') as f:
+    d = f['/model/layer_000/attn/rmfa/degree']
+    d[1] = 2.5
+    d.attrs['crc32'] = zlib.crc32(d[...].tobytes())"
 expect_fail "rmfa: a checkpoint with corrupt features is refused" "not a whole number" "$F" copy.in $rm --set run.name=rm-bad --set output.restart=bad_features.h5
 
 # FiSH heads with training noise restart bit for bit too (the noise is keyed by the step), and a
