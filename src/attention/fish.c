@@ -110,37 +110,6 @@ static void fish_teardown(void *state) { free(state); }
 /* ---------------------------------------------------------------------------------------------
  * the tile kernels: one batch element, a tile of queries against a tile of keys */
 
-/* Which keys a query may see: the band and the causal rule of `local`/`full`. */
-struct fish_mask {
-  bool causal;
-  long band;
-};
-
-static void key_range(struct fish_mask mk, long gi, long *lo, long *hi) {
-  *lo = mk.band > 0 ? gi - mk.band + 1 : LONG_MIN / 2;
-  *hi = mk.causal ? gi : (mk.band > 0 ? gi + mk.band - 1 : LONG_MAX / 2);
-}
-
-/* Columns [c0, c1) of a key tile at global kj0 (bj keys) that query gi sees. */
-static void tile_columns(struct fish_mask mk, long gi, long kj0, long bj, long *c0, long *c1) {
-  long lo, hi;
-  key_range(mk, gi, &lo, &hi);
-  *c0 = lo - kj0 > 0 ? lo - kj0 : 0;
-  *c1 = hi - kj0 + 1 < bj ? hi - kj0 + 1 : bj;
-  if (*c1 < *c0) *c1 = *c0;
-}
-
-/* Key rows [*j0, *j1) (whole tiles) that queries [gi0, gi1] may see, of Tk keys from koff. */
-static void live_keys(struct fish_mask mk, long gi0, long gi1, long koff, long Tk, int tile,
-                      long *j0, long *j1) {
-  long lo0, hi0, lo1, hi1;
-  key_range(mk, gi0, &lo0, &hi0);
-  key_range(mk, gi1, &lo1, &hi1);
-  long a = lo0 - koff > 0 ? lo0 - koff : 0, b = hi1 - koff + 1 < Tk ? hi1 - koff + 1 : Tk;
-  *j0 = a / tile * tile;
-  *j1 = b > *j0 ? b : *j0;
-}
-
 /* Where one call reads: batch element b's G query heads (rows of qstride tokens from global
  * qoff), G key heads and H value heads (rows of kstride tokens from global koff). */
 struct fish_rows {
@@ -219,7 +188,7 @@ struct fish_online {
 /* Fold keys [0, Tk) into the state of queries [i0, i1). */
 static void fish_fold(const struct fish_state *st, const struct fish_params *fp,
                       const struct attn_ctx *ctx, const struct fish_rows *x, struct fish_online o,
-                      long Tk, struct fish_mask mk, int d, long i0, long i1, float *scratch) {
+                      long Tk, struct key_mask mk, int d, long i0, long i1, float *scratch) {
   const int tile = st->tile;
   const float scale = 1.0f / sqrtf((float)d);
   const long bi = i1 - i0;
@@ -272,7 +241,7 @@ struct fish_grads {
 
 static void fish_grad(const struct fish_state *st, const struct fish_params *fp,
                       const struct attn_ctx *ctx, const struct fish_rows *x, struct fish_grads g,
-                      long Tq, long Tk, struct fish_mask mk, int d, float *scratch) {
+                      long Tq, long Tk, struct key_mask mk, int d, float *scratch) {
   const int tile = st->tile, G = st->G, H = st->H, R = st->R;
   const float scale = 1.0f / sqrtf((float)d);
   const size_t t2 = (size_t)tile * tile;
@@ -378,9 +347,9 @@ static void fish_grad(const struct fish_state *st, const struct fish_params *fp,
 /* ---------------------------------------------------------------------------------------------
  * one slab of queries against one contiguous range of keys, for every batch element */
 
-static struct fish_mask mask_of(const struct attn_ctx *ctx) {
+static struct key_mask mask_of(const struct attn_ctx *ctx) {
   const struct fish_state *st = ctx->state;
-  return (struct fish_mask){ctx->dims.causal, st->band};
+  return (struct key_mask){ctx->dims.causal, st->band};
 }
 
 /* out (B, H, T, d) and lse (B, H, T) of the queries q (B, G, T, d) at global qoff against the keys
