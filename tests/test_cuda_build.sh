@@ -4,13 +4,19 @@
 # program runs: on a machine without a GPU each of its tests says "skipped: no GPU".
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
-# CUDA_HOME: as set, else where nvcc is (its bin/'s parent), else /usr/local/cuda
-if [ -z "${CUDA_HOME:-}" ] && command -v nvcc > /dev/null; then
-  CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+# CUDA_HOME: as set, else /usr/local/cuda, else the toolkit that nvcc on PATH belongs to (nvcc may
+# be a wrapper script elsewhere, so ask nvcc for its TOP rather than taking its bin/'s parent).
+cuda_ok() { [ -x "$1/bin/nvcc" ] && [ -f "$1/include/cuda_runtime.h" ]; }
+if [ -z "${CUDA_HOME:-}" ]; then
+  if cuda_ok /usr/local/cuda; then
+    CUDA_HOME=/usr/local/cuda
+  elif command -v nvcc > /dev/null; then
+    top=$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
+    [ -n "$top" ] && CUDA_HOME=$(cd "$top" 2> /dev/null && pwd)
+  fi
 fi
-CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
-  ok "./configure --with-cuda && make # SKIP no nvcc (install the CUDA toolkit, or set CUDA_HOME)"
+if [ -z "${CUDA_HOME:-}" ] || ! cuda_ok "$CUDA_HOME"; then
+  ok "./configure --with-cuda && make # SKIP no CUDA toolkit (nvcc and cuda_runtime.h) found; install it, or set CUDA_HOME"
   tap_done
   exit 0
 fi
