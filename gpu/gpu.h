@@ -2,11 +2,12 @@
  * launchers, built by ./configure --with-cuda into libfmattn_gpu.a.
  *
  * Status (issue 8): the building blocks only — device selection, device memory, the per-token
- * layers on the device (cuBLAS GEMMs and small kernels that mirror src/layers.c op for op), and the
- * NCCL communicator. They compile and link on the development machine, which has no GPU; their
- * tests (tests/test_gpu.c: every op against the CPU op) say "skipped: no GPU" there and have never
- * run. The training step on the device, the attention kernels and bf16 are not written yet, so
- * parallel.device = gpu is still refused at start.
+ * layers on the device (cuBLAS GEMMs and small kernels that mirror src/layers.c op for op), exact
+ * attention (full, local) on one slab, and the NCCL communicator. They compile and link on the
+ * development machine, which has no GPU; their tests (tests/test_gpu.c: every op against the CPU
+ * op) say "skipped: no GPU" there and have never run. The training step on the device, the other
+ * attention kernels and bf16 are not written yet, so parallel.device = gpu is still refused at
+ * start.
  *
  * Conventions: every pointer is device memory unless named host; sizes and layouts are those of
  * the CPU op of the same name in layers.h, and backward ACCUMULATES (+=) as there. Work is queued on
@@ -55,6 +56,16 @@ void gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t 
  * (targets < 0 are ignored), in double, as layers.h's. */
 double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
                                          float grad_scale);
+
+/* Exact attention, `full` (band 0) and `local` (band > 0), on one slab of T tokens for B·H heads
+ * (attention/exact.h, S = 1): out (BH, T, d) and lse (BH, T) as the CPU op saves them; backward
+ * ACCUMULATES dq, dk, dv. fp32; head sizes 16, 32, 64 and 128 (gpu_exact_attention_supports). */
+int gpu_exact_attention_supports(int d);
+void gpu_exact_attention_forward(float *out, float *lse, const float *q, const float *k,
+                                 const float *v, long BH, long T, int d, int causal, long band);
+void gpu_exact_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                  const float *q, const float *k, const float *v, const float *out,
+                                  const float *lse, long BH, long T, int d, int causal, long band);
 
 /* NCCL communicator over the ranks of an MPI communicator: rank 0's unique id travels by
  * MPI_Bcast; one device per rank (gpu_open first). Collective. */

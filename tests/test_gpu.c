@@ -1,10 +1,13 @@
 /* The CUDA back end's layers against the CPU layers of src/layers.c on the same inputs: forward
- * and every gradient (accumulated onto non-zero buffers, as backward's contract says), fp32, and
+ * and every gradient (accumulated onto non-zero buffers, as backward's contract says), fp32;
+ * exact attention (full, local) against the CPU variants' ops, and causal by perturbation; and
  * the NCCL allreduce against MPI_Allreduce on every rank of the run. Built with --with-cuda; on a
  * machine without a GPU every test reports "skipped: no GPU" (they have not yet run on one). */
 #include "testutil.h"
 
 #include "../gpu/gpu.h"
+#include "../src/attention/attention.h"
+#include "../src/config.h"
 #include "../src/layers.h"
 
 /* fp32 on both sides, different summation orders: relative to the largest entry */
@@ -147,6 +150,111 @@ static void test_gpu_softmax_xent(void **state) {
   gpu_free(gz), gpu_free(gt);
 }
 
+/* The configuration of a CPU exact-attention op: variant full or local (band), n tokens. */
+static void exact_config(struct config *cfg, long band, long n, int H, int d, bool causal) {
+  char items[7][96];
+  struct config_overrides ov = {0};
+  snprintf(items[0], 96, "attention.variant=%s", band > 0 ? "local" : "full");
+  snprintf(items[1], 96, "model.context=%ld", n);
+  snprintf(items[2], 96, "model.heads=%d", H);
+  snprintf(items[3], 96, "model.dim=%d", H * d);
+  snprintf(items[4], 96, "model.objective=%s", causal ? "clm" : "mlm");
+  snprintf(items[5], 96, "attention.local.band=%ld", band > 0 ? band : 128);
+  snprintf(items[6], 96, "data.source=copy");
+  for (int i = 0; i < 7; i++) ov.items[ov.count++] = items[i];
+  char err[4096];
+  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+}
+
+/* One comparison of check_exact: its relative error within TOL, named "<variant ...>: <what>". */
+static void assert_exact(double err, const char *variant, const char *what) {
+  char name[160];
+  snprintf(name, sizeof name, "%s%s", variant, what);
+  TU_ASSERT_CLOSE(err, TOL, name);
+}
+
+/* GPU exact attention against the CPU op of the same variant: out, the saved log-sum-exp, and
+ * dq, dk, dv accumulated onto non-zero buffers. n is no multiple of the kernels' tiles. */
+static void check_exact(long band, bool causal, int d) {
+  const long B = 2, H = 3, n = 203, BH = B * H;
+  const size_t count = (size_t)(BH * n * d);
+  struct config cfg;
+  exact_config(&cfg, band, n, (int)H, d, causal);
+  const struct attn_variant *var = attention_find(cfg.attention.variant);
+  assert_non_null(var);
+  struct attn_ctx ctx =
+      attention_open(&cfg, var, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
+  assert_true(var->saved_floats(&ctx) == (size_t)(BH * n)); /* the saved state is lse alone */
+  float *q = randn(count, 51), *k = randn(count, 52), *v = randn(count, 53), *g = randn(count, 54);
+  float *out = malloc(4 * count), *lse = malloc(4 * (size_t)(BH * n));
+  float *dq = randn(count, 55), *dk = randn(count, 56), *dv = randn(count, 57);
+  float *gq = up(q, count), *gk = up(k, count), *gv = up(v, count), *gg = up(g, count);
+  float *gout = gpu_malloc(4 * count), *glse = gpu_malloc(4 * (size_t)(BH * n));
+  float *gdq = up(dq, count), *gdk = up(dk, count), *gdv = up(dv, count);
+  var->forward(&ctx, out, lse, q, k, v, NULL);
+  gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, causal, band);
+  char what[96];
+  snprintf(what, sizeof what, "%s d=%d %s: ", var->name, d, causal ? "causal" : "bidirectional");
+  assert_exact(diff(gout, out, count), what, "out");
+  assert_exact(diff(glse, lse, (size_t)(BH * n)), what, "lse");
+  var->backward(&ctx, dq, dk, dv, NULL, g, q, k, v, NULL, out, lse);
+  gpu_exact_attention_backward(gdq, gdk, gdv, gg, gq, gk, gv, gout, glse, BH, n, d, causal, band);
+  assert_exact(diff(gdq, dq, count), what, "dq (accumulated)");
+  assert_exact(diff(gdk, dk, count), what, "dk (accumulated)");
+  assert_exact(diff(gdv, dv, count), what, "dv (accumulated)");
+  attention_close(&ctx);
+  float *all[] = {q, k, v, g, out, lse, dq, dk, dv};
+  float *gall[] = {gq, gk, gv, gg, gout, glse, gdq, gdk, gdv};
+  for (int i = 0; i < 9; i++) {
+    free(all[i]);
+    gpu_free(gall[i]);
+  }
+}
+
+static void test_gpu_exact_attention(void **state) {
+  (void)state;
+  NEED_GPU();
+  for (int d = 16; d <= 128; d *= 2)
+    if (gpu_exact_attention_supports(d)) check_exact(0, true, d);
+  check_exact(0, false, 64);
+  check_exact(40, true, 32);   /* local: a band shorter than a tile of the kernels */
+  check_exact(100, false, 64); /* and one longer, both sides */
+  assert_false(gpu_exact_attention_supports(48));
+}
+
+/* Causal mode on the GPU: changing the keys and values after position p leaves the outputs of
+ * positions ≤ p bit for bit as they were (and changes a later one). */
+static void test_gpu_exact_causality(void **state) {
+  (void)state;
+  NEED_GPU();
+  const long BH = 2, n = 150, p = 77;
+  const int d = 32;
+  const size_t count = (size_t)(BH * n * d);
+  float *q = randn(count, 61), *k = randn(count, 62), *v = randn(count, 63);
+  float *a = malloc(4 * count), *b = malloc(4 * count);
+  float *gq = up(q, count), *gk = up(k, count), *gv = up(v, count);
+  float *gout = gpu_malloc(4 * count), *glse = gpu_malloc(4 * (size_t)(BH * n));
+  gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, 1, 0);
+  gpu_download(a, gout, 4 * count);
+  for (long bh = 0; bh < BH; bh++)
+    for (long i = p + 1; i < n; i++)
+      for (int c = 0; c < d; c++) {
+        k[(bh * n + i) * d + c] += 1.0f;
+        v[(bh * n + i) * d + c] -= 2.0f;
+      }
+  gpu_upload(gk, k, 4 * count);
+  gpu_upload(gv, v, 4 * count);
+  gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, 1, 0);
+  gpu_download(b, gout, 4 * count);
+  for (long bh = 0; bh < BH; bh++) {
+    const size_t head = (size_t)(bh * n * d);
+    assert_memory_equal(a + head, b + head, 4 * (size_t)((p + 1) * d));
+    assert_memory_not_equal(a + head + (p + 1) * d, b + head + (p + 1) * d, 4 * (size_t)d);
+  }
+  free(q), free(k), free(v), free(a), free(b);
+  gpu_free(gq), gpu_free(gk), gpu_free(gv), gpu_free(gout), gpu_free(glse);
+}
+
 static void test_gpu_nccl_allreduce(void **state) {
   (void)state;
   NEED_GPU();
@@ -172,6 +280,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup(test_gpu_layernorm, setup),
     cmocka_unit_test_setup(test_gpu_gelu, setup),
     cmocka_unit_test_setup(test_gpu_softmax_xent, setup),
+    cmocka_unit_test_setup(test_gpu_exact_attention, setup),
+    cmocka_unit_test_setup(test_gpu_exact_causality, setup),
     cmocka_unit_test_setup(test_gpu_nccl_allreduce, setup),
 };
 
