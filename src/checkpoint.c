@@ -266,8 +266,10 @@ long checkpoint_restore(struct model *m, struct comm *comm, const char *restart,
                         char *used, size_t len) {
   if (strcmp(restart, "latest") != 0) {
     snprintf(used, len, "%s", restart);
-    message("restarting from %s", restart);
-    return checkpoint_read(m, comm, restart);
+    message("reading checkpoint %s", restart);
+    const long step = checkpoint_read(m, comm, restart);
+    message("restarting from %s at step %ld", restart, step);
+    return step;
   }
   timer_start(TIMER_IO);
   enum { MAX_CKPT = 4096 };
@@ -285,7 +287,7 @@ long checkpoint_restore(struct model *m, struct comm *comm, const char *restart,
   long step = -1;
   for (int k = count - 1; k >= 0 && step < 0; k--) {
     snprintf(used, len, "%s/ckpt_%06ld.h5", dir, steps[k]);
-    message("restarting from %s", used);
+    message("reading checkpoint %s", used);
     enum ckpt_status st;
     char why[1024];
     step = try_read(m, comm, used, &st, why, sizeof why);
@@ -298,6 +300,7 @@ long checkpoint_restore(struct model *m, struct comm *comm, const char *restart,
   }
   free(steps);
   timer_stop(TIMER_IO);
+  message("restarting from %s at step %ld", used, step);
   return step;
 }
 
