@@ -27,6 +27,7 @@ enum backend_kind { BACKEND_AUTO, BACKEND_MPI, BACKEND_NCCL };
 enum device_kind { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU };
 enum fma_downsample { FMA_DOWN_CONV, FMA_DOWN_M2M, FMA_DOWN_AVG };
 enum fma_init_kind { FMA_INIT_MEAN, FMA_INIT_RANDOM };
+enum fma_down_lr { FMA_LR_SCALED, FMA_LR_PLAIN };
 enum heads_mode { HEADS_STANDARD, HEADS_FISH };
 
 /* Bench sections, as a bit set. */
@@ -67,6 +68,8 @@ struct config_attention {
   int fma_p;      /* fma.p: summaries per window */
   enum fma_downsample fma_downsample;
   enum fma_init_kind fma_init;
+  enum fma_down_lr fma_down_lr;
+  bool fma_linear_zero_values;
   bool fma_multiplicity;
   int local_band;
   int fmmformer_band;

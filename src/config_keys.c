@@ -20,6 +20,7 @@
 _Static_assert(sizeof(enum run_mode) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum position_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_downsample) == sizeof(int), "enum storage");
+_Static_assert(sizeof(enum fma_down_lr) == sizeof(int), "enum storage");
 
 /* ---------------------------------------------------------------------------------------------
  * Names. Each list is in enum order: the index of a word is the enum value it stands for. */
@@ -35,6 +36,7 @@ static const char *const backend_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const device_names[] = {"auto", "cpu", "gpu", NULL};
 static const char *const downsample_names[] = {"conv", "m2m", "avg", NULL};
 static const char *const init_names[] = {"mean", "random", NULL};
+static const char *const down_lr_names[] = {"scaled", "plain", NULL};
 static const char *const heads_mode_names[] = {"standard", "fish", NULL};
 static const char *const variant_names[] = {"full",      "local",   "linear", "fma", "fma_linear",
                                             "fmmformer", "nystrom", "rmfa",   NULL};
@@ -155,6 +157,10 @@ const struct key_def config_keys[] = {
            "fma: how windows are summarised (conv: the paper; m2m: hierarchical; avg: fixed)"),
     K_ENUM("attention", "fma.init", "mean", init_names, attention.fma_init, "",
            "fma: initial summary weights (mean: start as avg; random: uniform)"),
+    K_ENUM("attention", "fma.down_lr", "scaled", down_lr_names, attention.fma_down_lr, "",
+           "fma: summary weights learn at lr x p/taps (scaled) or at lr (plain)"),
+    K_BOOL("attention", "fma.linear_zero_values", "true", attention.fma_linear_zero_values, "",
+           "fma_linear: value summaries start at 0, far-field levels off until trained"),
     K_BOOL("attention", "fma.multiplicity", "true", attention.fma_multiplicity, "",
            "fma: add log(w/p) to coarse scores (a summary stands for w/p tokens)"),
     K_NUM("attention", "local.band", KEY_INT, "128", 1, 0, LO1, attention.local_band, "window",

@@ -43,6 +43,7 @@ void optimizer_step(struct model *model, long t, double lr, float grad_scale) {
     const struct param_desc *p = &model->plist.p[i];
     if (p->frozen) continue;
     const float wd = p->decay ? (float)tc->weight_decay : 0.0f;
+    const float plr = flr * p->lr_scale;
     float *w = model->params + p->offset, *g = model->grads + p->offset;
     float *m = model->m + p->offset, *v = model->v + p->offset;
     const long count = (long)p->numel;
@@ -52,7 +53,7 @@ void optimizer_step(struct model *model, long t, double lr, float grad_scale) {
       m[e] = b1 * m[e] + (1.0f - b1) * grad;
       v[e] = b2 * v[e] + (1.0f - b2) * grad * grad;
       float mhat = m[e] / bc1, vhat = v[e] / bc2;
-      w[e] -= flr * (mhat / (sqrtf(vhat) + eps) + wd * w[e]);
+      w[e] -= plr * (mhat / (sqrtf(vhat) + eps) + wd * w[e]);
     }
   }
 }

@@ -37,6 +37,7 @@ int param_list_add(struct param_list *list, const char *name, int ndim, const lo
   }
   p->offset = list->total;
   p->decay = decay;
+  p->lr_scale = 1.0f;
   p->init = init;
   p->std = std;
   p->layer = -1;

@@ -27,6 +27,7 @@ struct param_desc {
   size_t numel;
   size_t offset; /* into the contiguous buffers, in floats; 16-float aligned */
   bool decay;
+  float lr_scale; /* this tensor's learning rate is lr × lr_scale (1 unless its owner says) */
   enum init_kind init;
   float std;
   bool frozen; /* a fixed tensor kept with the model (random features): no gradient, no update */

@@ -53,8 +53,12 @@ static void case_text(const struct fma_case *t, char *buf, size_t len) {
            t->causal ? "causal" : "bidir", t->mult ? "on" : "off", init_mode_name[t->init]);
 }
 
+/* fma.linear_zero_values in the next make_config: off for the oracle comparisons, which need the
+ * value summaries live to test them (test_fma_linear_zero_values checks the start at 0). */
+static bool zero_values = false;
+
 static void make_config(struct config *cfg, const struct fma_case *t) {
-  char items[12][96];
+  char items[13][96];
   struct config_overrides ov = {0};
   snprintf(items[0], 96, "attention.variant=%s", t->linear ? "fma_linear" : "fma");
   snprintf(items[1], 96, "model.context=%ld", t->n);
@@ -68,7 +72,8 @@ static void make_config(struct config *cfg, const struct fma_case *t) {
   snprintf(items[9], 96, "attention.fma.downsample=%s", down_name[t->down]);
   snprintf(items[10], 96, "attention.fma.init=%s", t->init == INIT_MODE_RANDOM ? "random" : "mean");
   snprintf(items[11], 96, "attention.fma.multiplicity=%s", t->mult ? "true" : "false");
-  for (int i = 0; i < 12; i++) ov.items[ov.count++] = items[i];
+  snprintf(items[12], 96, "attention.fma.linear_zero_values=%s", zero_values ? "true" : "false");
+  for (int i = 0; i < 13; i++) ov.items[ov.count++] = items[i];
   char err[CONFIG_ERR_LEN];
   if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
   if (attention_check(cfg, t->n, 1, err, sizeof err))
@@ -380,6 +385,55 @@ static void test_fma_init(void **state) {
       }
 }
 
+/* fma.linear_zero_values (the default; docs/fma.md): fma_linear's value summaries start at 0 —
+ * every v_down bias, and the weights that read tokens (conv: every level; m2m: level 1, its M2M
+ * levels keeping the mean init) — while its key and query summaries start as the avg ones; so a
+ * fresh fma_linear is its near field alone. fma's value summaries are untouched. And every
+ * summary weight learns at lr·p/taps (fma.down_lr = scaled), its biases at lr. */
+static void test_fma_linear_zero_values(void **state) {
+  (void)state;
+  for (int linear = 0; linear < 2; linear++)
+    for (int down = 0; down < 2; down++) {
+      struct fma_case t =
+          fma_case_make(linear, 1, 1, 512, 3, 8, 4, (enum fo_down)down, true, true, INIT_MODE_MEAN);
+      char what[200];
+      case_text(&t, what, sizeof what);
+      zero_values = true;
+      struct prod pr;
+      prod_setup(&pr, &t);
+      zero_values = false;
+      double *x = malloc(sizeof(double) * t.n * t.d);
+      tu_randn_d(x, t.n * t.d, 83, 1.0);
+      for (int op = linear ? 0 : 1; op < 3; op++) {
+        struct fo_params P;
+        prod_to_oracle(&pr, op, &P);
+        if (op < 2 || !linear) {
+          check_summaries_are_avg(&pr.fc, &P, x, 1e-6, what);
+        } else {
+          for (int l = 1; l <= pr.fc.levels; l++) {
+            const bool zero = down == FO_CONV || l == 1;
+            double sum = 0.0;
+            for (long e = 0; e < fo_weight_len(&pr.fc, l); e++) sum += fabs(P.weight[l][e]);
+            if (zero != (sum == 0.0))
+              fail_msg("%s: v_down level %d weight is %s", what, l, zero ? "not 0" : "0");
+            for (long e = 0; e < fo_bias_len(&pr.fc, l); e++)
+              if (P.bias[l][e] != 0.0) fail_msg("%s: v_down level %d bias not 0", what, l);
+          }
+        }
+        fo_params_free(&pr.fc, &P);
+      }
+      for (int i = 0; i < pr.list.count; i++) {
+        const struct param_desc *p = &pr.list.p[i];
+        const bool weight = strstr(p->name, "/weight") != NULL;
+        const float want = weight ? (float)t.p / (float)p->shape[2] : 1.0f;
+        if (p->lr_scale != want)
+          fail_msg("%s: %s lr_scale %g, expected %g", what, p->name, p->lr_scale, want);
+      }
+      free(x);
+      prod_free(&pr);
+    }
+}
+
 /* The unit-charge run: with v ≡ 1 and avg summaries every V_l row is 1, so every fma output is 1
  * (multiplicity on or off); fma_linear's is 1 + the number of levels whose list is non-empty. */
 static void test_fma_unit_values(void **state) {
@@ -651,6 +705,7 @@ static void test_fma_backward_accumulates(void **state) {
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_fma_init),
+    cmocka_unit_test(test_fma_linear_zero_values),
     cmocka_unit_test(test_fma_matches_oracle),
     cmocka_unit_test(test_fma_matches_oracle_large),
     cmocka_unit_test(test_fma_linear_matches_oracle),

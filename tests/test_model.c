@@ -6,6 +6,7 @@
 #include "testutil.h"
 
 #include "../src/model.h"
+#include "../src/optimizer.h"
 
 static void make_config(struct config *cfg, const char *variant, const char *position,
                         const char *objective, bool tied, double dropout, bool recompute) {
@@ -251,10 +252,51 @@ static void test_init(void **state) {
   config_free(&cfg);
 }
 
+/* AdamW's first step moves an element by lr·lr_scale·m̂/(√v̂ + ε) = ±lr·lr_scale (no decay here):
+ * the fma summary weights at lr·p/taps with fma.down_lr = scaled (docs/fma.md), every other
+ * tensor — and every tensor with plain — at lr, each against its gradient's sign. */
+static void test_optimizer_lr_scale(void **state) {
+  (void)state;
+  for (int plain = 0; plain < 2; plain++) {
+    struct config cfg;
+    make_config(&cfg, "fma", "learned", "clm", true, 0.0, false);
+    cfg.attention.fma_down_lr = plain ? FMA_LR_PLAIN : FMA_LR_SCALED;
+    cfg.train.weight_decay = 0.0;
+    struct model m;
+    model_build(&m, &cfg, NULL, 1);
+    model_init_params(&m);
+    const size_t total = m.plist.total;
+    float *before = malloc(sizeof(float) * total);
+    memcpy(before, m.params, sizeof(float) * total);
+    for (size_t e = 0; e < total; e++) m.grads[e] = (e % 2 ? 1.0f : -1.0f) * (float)(1 + e % 3);
+    const double lr = 1e-3;
+    optimizer_step(&m, 1, lr, 1.0f);
+    int scaled = 0;
+    for (int t = 0; t < m.plist.count; t++) {
+      const struct param_desc *p = &m.plist.p[t];
+      const bool down_weight = strstr(p->name, "_down/") && strstr(p->name, "/weight");
+      const double want = lr * (down_weight && !plain ? (double)p->shape[1] / p->shape[2] : 1.0);
+      scaled += down_weight && !plain;
+      for (size_t e = 0; e < p->numel; e++) {
+        const size_t i = p->offset + e;
+        const double step = (double)m.params[i] - before[i];
+        if (fabs(fabs(step) - want) > 1e-3 * want || step * m.grads[i] > 0)
+          fail_msg("%s (down_lr %s) element %zu moved by %g, expected %g against the gradient",
+                   p->name, plain ? "plain" : "scaled", e, step, want);
+      }
+    }
+    if (!plain && scaled == 0) fail_msg("no fma summary weight was found to check");
+    free(before);
+    model_free(&m);
+    config_free(&cfg);
+  }
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_gradient_positions), cmocka_unit_test(test_gradient_head_and_objective),
     cmocka_unit_test(test_gradient_dropout),   cmocka_unit_test(test_recompute_identical),
     cmocka_unit_test(test_chunked_mlp),        cmocka_unit_test(test_init),
+    cmocka_unit_test(test_optimizer_lr_scale),
 };
 
 TU_MAIN(tests)

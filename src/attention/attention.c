@@ -121,6 +121,7 @@ int attention_register_params(const struct config *cfg, const struct attn_varian
     int k = param_list_add(list, full, p->ndim, p->shape, p->decay, p->init, p->std);
     list->p[k].layer = layer;
     list->p[k].owner = 1;
+    list->p[k].lr_scale = p->lr_scale;
     if (p->frozen) param_list_freeze(list, k);
   }
   int added = rel.count;

@@ -74,6 +74,15 @@ static void fma_linear_describe_params(const struct config *cfg, long n, struct 
   fma_describe(cfg, n, true, list);
 }
 
+static void fma_init_params(const struct config *cfg, const struct param_desc *p, float *data) {
+  fma_init_param(cfg, p, data, false);
+}
+
+static void fma_linear_init_params(const struct config *cfg, const struct param_desc *p,
+                                   float *data) {
+  fma_init_param(cfg, p, data, true);
+}
+
 static void *setup_common(const struct config *cfg, const struct attn_dims *dims, bool linear) {
   struct fma_state *st = xcalloc(1, sizeof *st);
   fma_tree_build(&st->tree, dims->n, cfg->attention.fma_m, cfg->attention.fma_p);
@@ -419,7 +428,7 @@ const struct attn_variant attention_fma = {
     .bidir_ok = true,
     .check = fma_check,
     .describe = fma_describe_params,
-    .init_param = fma_init_param,
+    .init_param = fma_init_params,
     .setup = fma_setup,
     .teardown = fma_teardown,
     .saved_floats = fma_saved_floats,
@@ -435,7 +444,7 @@ const struct attn_variant attention_fma_linear = {
     .bidir_ok = true,
     .check = fma_linear_check,
     .describe = fma_linear_describe_params,
-    .init_param = fma_init_param,
+    .init_param = fma_linear_init_params,
     .setup = fma_linear_setup,
     .teardown = fma_teardown,
     .saved_floats = fma_saved_floats,

@@ -35,7 +35,13 @@ void fma_describe(const struct config *cfg, long n, bool linear, struct param_li
       long wshape[3] = {d, p, level_span(cfg->attention.fma_downsample, &tree, l)};
       long bshape[2] = {d, p};
       snprintf(name, sizeof name, "%s/level_%02d/weight", set_names[s], l);
-      param_list_add(list, name, 3, wshape, true, INIT_CUSTOM, 0.0f);
+      const int k = param_list_add(list, name, 3, wshape, true, INIT_CUSTOM, 0.0f);
+      /* Adam moves every tap by about lr a step, whatever the gradient's size: a summary that
+       * sums `span` taps then moves by up to span·lr, which grows with the window (1024 taps at
+       * n = 4096, n/4 at the top level). Scaled, the rate is lr·p/span (the mean init's tap
+       * value), so a step moves a summary by about lr of its size at every level (docs/fma.md). */
+      if (cfg->attention.fma_down_lr == FMA_LR_SCALED)
+        list->p[k].lr_scale = (float)p / (float)wshape[2];
       snprintf(name, sizeof name, "%s/level_%02d/bias", set_names[s], l);
       param_list_add(list, name, 2, bshape, false, INIT_CUSTOM, 0.0f);
     }
@@ -78,7 +84,8 @@ static uint64_t init_key(const struct param_desc *p) {
   return h ^ ((uint64_t)(p->layer + 1) << 48);
 }
 
-void fma_init_param(const struct config *cfg, const struct param_desc *p, float *data) {
+void fma_init_param(const struct config *cfg, const struct param_desc *p, float *data,
+                    bool linear) {
   int set, level;
   bool bias;
   parse_name(p->name, &set, &level, &bias);
@@ -87,6 +94,17 @@ void fma_init_param(const struct config *cfg, const struct param_desc *p, float 
   const long m = cfg->attention.fma_m;
   const long span =
       cfg->attention.fma_downsample == FMA_DOWN_M2M ? (level > 1 ? 2 * P : m) : m << (level - 1);
+  /* fma_linear adds every level's output at full weight, so with value summaries at the mean a
+   * fresh model's output is the near field plus L window averages; starting the value summaries
+   * at 0 (biases, and the weights that read tokens: conv every level, m2m its P2M level 1 — its
+   * M2M levels keep their init and sum zeros, so their gradients are not stuck at 0) lets it
+   * learn as a local model first and turn the levels on as they help (docs/fma.md). */
+  const bool zero_values = linear && set == FMA_V && cfg->attention.fma_linear_zero_values &&
+                           (bias || cfg->attention.fma_downsample != FMA_DOWN_M2M || level == 1);
+  if (zero_values) {
+    memset(data, 0, sizeof(float) * p->numel);
+    return;
+  }
   if (cfg->attention.fma_init == FMA_INIT_RANDOM) {
     /* uniform ±1/√fan_in, as the paper's code (and PyTorch's conv default) does */
     const double bound = 1.0 / sqrt((double)span);

@@ -49,8 +49,9 @@ struct fma_state {
 /* Describe the downsampling parameters (names relative to attn/<variant>/), and find them. */
 void fma_describe(const struct config *cfg, long n, bool linear, struct param_list *list);
 void fma_layout_build(const struct config *cfg, long n, bool linear, struct fma_layout *layout);
-/* The mean (avg-equivalent) or random initialisation of one downsampling tensor. */
-void fma_init_param(const struct config *cfg, const struct param_desc *p, float *data);
+/* The mean (avg-equivalent) or random initialisation of one downsampling tensor; for fma_linear
+ * (linear) with fma.linear_zero_values, the value summaries' token-reading weights start at 0. */
+void fma_init_param(const struct config *cfg, const struct param_desc *p, float *data, bool linear);
 
 /* Downsampling weights of one set, transposed for channel-contiguous loops:
  * wt[level] (p, span, d) = weight[f][r][t] at wt[(r·span + t)·d + f], bt[level] (p, d). */
