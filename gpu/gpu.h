@@ -2,10 +2,10 @@
  * launchers, built by ./configure --with-cuda into libfmattn_gpu.a.
  *
  * Status (issue 8): the building blocks only — device selection, device memory, the per-token
- * layers on the device (cuBLAS GEMMs and small kernels that mirror src/layers.c op for op), exact
- * attention (full, local) on one slab, and the NCCL communicator. They compile and link on the
- * development machine, which has no GPU; their tests (tests/test_gpu.c: every op against the CPU
- * op) say "skipped: no GPU" there and have never run. The training step on the device, the other
+ * layers on the device (cuBLAS GEMMs and small kernels that mirror src/layers.c op for op), AdamW
+ * and the gradient norm, exact attention (full, local) on one slab, and the NCCL communicator.
+ * They compile and link on the development machine, which has no GPU; their tests
+ * (tests/test_gpu.c: every op against the CPU op) say "skipped: no GPU" there and have never run. The training step on the device, the other
  * attention kernels and bf16 are not written yet, so parallel.device = gpu is still refused at
  * start.
  *
@@ -50,12 +50,24 @@ void gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *in
 void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, const float *mean,
                             const float *rstd, long N, int C);
+void gpu_embedding_forward(float *out, const int *tokens, const float *token,
+                           const float *position, long B, long T, int C, long t0);
+void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
+                            long B, long T, int C, long t0);
 void gpu_gelu_forward(float *out, const float *inp, size_t count);
 void gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t count);
 /* Fused softmax cross-entropy: logits become dlogits; returns Σ −log p(target) over counted rows
  * (targets < 0 are ignored), in double, as layers.h's. */
 double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
                                          float grad_scale);
+
+/* AdamW on one tensor of n floats, the update of optimizer.c element for element: g scaled by
+ * grad_scale, moments m, v updated, bias corrections bc1 = 1 − β1ᵗ, bc2 = 1 − β2ᵗ, then
+ * w −= lr·(m̂/(√v̂ + eps) + wd·w) (lr already times the tensor's lr_scale). */
+void gpu_adamw_update(float *w, const float *g, float *m, float *v, size_t n, float lr, float wd,
+                      float beta1, float beta2, float eps, float bc1, float bc2, float grad_scale);
+/* Σ x² over n floats, accumulated in double (the global gradient norm's square). */
+double gpu_sum_squares(const float *x, size_t n);
 
 /* Exact attention, `full` (band 0) and `local` (band > 0), on one slab of T tokens for B·H heads
  * (attention/exact.h, S = 1): out (BH, T, d) and lse (BH, T) as the CPU op saves them; backward

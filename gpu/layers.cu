@@ -129,6 +129,31 @@ __global__ void gelu_bwd(float *dinp, const float *dout, const float *inp, size_
   dinp[i] += grad * dout[i];
 }
 
+// out (B·T, C) = token[tokens] + position[t0 + t]: one thread per element.
+__global__ void embedding_fwd(float *out, const int *tokens, const float *token,
+                              const float *position, long BT, long T, int C, long t0) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)BT * C) return;
+  const long bt = (long)(i / C);
+  const int c = (int)(i % C);
+  const float e = token[(size_t)tokens[bt] * C + c];
+  out[i] = position ? e + position[(size_t)(t0 + bt % T) * C + c] : e;
+}
+
+// Token and position gradients: one thread per channel, rows in order — the CPU op's additions
+// in the CPU op's order (several positions share a token row, so no thread per row).
+__global__ void embedding_bwd(float *dtoken, float *dposition, const float *dout,
+                              const int *tokens, long B, long T, int C, long t0) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (long bt = 0; bt < B * T; bt++) dtoken[(size_t)tokens[bt] * C + c] += dout[bt * C + c];
+  if (!dposition) return;
+  for (long t = 0; t < T; t++) {
+    float *p = dposition + (size_t)(t0 + t) * C + c;
+    for (long b = 0; b < B; b++) *p += dout[(b * T + t) * C + c];
+  }
+}
+
 // One block per row: logits become (softmax − onehot)·scale; row_loss[row] = −log p(target).
 __global__ void softmax_xent(float *logits, const int *targets, double *row_loss, int V,
                              float scale) {
@@ -178,6 +203,20 @@ extern "C" void gpu_linear_backward(float *dinp, float *dweight, float *dbias, c
                              dout, OC, &one, dweight, IC));
   if (dbias)
     column_sums<<<gpu_blocks(OC, kThreads), kThreads, 0, gpu_stream()>>>(dbias, dout, N, OC);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *token,
+                                      const float *position, long B, long T, int C, long t0) {
+  embedding_fwd<<<gpu_blocks((size_t)B * T * C, kThreads), kThreads, 0, gpu_stream()>>>(
+      out, tokens, token, position, B * T, T, C, t0);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout,
+                                       const int *tokens, long B, long T, int C, long t0) {
+  embedding_bwd<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dtoken, dposition, dout,
+                                                                        tokens, B, T, C, t0);
   CUDA_CHECK(cudaGetLastError());
 }
 

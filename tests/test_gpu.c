@@ -131,6 +131,66 @@ static void test_gpu_gelu(void **state) {
   gpu_free(gx), gpu_free(gdy), gpu_free(gdx), gpu_free(gy);
 }
 
+static void test_gpu_embedding(void **state) {
+  (void)state;
+  NEED_GPU();
+  const long B = 2, T = 5, n = 10, t0 = 3;
+  const int C = 37, V = 11;
+  int tokens[B * T];
+  for (long i = 0; i < B * T; i++) tokens[i] = (int)((i * 7) % 4); /* rows repeat: a scatter */
+  float *tok = randn((size_t)V * C, 71), *pos = randn((size_t)n * C, 72);
+  float *dy = randn((size_t)B * T * C, 73), *y = malloc(sizeof(float) * B * T * C);
+  float *dtok = randn((size_t)V * C, 74), *dpos = randn((size_t)n * C, 75);
+  float *gtok = up(tok, V * C), *gpos = up(pos, n * C), *gdy = up(dy, B * T * C);
+  float *gy = gpu_malloc(sizeof(float) * B * T * C);
+  float *gdtok = up(dtok, V * C), *gdpos = up(dpos, n * C);
+  int *gtokens = gpu_malloc(sizeof tokens);
+  gpu_upload(gtokens, tokens, sizeof tokens);
+  embedding_forward(y, tokens, tok, pos, B, T, C, t0);
+  gpu_embedding_forward(gy, gtokens, gtok, gpos, B, T, C, t0);
+  TU_ASSERT_CLOSE(diff(gy, y, B * T * C), TOL, "embedding forward");
+  embedding_backward(dtok, dpos, dy, tokens, B, T, C, t0);
+  gpu_embedding_backward(gdtok, gdpos, gdy, gtokens, B, T, C, t0);
+  TU_ASSERT_CLOSE(diff(gdtok, dtok, V * C), TOL, "embedding dtoken (accumulated, shared rows)");
+  TU_ASSERT_CLOSE(diff(gdpos, dpos, n * C), TOL, "embedding dposition (accumulated, offset t0)");
+  embedding_forward(y, tokens, tok, NULL, B, T, C, t0);
+  gpu_embedding_forward(gy, gtokens, gtok, NULL, B, T, C, t0);
+  TU_ASSERT_CLOSE(diff(gy, y, B * T * C), TOL, "embedding forward without positions");
+  free(tok), free(pos), free(dy), free(y), free(dtok), free(dpos);
+  gpu_free(gtok), gpu_free(gpos), gpu_free(gdy), gpu_free(gy), gpu_free(gdtok), gpu_free(gdpos);
+  gpu_free(gtokens);
+}
+
+/* AdamW against the update of optimizer.c written out in double, three steps in a row, and the
+ * sum of squares against a double sum on the host. */
+static void test_gpu_adamw(void **state) {
+  (void)state;
+  NEED_GPU();
+  const size_t n = 5003;
+  const float lr = 1e-3f, wd = 0.01f, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f, scale = 0.5f;
+  float *w = randn(n, 81), *g = randn(n, 82), *mv = calloc(2 * n, sizeof(float));
+  double *rw = tu_to_double(w, n), *rm = calloc(n, sizeof(double)), *rv = calloc(n, sizeof(double));
+  float *gw = up(w, n), *gg = up(g, n), *gm = up(mv, n), *gv = up(mv + n, n);
+  for (int t = 1; t <= 3; t++) {
+    const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    gpu_adamw_update(gw, gg, gm, gv, n, lr, wd, b1, b2, eps, (float)bc1, (float)bc2, scale);
+    for (size_t e = 0; e < n; e++) {
+      const double grad = (double)g[e] * scale;
+      rm[e] = b1 * rm[e] + (1.0 - b1) * grad;
+      rv[e] = b2 * rv[e] + (1.0 - b2) * grad * grad;
+      rw[e] -= lr * (rm[e] / bc1 / (sqrt(rv[e] / bc2) + eps) + wd * rw[e]);
+    }
+  }
+  float *back = malloc(sizeof(float) * n);
+  gpu_download(back, gw, sizeof(float) * n);
+  TU_ASSERT_CLOSE(tu_rel_err(back, rw, n), 1e-6, "AdamW, three steps");
+  double ss = 0.0;
+  for (size_t e = 0; e < n; e++) ss += (double)g[e] * g[e];
+  TU_ASSERT_CLOSE(fabs(gpu_sum_squares(gg, n) - ss) / ss, 1e-12, "sum of squares");
+  free(w), free(g), free(mv), free(rw), free(rm), free(rv), free(back);
+  gpu_free(gw), gpu_free(gg), gpu_free(gm), gpu_free(gv);
+}
+
 static void test_gpu_softmax_xent(void **state) {
   (void)state;
   NEED_GPU();
@@ -279,6 +339,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup(test_gpu_linear, setup),
     cmocka_unit_test_setup(test_gpu_layernorm, setup),
     cmocka_unit_test_setup(test_gpu_gelu, setup),
+    cmocka_unit_test_setup(test_gpu_embedding, setup),
+    cmocka_unit_test_setup(test_gpu_adamw, setup),
     cmocka_unit_test_setup(test_gpu_softmax_xent, setup),
     cmocka_unit_test_setup(test_gpu_exact_attention, setup),
     cmocka_unit_test_setup(test_gpu_exact_causality, setup),
