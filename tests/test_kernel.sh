@@ -21,7 +21,7 @@ done
 py "$K" make conv.h5 fma 1 2 128 8 m=16 p=2 downsample=conv
 check "fma conv: kernel runs" "$F" kernel conv.h5 conv_out.h5
 check "fma conv: dparams/k_down/level_02/weight has shape [d, p, w_2]" py "$K" dparams conv_out.h5 k_down/level_02/weight 8,2,32
-py "$K" make lin.h5 fma_linear 1 2 128 8 m=16 p=2 downsample=m2m init=random
+py "$K" make lin.h5 fma_linear 1 2 128 8 m=16 p=2 downsample=m2m init=random linear_zero_values=false
 check "fma_linear m2m: kernel runs" "$F" kernel lin.h5 lin_out.h5
 check "fma_linear m2m: dparams/q_down/level_02/weight has shape [d, p, 2p]" py "$K" dparams lin_out.h5 q_down/level_02/weight 8,2,4
 py "$K" make loc.h5 local 0 1 100 8 band=7
