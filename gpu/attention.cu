@@ -229,6 +229,13 @@ void backward_d(float *dq, float *dk, float *dv, const float *dout, const float 
   CUDA_CHECK(cudaGetLastError());
 }
 
+// Heads run along grid y, which holds at most 65,535 blocks.
+void check_heads(long BH) {
+  if (BH > 65535)
+    error_at(__FILE__, __func__, __LINE__,
+             "exact attention on the GPU: %ld heads × batch exceed the grid's 65,535", BH);
+}
+
 }  // namespace
 
 extern "C" int gpu_exact_attention_supports(int d) {
@@ -239,6 +246,7 @@ extern "C" void gpu_exact_attention_forward(float *out, float *lse, const float 
                                             const float *v, long BH, long T, int d, int causal,
                                             long band) {
   const Mask mk{causal != 0, band};
+  check_heads(BH);
   switch (d) {
     case 16:
       forward_d<16>(out, lse, q, k, v, BH, T, mk);
@@ -263,6 +271,7 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
                                              const float *out, const float *lse, long BH, long T,
                                              int d, int causal, long band) {
   const Mask mk{causal != 0, band};
+  check_heads(BH);
   const size_t rows = (size_t)BH * T;
   float *Drow = static_cast<float *>(gpu_malloc(sizeof(float) * rows));
   rowdot<<<gpu_blocks(rows, 256), 256, 0, gpu_stream()>>>(Drow, dout, out, rows, d);
