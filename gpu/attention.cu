@@ -47,6 +47,13 @@ __device__ float dot(const float *a, const float *b) {
   return s;
 }
 
+// One row of a (T, D) array into registers; zeros for a row past the end.
+template <int D>
+__device__ void load_row(float *dst, const float *row, bool live) {
+#pragma unroll
+  for (int e = 0; e < D; e++) dst[e] = live ? row[e] : 0.0f;
+}
+
 // Stage rows [r0, r0 + count) of up to two (T, D) arrays into shared tiles.
 template <int D>
 __device__ void stage(float (*a_s)[D], const float *a, float (*b_s)[D], const float *b, long r0,
@@ -65,12 +72,8 @@ __global__ void exact_fwd(float *out, float *lse, const float *q, const float *k
   const size_t head = (size_t)blockIdx.y * T * D;
   const long r0 = (long)blockIdx.x * kRows, i = r0 + threadIdx.x;
   const bool live = i < T;
-  float qi[D], acc[D];
-#pragma unroll
-  for (int e = 0; e < D; e++) {
-    qi[e] = live ? q[head + i * D + e] : 0.0f;
-    acc[e] = 0.0f;
-  }
+  float qi[D], acc[D] = {};
+  load_row<D>(qi, q + head + i * D, live);
   float m = -INFINITY, l = 0.0f;
   long lo, hi;
   key_span(mk, r0, min(r0 + kRows, T) - 1, T, &lo, &hi);
@@ -131,13 +134,9 @@ __global__ void exact_bwd_dq(float *dq, const float *dout, const float *q, const
   const size_t head = (size_t)blockIdx.y * T * D;
   const long r0 = (long)blockIdx.x * kRows, i = r0 + threadIdx.x;
   const bool live = i < T;
-  float qi[D], gi[D], acc[D];
-#pragma unroll
-  for (int e = 0; e < D; e++) {
-    qi[e] = live ? q[head + i * D + e] : 0.0f;
-    gi[e] = live ? dout[head + i * D + e] : 0.0f;
-    acc[e] = 0.0f;
-  }
+  float qi[D], gi[D], acc[D] = {};
+  load_row<D>(qi, q + head + i * D, live);
+  load_row<D>(gi, dout + head + i * D, live);
   const float L = live ? lse[(size_t)blockIdx.y * T + i] : 0.0f;
   const float Di = live ? Drow[(size_t)blockIdx.y * T + i] : 0.0f;
   long lo, hi;
@@ -172,13 +171,9 @@ __global__ void exact_bwd_dkv(float *dk, float *dv, const float *dout, const flo
   const size_t head = (size_t)blockIdx.y * T * D;
   const long r0 = (long)blockIdx.x * kRows, j = r0 + threadIdx.x;
   const bool live = j < T;
-  float kj[D], vj[D], dkj[D], dvj[D];
-#pragma unroll
-  for (int e = 0; e < D; e++) {
-    kj[e] = live ? k[head + j * D + e] : 0.0f;
-    vj[e] = live ? v[head + j * D + e] : 0.0f;
-    dkj[e] = dvj[e] = 0.0f;
-  }
+  float kj[D], vj[D], dkj[D] = {}, dvj[D] = {};
+  load_row<D>(kj, k + head + j * D, live);
+  load_row<D>(vj, v + head + j * D, live);
   long lo, hi;
   query_span(mk, r0, min(r0 + kRows, T) - 1, T, &lo, &hi);
   for (long i0 = lo; i0 <= hi; i0 += kTile) {

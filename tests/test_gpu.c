@@ -41,6 +41,14 @@ static float *up(const float *h, size_t n) {
   return d;
 }
 
+/* Free count host arrays and their device copies. */
+static void free_both(float **host, float **dev, int count) {
+  for (int i = 0; i < count; i++) {
+    free(host[i]);
+    gpu_free(dev[i]);
+  }
+}
+
 /* The device array d against the host array h, as the CPU op left it. */
 static double diff(const float *d, const float *h, size_t n) {
   float *back = malloc(sizeof(float) * n);
@@ -78,10 +86,7 @@ static void test_gpu_linear(void **state) {
   TU_ASSERT_CLOSE(diff(gdw, dw, OC * IC), TOL, "linear dweight (accumulated)");
   TU_ASSERT_CLOSE(diff(gdb, db, OC), TOL, "linear dbias (accumulated)");
   float *all[] = {x, w, b, dy, y, dx, dw, db}, *gall[] = {gx, gw, gb, gdy, gy, gdx, gdw, gdb};
-  for (int i = 0; i < 8; i++) {
-    free(all[i]);
-    gpu_free(gall[i]);
-  }
+  free_both(all, gall, (int)(sizeof all / sizeof *all));
 }
 
 static void test_gpu_layernorm(void **state) {
@@ -109,10 +114,7 @@ static void test_gpu_layernorm(void **state) {
   TU_ASSERT_CLOSE(diff(gdb, db, C), TOL, "layernorm dbias (accumulated)");
   float *all[] = {x, w, b, dy, y, mean, rstd, dx, dw, db};
   float *gall[] = {gx, gw, gb, gdy, gy, gmean, grstd, gdx, gdw, gdb};
-  for (int i = 0; i < 10; i++) {
-    free(all[i]);
-    gpu_free(gall[i]);
-  }
+  free_both(all, gall, (int)(sizeof all / sizeof *all));
 }
 
 static void test_gpu_gelu(void **state) {
@@ -265,10 +267,7 @@ static void check_exact(long band, bool causal, int d) {
   attention_close(&ctx);
   float *all[] = {q, k, v, g, out, lse, dq, dk, dv};
   float *gall[] = {gq, gk, gv, gg, gout, glse, gdq, gdk, gdv};
-  for (int i = 0; i < 9; i++) {
-    free(all[i]);
-    gpu_free(gall[i]);
-  }
+  free_both(all, gall, (int)(sizeof all / sizeof *all));
 }
 
 static void test_gpu_exact_attention(void **state) {
