@@ -262,15 +262,10 @@ static int list_steps(const char *dir, long *steps, int max) {
   return count;
 }
 
-long checkpoint_restore(struct model *m, struct comm *comm, const char *restart, const char *dir,
-                        char *used, size_t len) {
-  if (strcmp(restart, "latest") != 0) {
-    snprintf(used, len, "%s", restart);
-    message("reading checkpoint %s", restart);
-    const long step = checkpoint_read(m, comm, restart);
-    message("restarting from %s at step %ld", restart, step);
-    return step;
-  }
+/* The newest checkpoint of dir that reads whole, falling back past damaged ones; its path in used.
+ */
+static long read_latest(struct model *m, struct comm *comm, const char *dir, char *used,
+                        size_t len) {
   timer_start(TIMER_IO);
   enum { MAX_CKPT = 4096 };
   long *steps = xmalloc(sizeof(long) * MAX_CKPT);
@@ -300,6 +295,19 @@ long checkpoint_restore(struct model *m, struct comm *comm, const char *restart,
   }
   free(steps);
   timer_stop(TIMER_IO);
+  return step;
+}
+
+long checkpoint_restore(struct model *m, struct comm *comm, const char *restart, const char *dir,
+                        char *used, size_t len) {
+  long step;
+  if (strcmp(restart, "latest") == 0) {
+    step = read_latest(m, comm, dir, used, len);
+  } else {
+    snprintf(used, len, "%s", restart);
+    message("reading checkpoint %s", restart);
+    step = checkpoint_read(m, comm, restart);
+  }
   message("restarting from %s at step %ld", used, step);
   return step;
 }
