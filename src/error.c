@@ -124,6 +124,12 @@ void *xcalloc(size_t count, size_t bytes) {
   return p;
 }
 
+void *xrealloc(void *p, size_t bytes) {
+  void *q = realloc(p, bytes ? bytes : 1);
+  if (!q) error("out of memory allocating %zu bytes", bytes);
+  return q;
+}
+
 char *xstrdup(const char *s) {
   size_t n = strlen(s) + 1;
   char *p = xmalloc(n);

@@ -58,6 +58,7 @@ noreturn void error_collective(const char *msg);
 /* malloc that never returns NULL. */
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t bytes);
+void *xrealloc(void *p, size_t bytes);
 char *xstrdup(const char *s);
 
 #endif

@@ -114,9 +114,11 @@ int eval_run(const struct config *cfg, struct comm *comm) {
     h5_attr_long(f, "/", "ranks", comm->world_size);
     for (int s = 0; s < 2; s++) write_split(f, names[s], &sl[s], buckets);
     double *lo = xmalloc(sizeof(double) * (size_t)buckets), *hi = xmalloc(sizeof(double) * buckets);
+    /* position t is in bucket t·buckets/n (rounded down), so bucket k holds the positions from
+     * ⌈k·n/buckets⌉ up to, not including, ⌈(k+1)·n/buckets⌉ */
     for (int k = 0; k < buckets; k++) {
-      lo[k] = (double)((long)k * m->n / buckets);
-      hi[k] = (double)((long)(k + 1) * m->n / buckets);
+      lo[k] = (double)(((long)k * m->n + buckets - 1) / buckets);
+      hi[k] = (double)(((long)(k + 1) * m->n + buckets - 1) / buckets);
     }
     const long shape[1] = {buckets};
     h5_write_doubles(f, "/position/start", 1, shape, lo, "first position of each bucket");

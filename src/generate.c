@@ -6,6 +6,7 @@
  * so the cached and recomputed paths see the same window and give the same bytes. Output goes to
  * stdout and to generate.txt in the run directory; generate.record writes every step's logits to
  * generate.h5. The last line reports the bytes per second. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,24 +19,30 @@
 #include "timer.h"
 #include "train.h"
 
-/* The prompt: the bytes of generate.prompt_file, or generate.prompt, or a newline. */
-static unsigned char *read_prompt(const struct config *cfg, long *len, long extra) {
+/* The prompt: the bytes of generate.prompt_file, or generate.prompt, or a newline. The file is
+ * read to its end in chunks, not sized by seeking, so a pipe or a FIFO
+ * (generate.prompt_file = /dev/stdin) works too. */
+static unsigned char *read_prompt(const struct config *cfg, long *len) {
   const char *path = cfg->generate.prompt_file;
   unsigned char *text;
+  size_t used = 0;
   if (path[0]) {
     FILE *f = fopen(path, "rb");
     if (!f) error("cannot open generate.prompt_file '%s'", path);
-    fseek(f, 0, SEEK_END);
-    *len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    text = xmalloc((size_t)(*len + extra + 1));
-    if (fread(text, 1, (size_t)*len, f) != (size_t)*len) error("cannot read '%s'", path);
+    size_t cap = 1 << 16;
+    text = xmalloc(cap);
+    for (size_t got; (got = fread(text + used, 1, cap - used, f)) > 0;) {
+      used += got;
+      if (used == cap) text = xrealloc(text, cap *= 2);
+    }
+    if (ferror(f)) error("cannot read generate.prompt_file '%s': %s", path, strerror(errno));
     fclose(f);
   } else {
-    *len = (long)strlen(cfg->generate.prompt);
-    text = xmalloc((size_t)(*len + extra + 1));
-    memcpy(text, cfg->generate.prompt, (size_t)*len);
+    used = strlen(cfg->generate.prompt);
+    text = xmalloc(used + 1);
+    memcpy(text, cfg->generate.prompt, used);
   }
+  *len = (long)used;
   if (*len == 0) text[(*len)++] = '\n'; /* something to condition on */
   return text;
 }
@@ -152,7 +159,7 @@ int generate_run(const struct config *cfg, struct comm *comm) {
         "context (as generate.cache = false)",
         m->attn->name, cfg->attention.heads_mode == HEADS_FISH ? " with FiSH heads" : "");
   long len;
-  unsigned char *prompt = read_prompt(cfg, &len, 0);
+  unsigned char *prompt = read_prompt(cfg, &len);
   unsigned char *text = xmalloc((size_t)(len + cfg->generate.length + 1));
   char path[1200];
   snprintf(path, sizeof path, "%s/generate.txt", rs.dir);

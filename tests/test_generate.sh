@@ -72,6 +72,7 @@ check "fma_linear (no decode cache) generates, recomputing" sh -c "'$F' g.in --s
 # a prompt file and several samples
 printf 'This License' > prompt.txt
 check "a prompt file and 3 samples" sh -c "'$F' g.in --set run.name=fma --set attention.variant=fma --set run.mode=generate --set output.restart=latest --set generate.prompt_file=prompt.txt --set generate.samples=3 --set generate.length=40 > gen3.log 2>&1 && test \$(grep -c -- '--- sample' out/fma/generate.txt) -eq 3 && grep -q '^This License' out/fma/generate.txt"
+check "a prompt read from a pipe (generate.prompt_file = /dev/stdin)" sh -c "printf 'This License' | '$F' g.in --set run.name=fma --set attention.variant=fma --set run.mode=generate --set output.restart=latest --set generate.prompt_file=/dev/stdin --set generate.length=10 > genpipe.log 2>&1 && grep -q '^This License' out/fma/generate.txt && test \$(wc -c < out/fma/generate.txt) -eq 23"
 expect_fail "a missing prompt file is a deck error" "generate.prompt_file = 'absent.txt': cannot open" "$F" g.in --set run.mode=generate --set output.restart=latest --set generate.prompt_file=absent.txt
 
 # eval.h5
@@ -90,6 +91,31 @@ ok = ok and abs((pl * pt).sum() / pt.sum() - f['valid/loss'][0]) < 1e-5
 ok = ok and (f['position/start'][...] == np.arange(32) * 2).all()
 ok = ok and f['attention/level_mass'].shape == (2, 2, 3) and np.allclose(f['attention/level_mass'][...].sum(-1), 1, atol=1e-4)
 ok = ok and all('units' in o.attrs or 'description' in o.attrs for o in (f['valid/loss'], f['position/valid_loss']))
+# the test split: the training run's final test loss, from the same checkpoint by another path
+ok = ok and abs(f['test/loss'][0] - d['test/loss'][-1]) < 1e-5 and abs(f['test/bpc'][0] - d['test/bpc'][-1]) < 1e-5
+tl, tt = f['position/test_loss'][...], f['position/test_tokens'][...]
+ok = ok and len(tl) == 32 and tt.sum() == f['test/tokens'][0] and abs((tl * tt).sum() / tt.sum() - f['test/loss'][0]) < 1e-5
+ok = ok and (f['position/end'][...] == np.arange(1, 33) * 2).all() and (pt == 16 * 2).all()
+ok = ok and f['attention/entropy'].shape == (2, 2) and (f['attention/entropy'][...] > 0).all()
+sys.exit(0 if ok else 1)"
+# a context that 32 buckets do not divide: each bucket's label is the positions it scored
+"$F" g.in --set run.name=odd --set attention.variant=full --set model.context=100 --set train.steps=2 > odd.log 2>&1
+"$F" g.in --set run.name=odd --set attention.variant=full --set model.context=100 --set run.mode=eval --set output.restart=latest > odd-eval.log 2>&1
+check "eval.h5 at context 100: buckets labelled [start, end) hold exactly those positions" py -c "
+import h5py, numpy as np, sys
+f = h5py.File('out/odd/eval.h5')
+s, e, t = f['position/start'][...], f['position/end'][...], f['position/valid_tokens'][...]
+ok = s[0] == 0 and e[-1] == 100 and (s[1:] == e[:-1]).all() and (t == 16 * (e - s)).all()
+sys.exit(0 if ok else 1)"
+
+# bench.what = generate: a decode-cache and a recompute time per context
+"$F" g.in --set run.name=bgen --set run.mode=bench --set bench.what=generate --set bench.n_list=64,128 --set bench.repeats=1 > bgen.log 2>&1
+check "bench.what = generate writes /generate/ rows to bench.h5" py -c "
+import h5py, numpy as np, sys
+g = h5py.File('out/bgen/bench.h5')['generate']
+v = [x.decode() if isinstance(x, bytes) else x for x in g['variant'][...]]
+ok = v == ['fma', 'fma'] and list(g['n'][...]) == [64, 128]
+ok = ok and (g['decode_ms'][...] > 0).all() and (g['recompute_ms'][...] > 0).all()
 sys.exit(0 if ok else 1)"
 check "plot_run.py draws the loss by position" sh -c "'${PYTHON3:-/usr/bin/python3}' '$SRCDIR/scripts/plot_run.py' out/fma -o plots > /dev/null && test -s plots/loss_vs_position.png"
 tap_done
