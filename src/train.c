@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "diag.h"
 #include "error.h"
+#include "fault.h"
 #include "memory.h"
 #include "optimizer.h"
 #include "rng.h"
@@ -212,21 +213,9 @@ void train_close_run(struct run_state *rs) {
   data_close(&rs->ds);
 }
 
-/* Fault injection for the test suite (docs/operations.md): FMATTN_FAULT=nan_grad@K puts a NaN
- * into one reduced gradient entry at step K, as an overflow in the backward pass would; −1 when
- * unset. */
-static long injected_nan_step(void) {
-  const char *f = getenv("FMATTN_FAULT");
-  long k;
-  if (!f || !f[0]) return -1;
-  if (sscanf(f, "nan_grad@%ld", &k) != 1 || k < 1)
-    error_collective("FMATTN_FAULT must be nan_grad@<step>, step >= 1 (a testing hook)");
-  return k;
-}
-
 int train_run(const struct config *cfg, struct comm *comm) {
   const double wall0 = timer_now();
-  const long nan_step = injected_nan_step();
+  fault_check();
   struct run_state rs;
   long step0 = train_open_run(&rs, cfg, comm, false);
   struct model *m = &rs.model;
@@ -278,7 +267,9 @@ int train_run(const struct config *cfg, struct comm *comm) {
     comm_allreduce_sum_float(comm, COMM_WORLD, m->grads, m->plist.total);
     comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
     timer_stop(TIMER_COMM);
-    if (step + 1 == nan_step) m->grads[0] = NAN;
+    float poison; /* the test suite's faults (fault.h) */
+    if (fault_poison(FAULT_GRAD, step + 1, &poison)) m->grads[0] = poison;
+    if (fault_poison(FAULT_LOSS, step + 1, &poison)) sums[0] = poison;
     /* a batch can hold no predicted position (a masked objective on a sparse task): its loss is
      * undefined and its gradient zero, which is not a divergence */
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;

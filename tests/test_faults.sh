@@ -1,7 +1,8 @@
 #!/bin/sh
 # Faults that lose nothing (SPEC §10, docs/operations.md): damaged checkpoints are refused naming
 # the file and the problem, and `latest` falls back to the one before; a checkpoint of another
-# model is refused naming the mismatch; a NaN gradient stops the run before the step is applied;
+# model is refused naming the mismatch; a NaN or Inf loss or gradient stops the run before the
+# step is applied;
 # a rank killed with SIGKILL ends a 2- and a 4-rank job within 60 s; a full or read-only file
 # system during a checkpoint write gives a clear error and keeps the checkpoints already written;
 # a data file shorter than one window is refused.
@@ -92,6 +93,24 @@ n=$(grep -c "the gradient norm is nan at step 3" nan2.log)
 if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then ok "2 ranks: a NaN gradient stops both ranks, one message"
 else not_ok "2 ranks: a NaN gradient stops both ranks, one message (rc $rc, $n messages)" "$(cat nan2.log)"; fi
 
+# ---- a NaN or Inf loss, an Inf gradient: the same refusal, named -------------------------------
+FMATTN_FAULT=nan_loss@7 "$F" t.in --set run.name=nanloss --set output.checkpoint_every=1 > nanloss.log 2>&1
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q "training loss is nan at step 7: the step is not applied" nanloss.log; then
+  ok "a NaN loss at step 7 stops the run with status 1 and a message"
+else not_ok "a NaN loss at step 7 stops the run with status 1 and a message (rc $rc)" "$(cat nanloss.log)"; fi
+check "NaN loss: the checkpoint of step 6 is the clean run's, bit for bit, and there is none of step 7" sh -c \
+  "! ls out/nanloss/ckpt_000007.h5* 2>/dev/null && '${PYTHON3:-/usr/bin/python3}' '$H5C' same-tensors out/nanloss/ckpt_000006.h5 out/six/ckpt_000006.h5 0"
+for fault in inf_loss inf_grad; do
+  FMATTN_FAULT=$fault@4 "$MPI_RUN" 2 "$F" t.in --set run.name=$fault > $fault.log 2>&1
+  rc=$?
+  if [ $fault = inf_loss ]; then want="training loss is inf at step 4"; else want="the gradient norm is inf at step 4"; fi
+  n=$(grep -c "$want: the step is not applied" $fault.log)
+  if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then ok "2 ranks: $fault at step 4 stops both ranks, one message"
+  else not_ok "2 ranks: $fault at step 4 stops both ranks, one message (rc $rc, $n messages)" "$(cat $fault.log)"; fi
+done
+expect_fail "an unknown FMATTN_FAULT is refused" "FMATTN_FAULT must be" env FMATTN_FAULT=nan_grads@1 "$F" t.in --set run.name=badfault
+
 # ---- one rank killed: the job ends, it never hangs ----------------------------------------------
 for N in 2 4; do
   "$MPI_RUN" "$N" "$F" t.in --set run.name="kill$N" --set train.batch=4 --set train.steps=100000000 --set output.checkpoint_every=0 --set output.log_every=1 > "kill$N.log" 2>&1 &
@@ -122,6 +141,17 @@ if mount -t tmpfs -o size=4m fmattn-test mnt 2>/dev/null; then
   check "the checkpoint before it is intact, and no temporary is left" sh -c \
     "py() { '${PYTHON3:-/usr/bin/python3}' \"\$@\"; }; py '$H5C' ckpt mnt/t/ckpt_000005.h5 && ! ls mnt/t/*.tmp 2>/dev/null"
   umount mnt
+  # the disk fills during the write itself (as when another job fills it after the check): the
+  # testing hook skips the free-space check, and a 2 MB tmpfs holds one checkpoint, not two
+  mount -t tmpfs -o size=2m fmattn-test mnt
+  FMATTN_FAULT=no_space_check "$F" t.in --set output.dir=mnt > full.log 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] && grep -q "(while writing checkpoint mnt/t/ckpt_000010.h5.tmp: is its file system full or read-only? The earlier checkpoints are intact)" full.log; then
+    ok "a disk that fills during the write: the failed write says what it was writing (status $rc)"
+  else not_ok "a disk that fills during the write: the failed write says what it was writing (status $rc)" "$(tail -n 20 full.log)"; fi
+  check "the checkpoint before it is intact, and the temporary is removed" sh -c \
+    "py() { '${PYTHON3:-/usr/bin/python3}' \"\$@\"; }; py '$H5C' ckpt mnt/t/ckpt_000005.h5 && ! ls mnt/t/*.tmp 2>/dev/null"
+  umount mnt
   mount -t tmpfs -o size=64m fmattn-test mnt
   check "a run on the tmpfs writes its checkpoint of step 10" "$F" t.in --set output.dir=mnt --set train.steps=10
   # resume; once it is training the file system turns read-only and SIGUSR1 asks for a checkpoint
@@ -141,7 +171,7 @@ if mount -t tmpfs -o size=4m fmattn-test mnt 2>/dev/null; then
   check "and the run resumes from it" sh -c "'$F' t.in --set output.dir=mnt --set train.steps=12 --set output.restart=latest > again.log 2>&1 && grep -q 'restarting from mnt/t/ckpt_000010.h5' again.log && grep -q 'step 12/12' again.log"
   umount mnt
 else
-  for what in "a full disk during a checkpoint write" "a read-only file system during a checkpoint write"; do
+  for what in "a full disk before a checkpoint write" "a disk that fills during a checkpoint write" "a read-only file system during a checkpoint write"; do
     ok "$what # SKIP cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)"
   done
 fi

@@ -31,6 +31,13 @@ chmod 400 "$D/munge/munge.key"
 alive() { kill -0 "$1" 2> /dev/null && ! grep -q '^State:.*Z' "/proc/$1/status" 2> /dev/null; }
 pids_of_daemons() { cat "$D"/munge/munged.pid "$D"/slurmctld.pid "$D"/slurmd.pid 2> /dev/null; }
 stop_daemons() {
+  # jobs first, while slurmctld can still cancel them (a failed or timed-out check can leave one
+  # running), so that no fmattn outlives the test
+  if alive "$(cat "$D/slurmctld.pid" 2> /dev/null)"; then
+    jobs=$(squeue -h -o %A 2> /dev/null)
+    [ -n "$jobs" ] && scancel $jobs 2> /dev/null
+    for _ in $(seq 100); do [ -z "$(squeue -h -o %A 2> /dev/null)" ] && break; sleep 0.1; done
+  fi
   for pid in $(pids_of_daemons); do kill "$pid" 2> /dev/null; done
   for _ in $(seq 50); do
     alive=0

@@ -4,7 +4,7 @@
 # uninterrupted run ends: every logged loss and gradient norm, every validation loss, the test loss
 # and every tensor of the final checkpoint, bit for bit.
 # Default: a small fma model, 200 steps, a signal every 20. SOAK=1: the quickstart deck itself,
-# 2,000 steps, a signal every 200 (about 15 minutes on 2 cores; needs data/kjv.txt).
+# 2,000 steps, a signal every 200 (about 10 minutes on 2 cores, measured; needs data/kjv.txt).
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
 F="$FMATTN"

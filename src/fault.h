@@ -1,0 +1,23 @@
+/* Fault injection for the test suite (tests/test_faults.sh, docs/operations.md): the environment
+ * variable FMATTN_FAULT makes a run meet one failure the way a real one arrives. Users never set
+ * it; unset, nothing here changes what a run does. */
+#ifndef FMATTN_FAULT_H
+#define FMATTN_FAULT_H
+
+#include <stdbool.h>
+
+enum fault_target { FAULT_GRAD, FAULT_LOSS };
+
+/* Refuse (collectively) an FMATTN_FAULT that names no known fault. */
+void fault_check(void);
+
+/* True when FMATTN_FAULT asks for a non-finite value in `target` at step `step` (1-based):
+ * nan_grad@K, inf_grad@K (one reduced gradient entry, as an overflow in backward), nan_loss@K,
+ * inf_loss@K (the reduced training loss); *value is then NaN or +Inf. */
+bool fault_poison(enum fault_target target, long step, float *value);
+
+/* True when FMATTN_FAULT = no_space_check: checkpoints skip the free-space check, so that a full
+ * file system is met by the write itself (as when another job fills the disk after the check). */
+bool fault_no_space_check(void);
+
+#endif
