@@ -87,6 +87,20 @@ def run_one(job):
     return name, rc, time.time() - t0, log
 
 
+def check_decks(named_commands):
+    """Resolve every run's deck with fmattn --check (nothing is trained or written); a refused
+    deck is an error naming the run and quoting fmattn's message."""
+    refused = []
+    for name, cmd in named_commands:
+        p = subprocess.run([cmd[0], "--check"] + cmd[1:], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            refused.append(f"{name}: {p.stderr.strip().splitlines()[-1] if p.stderr else p.returncode}")
+    if refused:
+        die(f"{len(refused)} deck(s) refused:\n  " + "\n  ".join(refused))
+    note(f"{len(named_commands)} deck(s) valid")
+
+
 def read_run(run_dir):
     """What compare.h5 keeps of one run's diag.h5."""
     with h5py.File(os.path.join(run_dir, "diag.h5"), "r") as f:
@@ -127,7 +141,7 @@ def plots(out, runs, ref_context):
         ax.legend(fontsize=8)
         save(fig, out, name, written)
     for key, ylabel, name in (("final_valid_bpc", "final validation bpc", "bpc_vs_context.png"),
-                              ("peak_bytes", "peak memory per rank", "memory_vs_context.png")):
+                              ("peak_bytes", "peak labelled memory per rank", "memory_vs_context.png")):
         fig, ax = plt.subplots(figsize=(8, 5))
         vals = [r[key] for r in runs]
         div, unit = byte_unit(vals) if key == "peak_bytes" else (1.0, "")
@@ -182,7 +196,7 @@ def markdown(runs, table1):
     lines = []
     if table1:
         lines.append("| configuration | context | steps | valid bpc | test bpc | paper test bpc | "
-                     "peak memory | paper memory | tokens/s |")
+                     "labelled peak | paper memory | tokens/s |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in runs:
             pb, pm = PAPER.get(r["name"], (float("nan"), float("nan")))
@@ -194,7 +208,7 @@ def markdown(runs, table1):
         return "\n".join(lines)
     contexts = sorted({r["context"] for r in runs})
     lines.append("| variant | objective | " + " | ".join(f"bpc @{c}" for c in contexts) +
-                 " | " + " | ".join(f"MiB @{c}" for c in contexts) + " | tok/s @" +
+                 " | " + " | ".join(f"labelled MiB @{c}" for c in contexts) + " | tok/s @" +
                  str(contexts[len(contexts) // 2]) + " |")
     lines.append("|---|---|" + "---:|" * (2 * len(contexts) + 1))
     for v in dict.fromkeys(r["variant"] for r in runs):
@@ -236,6 +250,8 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="two variants, one short context, a few steps: the test suite's check")
     ap.add_argument("--force", action="store_true", help="run again even if a run is complete")
+    ap.add_argument("--check", action="store_true",
+                    help="validate every run's deck with fmattn --check, run nothing")
     a = ap.parse_args()
     if a.quick:
         a.variants, a.contexts, a.ref_context = "full,linear", "256", 256
@@ -244,7 +260,6 @@ def main():
         die(f"{a.fmattn} is not an executable fmattn (build it, or give --fmattn)")
     if not os.path.exists(a.corpus):
         die(f"corpus {a.corpus} is missing: run scripts/get_kjv.sh (or give --corpus)")
-    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = a.threads or max(1, cores // max(1, a.jobs))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
@@ -257,8 +272,9 @@ def main():
     every = max(1, steps // a.evals)
     # Table 1's runs have their own directory: its full-512 is not the comparison's full-512
     runs_dir = os.path.join(a.out, "table1" if a.table1 else "runs")
-    os.makedirs(runs_dir, exist_ok=True)
-    jobs, runs = [], []
+    if not a.check:
+        os.makedirs(runs_dir, exist_ok=True)
+    jobs, runs, commands = [], [], []
     for name in names:
         path = os.path.join(decks, f"{name}.in")
         if not os.path.exists(path):
@@ -281,8 +297,12 @@ def main():
                     "objective": deck_value(sets, "model.objective", "clm")}
             run_dir = os.path.join(runs_dir, run)
             runs.append((meta, run_dir))
+            commands.append(cmd)
             if a.force or not complete(run_dir, steps):
                 jobs.append((run, cmd, env, os.path.join(runs_dir, f"{run}.log")))
+    if a.check:
+        check_decks([(meta["name"], cmd) for (meta, _), cmd in zip(runs, commands)])
+        return
     note(f"{len(runs)} run(s), {len(jobs)} to do, {a.jobs} at a time x {threads} thread(s); "
          f"logs in {runs_dir}")
     failed = []

@@ -54,7 +54,19 @@ for i in $(seq 70); do many="$many --set=train.steps=1"; done
 expect_fail "more than 64 --set= options are refused" "too many --set options" "$F" good.in $many
 expect_fail "unknown option" "unknown option '--frobnicate'" "$F" good.in --frobnicate
 expect_fail "FiSH heads on a kernelized variant are refused with the reason" "composes with attention.variant = full or local" "$F" good.in --set attention.heads_mode=fish --set attention.variant=linear
+expect_fail "nystrom: a slab that does not hold whole segments is refused" "must hold whole segments of model.context / nystrom.landmarks = 4 tokens" "$F" --check good.in --set model.objective=mlm --set attention.variant=nystrom --set attention.nystrom.landmarks=4 --set attention.nystrom.conv=3 --set parallel.seq_ranks=8
 check "nothing was written by the failed runs" sh -c "! test -e out"
+
+# the README's decks take any variant with one --set (nystrom, bidirectional only, refused in clm)
+mkdir -p data && head -c 300000 /usr/share/common-licenses/GPL-3 > data/kjv.txt && truncate -s 100000000 data/enwik8 # sparse: the size enwik8.in splits
+for deck in quickstart.in enwik8.in scaling/fma-64K.in scaling/fma-1M.in; do
+  bad=""
+  for v in full local linear fma fma_linear fmmformer rmfa; do
+    "$F" --check "$SRCDIR/inputs/$deck" --set attention.variant=$v > /dev/null 2> check.err || bad="$bad $v($(tail -n 1 check.err))"
+  done
+  check "inputs/$deck takes every causal variant by one --set${bad:+:$bad}" test -z "$bad"
+  expect_fail "inputs/$deck with nystrom: refused in clm, with the reason" "nystrom is bidirectional only" "$F" --check "$SRCDIR/inputs/$deck" --set attention.variant=nystrom
+done
 
 # a file in place of the output directory
 touch blocker

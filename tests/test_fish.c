@@ -55,7 +55,8 @@ static void oracle(const struct fcase *t, const struct fparams *p, long step, in
         for (int g = 0; g < t->G; g++) {
           double dot = 0;
           for (long c = 0; c < d; c++) dot += q[(g * n + i) * d + c] * k[(g * n + j) * d + c];
-          if (t->noise > 0) { /* SPEC §6.9's key, extended by layer and sample (docs/fish.md) */
+          if (t->noise >
+              0) { /* SPEC §6.9's key, extended by layer and sample (docs/nystrom_fish.md) */
             const uint64_t head = ((uint64_t)(layer * t->G + g) << 40) | (uint64_t)sample;
             dot += t->noise * (double)(float)rng_normal(1234, RNG_NOISE, (uint64_t)step, head,
                                                         (uint64_t)(i * n + j));

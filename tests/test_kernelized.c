@@ -424,6 +424,7 @@ static void test_fmmformer(void **state) {
     check_case("fmmformer", b, 70, 4, causal);
     check_case("fmmformer", c, 33, 4, causal);
     check_case("fmmformer", e, 130, 4, causal);
+    check_case("fmmformer", b, 40, 8, causal);
   }
 }
 
@@ -442,6 +443,9 @@ static void test_rmfa(void **state) {
     check_case("rmfa", two, 20, 4, causal);
     const char *wide[] = {"attention.rmfa.features=64", "attention.rmfa.kernel=inv", NULL};
     check_case("rmfa", wide, 33, 8, causal);
+    /* past the feature map's block of 128 rows, where its forward scratch is reused */
+    const char *long_[] = {"attention.rmfa.features=8", "attention.rmfa.kernel=log", NULL};
+    check_case("rmfa", long_, 140, 4, causal);
   }
 }
 

@@ -85,6 +85,17 @@ done
 check "compare.py reuses complete runs" sh -c "'$P' scripts/compare.py --quick --fmattn '$FMATTN' --out '$WORK/cmp' --corpus /usr/share/common-licenses/GPL-3 | grep -q '0 to do'"
 expect_fail "compare.py names a missing corpus" "corpus $WORK/absent.txt is missing" \
   "$P" scripts/compare.py --quick --fmattn "$FMATTN" --out "$WORK/cmp2" --corpus "$WORK/absent.txt"
+# every deck of the comparison and of Table 1 resolves (fmattn --check), before anyone spends an hour
+for i in 1 2 3 4 5 6 7 8 9 10; do cat /usr/share/common-licenses/GPL-3; done > "$WORK/gpl10.txt"
+GPL="$WORK/gpl10.txt" # 350 KB: a valid split that holds one window of 8192
+check "compare.py --check: every run of the default comparison has a valid deck" sh -c \
+  "'$P' scripts/compare.py --check --fmattn '$FMATTN' --out '$WORK/cmpcheck' --corpus $GPL --eval-tokens 1024 | grep -q '50 deck(s) valid'"
+check "compare.py --table1 --check: every Table 1 configuration has a valid deck" sh -c \
+  "'$P' scripts/compare.py --table1 --check --fmattn '$FMATTN' --out '$WORK/cmpcheck' --corpus $GPL --eval-tokens 2048 | grep -q '6 deck(s) valid'"
+check "compare.py --check runs and writes nothing" test ! -e "$WORK/cmpcheck"
+expect_fail "compare.py --check names a refused run and quotes fmattn" "nystrom-96: " \
+  "$P" scripts/compare.py --check --fmattn "$FMATTN" --out "$WORK/cmpcheck" --corpus $GPL \
+  --variants full,nystrom --contexts 96 --tokens-per-step 960 --eval-tokens 960
 for s in scripts/slurm/*.sbatch; do
   check "$(basename "$s") parses" bash -n "$s"
 done

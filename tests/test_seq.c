@@ -241,9 +241,11 @@ int main(int argc, char **argv) {
       check_case(&(struct seq_case){"full", causal, NULL, 64, 0, 0, 0, 8,
                                     "attention.heads_mode=fish attention.fish.noise=0.4"},
                  &comm);
-      check_case(&(struct seq_case){"local", causal, NULL, 64, 0, 0, 20, 8,
-                                    "attention.heads_mode=fish attention.fish.mix=mlp"},
-                 &comm);
+      check_case(
+          &(struct seq_case){
+              "local", causal, NULL, 64, 0, 0, 20, 8,
+              "attention.heads_mode=fish attention.fish.mix=mlp attention.fish.noise=0.3"},
+          &comm);
     }
     /* the kernelized variants: exclusive scans of the running sums (and fmmformer's band halo,
      * here wider than a slab at S = 8) */

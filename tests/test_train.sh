@@ -87,6 +87,32 @@ with h5py.File('bad_features.h5', 'r+') as f:
     d[1] = 2.5
     d.attrs['crc32'] = zlib.crc32(d[...].tobytes())"
 expect_fail "rmfa: a checkpoint with corrupt features is refused" "not a whole number" "$F" copy.in $rm --set run.name=rm-bad --set output.restart=bad_features.h5
+# the Rademacher vectors are read back too, not drawn again from the seed: a restart from a copy
+# whose layer-0 omega has its first column negated (still ±1; negating whole rows would not do, a
+# feature's sign cancels in Φ(q)·Φ(k)) carries that omega to its next checkpoint, and its losses
+# leave the uninterrupted run's
+mkdir -p out/rm-flip && cp out/rm-straight/ckpt_000020.h5 out/rm-flip/
+py -c "
+import h5py, zlib
+with h5py.File('out/rm-flip/ckpt_000020.h5', 'r+') as f:
+    w = f['/model/layer_000/attn/rmfa/omega']
+    x = w[...]
+    x[:, 0] = -x[:, 0]
+    w[...] = x
+    w.attrs['crc32'] = zlib.crc32(w[...].tobytes())"
+check "rmfa: a run resumed from altered omega" "$F" copy.in $rm --set run.name=rm-flip --set output.restart=latest
+check "rmfa: omega comes from the checkpoint: the altered one is carried on, the losses differ" py -c "
+import h5py, numpy as np, sys
+a = h5py.File('out/rm-straight/ckpt_000040.h5')['/model/layer_000/attn/rmfa/omega'][...]
+b = h5py.File('out/rm-flip/ckpt_000040.h5')['/model/layer_000/attn/rmfa/omega'][...]
+def after20(path):
+    t = h5py.File(path)['/train']
+    return {int(s): l for s, l in zip(t['step'][...], t['loss'][...]) if s > 20}
+la, lb = after20('out/rm-straight/diag.h5'), after20('out/rm-flip/diag.h5')
+differ = sum(la[s] != lb[s] for s in la if s in lb)
+print('steps after 20 whose loss differs:', differ)
+a[:, 0] = -a[:, 0]
+sys.exit(0 if np.array_equal(b, a) and len(lb) == 20 and differ > 0 else 1)"
 
 # FiSH heads with training noise restart bit for bit too (the noise is keyed by the step), and a
 # checkpoint of FiSH heads is refused by a deck of standard heads

@@ -82,7 +82,8 @@ int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, 
   if (cfg->attention.heads_mode == HEADS_FISH && !attention_select(cfg)) {
     snprintf(err, len,
              "attention.heads_mode = fish composes with attention.variant = full or local, not %s "
-             "(FiSH mixes the global heads' scores of every query-key pair; docs/fish.md says why "
+             "(FiSH mixes the global heads' scores of every query-key pair; docs/nystrom_fish.md "
+             "says why "
              "the other variants cannot)",
              name);
     return 1;
