@@ -52,21 +52,6 @@ double rmfa_coefficient(enum rmfa_kernel kernel, int N) {
   return 0.0;
 }
 
-double rmfa_kernel_value(enum rmfa_kernel kernel, double t) {
-  switch (kernel) {
-    case RMFA_EXP:
-    case RMFA_TRIGH:
-      return exp(t);
-    case RMFA_INV:
-      return 1.0 / (1.0 - t);
-    case RMFA_LOG:
-      return 1.0 - log(1.0 - t);
-    case RMFA_SQRT:
-      return 2.0 - sqrt(1.0 - t);
-  }
-  return NAN;
-}
-
 /* P(N) ∝ 2^−(N+1) on N = 1 .. 20. */
 static double degree_probability(int N) {
   double z = 0.0;

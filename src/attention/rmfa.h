@@ -1,6 +1,6 @@
 /* Random Maclaurin features of `rmfa` (SPEC §6.8), exposed to the tests: the feature map of one
- * layer, built from the layer's stored degrees and Rademacher vectors, and the exact kernels it
- * estimates. Internal to src/attention/ otherwise. */
+ * layer, built from the layer's stored degrees and Rademacher vectors, and the Maclaurin
+ * coefficients of the kernels it estimates. Internal to src/attention/ otherwise. */
 #ifndef FMATTN_ATTENTION_RMFA_H
 #define FMATTN_ATTENTION_RMFA_H
 
@@ -29,9 +29,6 @@ struct rmfa_features {
 enum rmfa_kernel rmfa_kernel_parse(const char *name);
 /* Maclaurin coefficient a_N of a kernel (N = 0 .. RMFA_MAX_DEGREE). */
 double rmfa_coefficient(enum rmfa_kernel kernel, int N);
-/* The kernel itself at t (|t| < 1 for inv, log, sqrt): e^t, 1/(1 − t), 1 − log(1 − t), e^t,
- * 2 − √(1 − t). */
-double rmfa_kernel_value(enum rmfa_kernel kernel, double t);
 
 /* The features of one layer from its parameter block (as attention_params_make or the model lay
  * it out). Checks the stored degrees (a corrupt checkpoint is an error). */
