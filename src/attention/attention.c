@@ -83,8 +83,7 @@ int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, 
     snprintf(err, len,
              "attention.heads_mode = fish composes with attention.variant = full or local, not %s "
              "(FiSH mixes the global heads' scores of every query-key pair; docs/nystrom_fish.md "
-             "says why "
-             "the other variants cannot)",
+             "says why the other variants cannot)",
              name);
     return 1;
   }

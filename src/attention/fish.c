@@ -8,8 +8,8 @@
  * full.c does, so memory stays O(n·d); backward recomputes the score tiles. Under sequence
  * parallelism `local` gathers the band's halo and `full` runs the ring (ring.c), carrying the G
  * key heads and H value heads. Parameters (attn/fish/): mix [H, G], or w1 [R, G], b1 [R],
- * w2 [H, R], b2 [H]. fma and the kernelized variants cannot take FiSH heads (docs/nystrom_fish.md).
- */
+ * w2 [H, R], b2 [H]. fma and the kernelized variants cannot take FiSH heads
+ * (docs/nystrom_fish.md). */
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
