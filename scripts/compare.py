@@ -274,7 +274,7 @@ def main():
     runs_dir = os.path.join(a.out, "table1" if a.table1 else "runs")
     if not a.check:
         os.makedirs(runs_dir, exist_ok=True)
-    jobs, runs, commands = [], [], []
+    jobs, runs, checks = [], [], []
     for name in names:
         path = os.path.join(decks, f"{name}.in")
         if not os.path.exists(path):
@@ -297,11 +297,11 @@ def main():
                     "objective": deck_value(sets, "model.objective", "clm")}
             run_dir = os.path.join(runs_dir, run)
             runs.append((meta, run_dir))
-            commands.append(cmd)
+            checks.append((run, cmd))
             if a.force or not complete(run_dir, steps):
                 jobs.append((run, cmd, env, os.path.join(runs_dir, f"{run}.log")))
     if a.check:
-        check_decks([(meta["name"], cmd) for (meta, _), cmd in zip(runs, commands)])
+        check_decks(checks)
         return
     note(f"{len(runs)} run(s), {len(jobs)} to do, {a.jobs} at a time x {threads} thread(s); "
          f"logs in {runs_dir}")
