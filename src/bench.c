@@ -86,18 +86,19 @@ static int bench_config(const struct config *base, const char *variant, long n, 
   return attention_check(cfg, n, seq_ranks, err, len);
 }
 
-/* bench_config, and where conv parameters would not fit, the same with m2m (as SPEC says). */
+/* bench_config, and where the variant refuses it, its fallback (fma: conv parameters that would
+ * not fit become m2m, as SPEC §6.4 says). */
 static int bench_variant_config(const struct config *base, const char *variant, long n,
                                 int seq_ranks, struct config *cfg, char *err, size_t len) {
   int bad = bench_config(base, variant, n, seq_ranks, cfg, err, len);
-  if (bad && cfg->attention.fma_downsample == FMA_DOWN_CONV && strncmp(variant, "fma", 3) == 0) {
-    struct config m2m = *base;
-    m2m.attention.fma_downsample = FMA_DOWN_M2M;
-    if (!bench_config(&m2m, variant, n, seq_ranks, cfg, err, len)) {
-      message("  %-10s n = %8ld: conv parameters would not fit; using fma.downsample = m2m",
-              variant, n);
-      bad = 0;
-    }
+  const struct attn_variant *v = attention_find(variant);
+  struct config alt = *base;
+  if (bad && v && v->fallback && v->fallback(&alt) &&
+      !bench_config(&alt, variant, n, seq_ranks, cfg, err, len)) {
+    const char *label = v->option_label ? v->option_label(cfg) : "";
+    message("  %-10s n = %8ld: the deck's configuration would not run; using its fallback %s",
+            variant, n, label);
+    bad = 0;
   }
   return bad;
 }
@@ -106,8 +107,9 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
                                 struct attn_row *row) {
   const struct attn_variant *v = attention_select(cfg);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
-  struct attn_ctx ctx = attention_open(
-      cfg, v, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM});
+  struct attn_ctx ctx =
+      attention_open(cfg, v, DEVICE_CPU, NULL, 0,
+                     (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM});
   double p2p = 0.0, flops = v->flops(&ctx, &p2p);
   double est = 3.0 * flops / (0.5 * sgemm * 1e9);
   if (est > BENCH_MAX_SECONDS) {
@@ -133,7 +135,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   attention_params_make(&ap, cfg, v, n);
   const float *pp = ap.list.count ? ap.params : NULL;
   float *dpp = ap.list.count ? ap.dparams : NULL;
-  size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
+  size_t saved_n = attention_saved_floats(&ctx);
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
 
   const size_t ws0 = mem_current(MEM_WORKSPACE);
@@ -144,13 +146,13 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   for (int r = -1; r < repeats; r++) { /* r = −1: warm-up */
     double p0 = timer_total_ms(TIMER_P2P);
     double t0 = timer_now();
-    v->forward(&ctx, out, saved, q, k, vv, pp);
+    attention_forward(&ctx, out, saved, q, k, vv, pp);
     double t1 = timer_now();
     memset(dq, 0, sizeof(float) * qcount);
     memset(dk, 0, sizeof(float) * qcount);
     memset(dv, 0, sizeof(float) * count);
     double t1b = timer_now();
-    v->backward(&ctx, dq, dk, dv, dpp, dout, q, k, vv, pp, out, saved);
+    attention_backward(&ctx, dq, dk, dv, dpp, dout, q, k, vv, pp, out, saved);
     double t2 = timer_now();
     if (r >= 0) {
       tf[r] = 1e3 * (t1 - t0);
@@ -161,8 +163,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   snprintf(row->variant, sizeof row->variant, "%s%s", v->name,
            cfg->attention.heads_mode == HEADS_FISH ? "+fish" : "");
   snprintf(row->downsample, sizeof row->downsample, "%s",
-           strncmp(v->name, "fma", 3) == 0 ? config_downsample_name(cfg->attention.fma_downsample)
-                                           : "-");
+           v->option_label ? v->option_label(cfg) : "-");
   row->n = n;
   row->heads = H;
   row->head_dim = d;
@@ -209,7 +210,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
   const long S = comm->S, T = n / S, t0 = comm->seq_rank * T;
   struct attn_ctx ctx =
-      attention_open(cfg, v, comm, 0,
+      attention_open(cfg, v, DEVICE_CPU, comm, 0,
                      (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM});
   double p2p = 0.0, flops = v->flops(&ctx, &p2p);
   /* judge the time by the whole job's FLOPs against the machine's rate (all ranks) */
@@ -237,7 +238,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   attention_params_make(&ap, cfg, v, n);
   const float *pp = ap.list.count ? ap.params : NULL;
   float *dpp = ap.list.count ? ap.dparams : NULL;
-  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (v->saved_floats(&ctx) + 1));
+  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (attention_saved_floats(&ctx) + 1));
   double *tf = xmalloc(sizeof(double) * (size_t)repeats),
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
   uint64_t bytes = 0;
@@ -245,9 +246,9 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
     comm_barrier(comm, COMM_SEQ);
     const uint64_t b0 = comm->bytes_sent;
     double t0s = timer_now();
-    v->forward(&ctx, out, saved, q, k, vv, pp);
+    attention_forward(&ctx, out, saved, q, k, vv, pp);
     double t1 = timer_now();
-    v->backward(&ctx, dq, dk, dv, dpp, g, q, k, vv, pp, out, saved);
+    attention_backward(&ctx, dq, dk, dv, dpp, g, q, k, vv, pp, out, saved);
     double t2 = timer_now();
     double t[2] = {t1 - t0s, t2 - t1};
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, comm->seq));

@@ -328,16 +328,12 @@ static void deck_stem(const char *deck_path, char *out, size_t len) {
 /* ---------------------------------------------------------------------------------------------
  * Rules across keys, and the data file. */
 
-static bool is_fma(const char *variant) {
-  return strcmp(variant, "fma") == 0 || strcmp(variant, "fma_linear") == 0;
-}
+/* Rules owned by another module (the attention variants'), set by config_set_rule. */
+static config_rule_fn module_rule = NULL;
 
-/* fma needs n = m·2^k with k >= 1 (SPEC §6.4). */
-static bool fma_fits(long n, int m) {
-  if (n % m) return false;
-  long ratio = n / m;
-  return ratio >= 2 && (ratio & (ratio - 1)) == 0;
-}
+void config_set_rule(config_rule_fn rule) { module_rule = rule; }
+
+bool config_key_exists(const char *qualified) { return config_key_find_qualified(qualified) >= 0; }
 
 static void check_rules(struct parse_ctx *c, const struct config *cfg) {
   const struct config_model *mo = &cfg->model;
@@ -357,39 +353,11 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
     fail_keys(c, "train.min_lr train.lr", "train.min_lr = %s is larger than train.lr = %s", min_lr,
               lr);
   }
+  /* every variant's attention diagnostics band by the tree of fma.m and fma.p, so this pair must
+   * agree whatever the variant; the rules of a variant itself are its own (config_set_rule) */
   if (at->fma_m % at->fma_p)
     fail_keys(c, "attention.fma.p attention.fma.m",
               "attention.fma.p = %d does not divide attention.fma.m = %d", at->fma_p, at->fma_m);
-  if (is_fma(at->variant) && !fma_fits(mo->context, at->fma_m))
-    fail_keys(c, "attention.variant model.context attention.fma.m",
-              "attention.variant = %s needs model.context / attention.fma.m to be a power of two "
-              ">= 2, but model.context = %d and attention.fma.m = %d",
-              at->variant, mo->context, at->fma_m);
-  if (cfg->run.mode == MODE_BENCH)
-    for (int v = 0; v < cfg->bench.variant_count; v++) {
-      if (!is_fma(cfg->bench.variants[v])) continue;
-      for (int i = 0; i < cfg->bench.n_count; i++)
-        if (!fma_fits(cfg->bench.n_list[i], at->fma_m))
-          fail_keys(c, "bench.n_list bench.variants attention.fma.m",
-                    "bench.variants has %s, which needs every n of bench.n_list to be "
-                    "attention.fma.m = %d times a power of two >= 2, but n = %ld is not",
-                    cfg->bench.variants[v], at->fma_m, cfg->bench.n_list[i]);
-    }
-  if (at->heads_mode == HEADS_FISH && at->fish_global_heads >= mo->heads)
-    fail_keys(c, "attention.fish.global_heads model.heads attention.heads_mode",
-              "attention.fish.global_heads = %d must be fewer than model.heads = %d",
-              at->fish_global_heads, mo->heads);
-  if (strcmp(at->variant, "nystrom") == 0) {
-    if (mo->objective == OBJECTIVE_CLM)
-      fail_keys(c, "attention.variant model.objective",
-                "attention.variant = nystrom is bidirectional only (segment means mix future "
-                "tokens); use model.objective = mlm");
-    else if (mo->context % at->nystrom_landmarks)
-      fail_keys(c, "attention.nystrom.landmarks model.context",
-                "attention.nystrom.landmarks = %d does not divide model.context = %d (landmarks "
-                "are means of equal segments)",
-                at->nystrom_landmarks, mo->context);
-  }
   if (cfg->run.mode == MODE_GENERATE && cfg->generate.prompt_file[0]) {
     FILE *pf = fopen(cfg->generate.prompt_file, "rb");
     if (!pf)
@@ -408,6 +376,9 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
               "data.copy_len = %d does not fit model.context = %d: a copy sample needs "
               "2*copy_len+1 = %ld of the context+1 tokens",
               cfg->data.copy_len, mo->context, 2L * cfg->data.copy_len + 1);
+  char keys[256], msg[MSG_LEN - 600];
+  if (!c->failed && module_rule && module_rule(cfg, keys, sizeof keys, msg, sizeof msg))
+    fail_keys(c, keys, "%s", msg);
 }
 
 static const char *const fetch_hint = "run scripts/get_kjv.sh (KJV) or scripts/get_enwik8.sh";

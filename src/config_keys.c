@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "attention/registry.h"
 #include "config_internal.h"
 
 /* Enums are written through an int pointer; that is only sound while they are int-sized. */
@@ -38,8 +39,10 @@ static const char *const downsample_names[] = {"conv", "m2m", "avg", NULL};
 static const char *const init_names[] = {"mean", "random", NULL};
 static const char *const down_lr_names[] = {"scaled", "plain", NULL};
 static const char *const heads_mode_names[] = {"standard", "fish", NULL};
-static const char *const variant_names[] = {"full",      "local",   "linear", "fma", "fma_linear",
-                                            "fmmformer", "nystrom", "rmfa",   NULL};
+/* The variants: the registry's names (src/attention/registry.h). */
+#define VARIANT_NAME(name) #name,
+static const char *const variant_names[] = {ATTENTION_REGISTRY(VARIANT_NAME) NULL};
+#undef VARIANT_NAME
 static const char *const rmfa_kernel_names[] = {"exp", "inv", "log", "trigh", "sqrt", NULL};
 static const char *const fish_mix_names[] = {"linear", "mlp", NULL};
 static const char *const kernel_names[] = {"elu", "elu_neg", "tanh", NULL};

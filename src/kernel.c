@@ -97,9 +97,11 @@ int kernel_run(const char *in_path, const char *out_path) {
     error("%s: q has shape [%ld, %ld, %ld], v [%ld, %ld, %ld]: n and d must agree", in_path,
           shape[0], shape[1], shape[2], H, n, d);
 
-  /* The variant keys share the deck's prefix: fma_linear uses the fma.* keys; FiSH's keys
-   * (global_heads, mix, noise) are fish.*, and heads_mode is attention.heads_mode. */
-  const char *prefix = strcmp(ka.variant, "fma_linear") == 0 ? "fma" : ka.variant;
+  /* A variant attribute names a deck key below [attention] by the variant's key prefix
+   * (fma_linear's are fma.*), or by its FiSH form's (fish.*); heads_mode is attention's own. */
+  const struct attn_variant *named = attention_find(ka.variant);
+  const char *prefix = named && named->keys_prefix ? named->keys_prefix : ka.variant;
+  const char *fish = named && named->fish ? named->fish->keys_prefix : NULL;
   char items[KERNEL_MAX_KEYS + 6][200];
   struct config_overrides ov = {0};
   snprintf(items[0], sizeof items[0], "attention.variant=%s", ka.variant);
@@ -111,12 +113,13 @@ int kernel_run(const char *in_path, const char *out_path) {
   int ni = 6;
   for (int i = 0; i < ka.count; i++) {
     const char *key = ka.items[i];
-    const bool fish = strncmp(key, "global_heads=", 13) == 0 || strncmp(key, "mix=", 4) == 0 ||
-                      strncmp(key, "noise=", 6) == 0;
-    int len = strncmp(key, "heads_mode=", 11) == 0
-                  ? snprintf(items[ni++], sizeof items[0], "attention.%s", key)
-                  : snprintf(items[ni++], sizeof items[0], "attention.%s.%s",
-                             fish ? "fish" : prefix, key);
+    char name[200];
+    snprintf(name, sizeof name, "attention.%.*s", (int)strcspn(key, "="), key);
+    const char *group = config_key_exists(name) ? NULL : prefix;
+    snprintf(name, sizeof name, "attention.%s.%.*s", fish ? fish : "", (int)strcspn(key, "="), key);
+    if (group && fish && config_key_exists(name)) group = fish;
+    int len = group ? snprintf(items[ni++], sizeof items[0], "attention.%s.%s", group, key)
+                    : snprintf(items[ni++], sizeof items[0], "attention.%s", key);
     if (len >= (int)sizeof items[0]) error("%s: attribute %s is too long", in_path, key);
   }
   for (int i = 0; i < ni; i++) ov.items[ov.count++] = items[i];
@@ -155,9 +158,9 @@ int kernel_run(const char *in_path, const char *out_path) {
   }
   h5_close(in);
 
-  struct attn_ctx ctx =
-      attention_open(&cfg, v, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, ka.causal != 0});
-  size_t saved_n = v->saved_floats ? v->saved_floats(&ctx) : 0;
+  struct attn_ctx ctx = attention_open(&cfg, v, DEVICE_CPU, NULL, 0,
+                                       (struct attn_dims){1, H, n, d, n, 0, ka.causal != 0});
+  size_t saved_n = attention_saved_floats(&ctx);
   float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
   float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
         *dq = mem_alloc(MEM_DATA, sizeof(float) * qcount);
@@ -165,9 +168,10 @@ int kernel_run(const char *in_path, const char *out_path) {
         *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
   const float *pp = list->count ? ap.params : NULL;
   double t0 = timer_now();
-  v->forward(&ctx, out, saved, q, k, vv, pp);
+  attention_forward(&ctx, out, saved, q, k, vv, pp);
   double t1 = timer_now();
-  v->backward(&ctx, dq, dk, dv, list->count ? ap.dparams : NULL, dout, q, k, vv, pp, out, saved);
+  attention_backward(&ctx, dq, dk, dv, list->count ? ap.dparams : NULL, dout, q, k, vv, pp, out,
+                     saved);
   double t2 = timer_now();
 
   hid_t f = h5_create(out_path);

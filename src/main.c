@@ -121,6 +121,7 @@ int main(int argc, char **argv) {
   if (!deck) error_collective("no deck given (usage: fmattn DECK.in; see fmattn --help)");
 
   struct config cfg;
+  config_set_rule(attention_deck_rule); /* the variants' own rules, reported at their keys */
   config_load_collective(&cfg, deck, &ov);
   check_runnable(&cfg, world, check_only);
   if (check_only) {

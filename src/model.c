@@ -162,10 +162,11 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
 
   m->actx = xcalloc((size_t)m->L, sizeof(struct attn_ctx));
   struct attn_dims dims = {B, m->H, m->T, m->d, m->n, m->t0, m->causal};
-  for (int l = 0; l < m->L; l++) m->actx[l] = attention_open(cfg, m->attn, comm, l, dims);
+  for (int l = 0; l < m->L; l++)
+    m->actx[l] = attention_open(cfg, m->attn, DEVICE_CPU, comm, l, dims);
 
   const size_t BT = (size_t)(B * m->T), C = (size_t)m->C, R = (size_t)m->R;
-  const size_t saved = m->attn->saved_floats ? m->attn->saved_floats(&m->actx[0]) : 0;
+  const size_t saved = attention_saved_floats(&m->actx[0]);
   m->tokens = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * BT);
   m->targets = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * BT);
   m->residual = act((size_t)(m->L + 1) * BT * C);
@@ -289,7 +290,7 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   ctx->step = step; /* the keys of any noise the variant draws (FiSH), the same in backward */
   ctx->train = train;
   ctx->sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
-  m->attn->forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
+  attention_forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
   if (m->diag_request && m->attn->diagnostics) {
     long nq = m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * H * m->diag_bands,
                                    m->diag_entropy + (size_t)l * H, a->q, a->k, a->v, w->attn);
@@ -421,8 +422,8 @@ void model_backward(struct model *m, long step) {
     zero(m->dk, NC);
     zero(m->dv, NC);
     timer_start(TIMER_ATTENTION);
-    m->attn->backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v, w->attn,
-                      a->att, a->att_saved);
+    attention_backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v,
+                       w->attn, a->att, a->att_saved);
     timer_stop(TIMER_ATTENTION);
     if (m->cfg->model.position == POSITION_ROPE) {
       rope_backward(m->dq, B * m->Hqk, T, d, m->t0);

@@ -136,12 +136,12 @@ static struct run_out run_variant(const struct config *cfg, long B, long H, long
   const struct attn_variant *var = attention_find(cfg->attention.variant);
   assert_non_null(var);
   struct attn_ctx ctx =
-      attention_open(cfg, var, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
+      attention_open(cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
   size_t count = (size_t)(B * H * n * d);
   struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
-  float *saved = calloc(var->saved_floats(&ctx) + 1, sizeof(float));
-  var->forward(&ctx, r.out, saved, q, k, v, NULL);
-  if (dout) var->backward(&ctx, r.dq, r.dk, r.dv, NULL, dout, q, k, v, NULL, r.out, saved);
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
+  attention_forward(&ctx, r.out, saved, q, k, v, NULL);
+  if (dout) attention_backward(&ctx, r.dq, r.dk, r.dv, NULL, dout, q, k, v, NULL, r.out, saved);
   attention_close(&ctx);
   free(saved);
   return r;
@@ -314,7 +314,7 @@ static void check_diagnostics(const char *variant, long band, long n, bool causa
   make_config(&cfg, variant, n, (int)H, (int)d, causal, 16);
   const struct attn_variant *var = attention_find(variant);
   struct attn_ctx ctx =
-      attention_open(&cfg, var, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, causal});
+      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, causal});
   struct fma_tree tree;
   fma_tree_build(&tree, n, cfg.attention.fma_m, cfg.attention.fma_p);
   const int bands = tree.levels + 1;

@@ -19,6 +19,7 @@
 
 #include <mpi.h>
 
+#include "attention/attention.h"
 #include "config.h"
 
 #define ERR_LEN 4096
@@ -329,7 +330,7 @@ static void test_resolved_round_trip(void **state) {
          "[data]\nsource = majority\nsplit = 1000,200,300\nsymbols = 7\ncopy_len = 5\n"
          "[model]\nlayers = 3\ndim = 96\nheads = 3\nmlp_ratio = 2\ncontext = 4096\n"
          "position = sinusoidal\ndropout = 0\nobjective = mlm\ntie_embeddings = no\n"
-         "[attention]\nvariant = rmfa\nheads_mode = fish\nfull.block = 32\nfma.m = 128\n"
+         "[attention]\nvariant = local\nheads_mode = fish\nfull.block = 32\nfma.m = 128\n"
          "fma.p = 8\nfma.init = random\nfma.multiplicity = false\nlocal.band = 17\n"
          "fmmformer.band = 9\nfmmformer.kernels = tanh,elu_neg\nnystrom.landmarks = 16\n"
          "nystrom.pinv_iters = 9\nnystrom.conv = 0\nrmfa.kernel = trigh\n"
@@ -660,9 +661,15 @@ static void test_cross_key_rules(void **state) {
                ":4: attention.variant = fma_linear needs", NULL);
   expect_error("[model]\ncontext = 768\n", copy_source, "power of two", NULL);
   expect_error("[run]\nmode = bench\n[bench]\nn_list = 1024,1000\n", copy_source,
-               ":4: bench.variants has fma", "n = 1000 is not", NULL);
-  expect_error("[attention]\nheads_mode = fish\nfish.global_heads = 4\n", copy_source,
-               ":3: attention.fish.global_heads = 4 must be fewer than model.heads = 4", NULL);
+               ":4: bench.variants has fma, which cannot run at n = 1000 of bench.n_list",
+               "power of two", NULL);
+  expect_error("[attention]\nvariant = local\nheads_mode = fish\nfish.global_heads = 4\n",
+               copy_source,
+               ":4: attention.fish.global_heads = 4 must be fewer than model.heads = 4", NULL);
+  expect_error("[attention]\nheads_mode = fish\n", copy_source,
+               ":2: attention.heads_mode = fish composes with attention.variant = full or local, "
+               "not fma",
+               NULL);
   expect_error("[attention]\nvariant = nystrom\n", copy_source,
                ":2: attention.variant = nystrom is bidirectional only (segment means mix future "
                "tokens); use model.objective = mlm",
@@ -675,12 +682,17 @@ static void test_cross_key_rules(void **state) {
   expect_error("[data]\ncopy_len = 513\n", copy_source, ":2: data.copy_len = 513 does not fit",
                NULL);
 
-  /* The same keys, consistent, pass; the rules that depend on a variant wait for it. */
+  /* The same keys, consistent, pass; a variant's rules apply to the variant the deck runs. */
   struct config c;
   expect_ok(&c,
             "[model]\nposition = rope\ndim = 16\nheads = 4\nobjective = mlm\ncontext = 128\n"
-            "[attention]\nvariant = nystrom\nheads_mode = fish\nfish.global_heads = 3\n"
+            "[attention]\nvariant = nystrom\nnystrom.landmarks = 32\n"
             "[run]\nmode = generate\n[output]\nrestart = latest\n[data]\ncopy_len = 64\n",
+            copy_source);
+  config_free(&c);
+  expect_ok(&c,
+            "[model]\nposition = rope\ndim = 16\nheads = 4\ncontext = 128\n"
+            "[attention]\nvariant = full\nheads_mode = fish\nfish.global_heads = 3\n",
             copy_source);
   config_free(&c);
   expect_ok(&c, "[model]\ncontext = 1000\n[attention]\nvariant = full\nfish.global_heads = 9\n",
@@ -790,7 +802,8 @@ static int setup(void **state) {
   (void)state;
   snprintf(dir, sizeof dir, "/tmp/fmattn_test_config_XXXXXX");
   if (!mkdtemp(dir)) return -1;
-  write_file("deck.in", "", 0); /* files[0]: the deck load_deck writes */
+  write_file("deck.in", "", 0);         /* files[0]: the deck load_deck writes */
+  config_set_rule(attention_deck_rule); /* as fmattn's main sets it: the variants' own rules */
   return 0;
 }
 

@@ -43,9 +43,9 @@ static void check_decode(const char *variant, long n, const char *extra[]) {
   tu_randn(k, X, 42, 1.0f);
   tu_randn(v, X, 43, 1.0f);
   struct attn_ctx ctx =
-      attention_open(&cfg, var, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, true});
-  float *saved = calloc(var->saved_floats(&ctx) + 1, 4);
-  var->forward(&ctx, out, saved, q, k, v, pp);
+      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, true});
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
+  attention_forward(&ctx, out, saved, q, k, v, pp);
   void *cache = var->decode_open(&ctx, pp);
   float *qi = malloc(4 * H * d), *ki = malloc(4 * H * d), *vi = malloc(4 * H * d);
   float *oi = malloc(4 * H * d);

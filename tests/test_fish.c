@@ -144,15 +144,15 @@ static void check_case(const struct fcase *t) {
   attention_params_make(&ap, &cfg, var, n);
   for (size_t e = 0; e < ap.list.total; e++) /* off their initial values */
     ap.params[e] += 0.2f * (float)rng_normal(5, RNG_TEST, 71, e, 0);
-  struct attn_ctx ctx =
-      attention_open(&cfg, var, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, t->causal});
+  struct attn_ctx ctx = attention_open(&cfg, var, DEVICE_CPU, NULL, 0,
+                                       (struct attn_dims){B, H, n, d, n, 0, t->causal});
   ctx.step = 17;
   ctx.train = true;
   ctx.sample0 = 5;
   float *out = calloc(XV, 4), *dq = calloc(XQ, 4), *dk = calloc(XQ, 4), *dv = calloc(XV, 4);
-  float *saved = calloc(var->saved_floats(&ctx) + 1, 4);
-  var->forward(&ctx, out, saved, q, k, v, ap.params);
-  var->backward(&ctx, dq, dk, dv, ap.dparams, g, q, k, v, ap.params, out, saved);
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
+  attention_forward(&ctx, out, saved, q, k, v, ap.params);
+  attention_backward(&ctx, dq, dk, dv, ap.dparams, g, q, k, v, ap.params, out, saved);
   attention_close(&ctx);
   struct fparams fp = copy_params(t, &ap);
   double *base = params_base(&fp) - ap.list.p[0].offset; /* the whole block, as copied */
@@ -236,16 +236,16 @@ static void test_causality(void **state) {
     tu_randn(q, XQ, 1, 1.0f);
     tu_randn(k, XQ, 2, 1.0f);
     tu_randn(v, XV, 3, 1.0f);
-    struct attn_ctx ctx =
-        attention_open(&cfg, var, NULL, 0, (struct attn_dims){B, t.H, n, d, n, 0, true});
+    struct attn_ctx ctx = attention_open(&cfg, var, DEVICE_CPU, NULL, 0,
+                                         (struct attn_dims){B, t.H, n, d, n, 0, true});
     ctx.train = true;
-    var->forward(&ctx, o1, sv, q, k, v, ap.params);
+    attention_forward(&ctx, o1, sv, q, k, v, ap.params);
     const long j = 40;
     for (long g = 0; g < t.G; g++)
       for (long c = 0; c < d; c++) q[(g * n + j) * d + c] += 2, k[(g * n + j) * d + c] -= 1;
     for (long h = 0; h < t.H; h++)
       for (long c = 0; c < d; c++) v[(h * n + j) * d + c] += 3;
-    var->forward(&ctx, o2, sv, q, k, v, ap.params);
+    attention_forward(&ctx, o2, sv, q, k, v, ap.params);
     for (long h = 0; h < t.H; h++)
       for (long i = 0; i < j * d; i++)
         if (o1[h * n * d + i] != o2[h * n * d + i])

@@ -183,15 +183,17 @@ static void free_run(struct run_out *r) {
 static struct run_out prod_run(struct prod *pr, const struct fma_case *t, const float *q,
                                const float *k, const float *v, const float *dout) {
   const struct attn_variant *var = pr->var;
-  struct attn_ctx ctx = attention_open(
-      &pr->cfg, var, NULL, 0, (struct attn_dims){t->B, t->H, t->n, t->d, t->n, 0, t->causal});
+  struct attn_ctx ctx =
+      attention_open(&pr->cfg, var, DEVICE_CPU, NULL, 0,
+                     (struct attn_dims){t->B, t->H, t->n, t->d, t->n, 0, t->causal});
   size_t count = (size_t)(t->B * t->H * t->n * t->d);
   struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
-  float *saved = calloc(var->saved_floats(&ctx) + 1, sizeof(float));
-  var->forward(&ctx, r.out, saved, q, k, v, pr->params);
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
+  attention_forward(&ctx, r.out, saved, q, k, v, pr->params);
   if (dout) {
     memset(pr->dparams, 0, sizeof(float) * (pr->list.total + 1));
-    var->backward(&ctx, r.dq, r.dk, r.dv, pr->dparams, dout, q, k, v, pr->params, r.out, saved);
+    attention_backward(&ctx, r.dq, r.dk, r.dv, pr->dparams, dout, q, k, v, pr->params, r.out,
+                       saved);
   }
   attention_close(&ctx);
   free(saved);
@@ -598,7 +600,7 @@ static void test_fma_linear_shifted_query(void **state) { causality_all(true, tr
 static double float_objective(struct prod *pr, struct attn_ctx *ctx, float *out, float *saved,
                               const float *q, const float *k, const float *v, const float *g,
                               long count) {
-  pr->var->forward(ctx, out, saved, q, k, v, pr->params);
+  attention_forward(ctx, out, saved, q, k, v, pr->params);
   double J = 0.0;
   for (long e = 0; e < count; e++) J += (double)g[e] * out[e];
   return J;
@@ -619,9 +621,9 @@ static void float_fd_case(bool linear, enum fo_down down, bool causal, long n) {
   tu_randn(v, count, 113, 1.0f);
   tu_randn(g, count, 114, 1.0f);
   struct run_out r = prod_run(&pr, &t, q, k, v, g);
-  struct attn_ctx ctx = attention_open(&pr.cfg, pr.var, NULL, 0,
+  struct attn_ctx ctx = attention_open(&pr.cfg, pr.var, DEVICE_CPU, NULL, 0,
                                        (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
-  float *out = calloc(count, 4), *saved = calloc(pr.var->saved_floats(&ctx) + 1, 4);
+  float *out = calloc(count, 4), *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
   const float h = 1e-2f;
   float *xs[4] = {q, k, v, pr.params};
   const float *grads[4] = {r.dq, r.dk, r.dv, pr.dparams};
@@ -680,11 +682,12 @@ static void test_fma_backward_accumulates(void **state) {
       const long np = (long)pr.list.total;
       double *once[4] = {tu_to_double(r.dq, count), tu_to_double(r.dk, count),
                          tu_to_double(r.dv, count), tu_to_double(pr.dparams, np)};
-      struct attn_ctx ctx = attention_open(
-          &pr.cfg, pr.var, NULL, 0, (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
-      float *out = calloc(count, 4), *saved = calloc(pr.var->saved_floats(&ctx) + 1, 4);
-      pr.var->forward(&ctx, out, saved, q, k, v, pr.params);
-      pr.var->backward(&ctx, r.dq, r.dk, r.dv, pr.dparams, g, q, k, v, pr.params, out, saved);
+      struct attn_ctx ctx =
+          attention_open(&pr.cfg, pr.var, DEVICE_CPU, NULL, 0,
+                         (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
+      float *out = calloc(count, 4), *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
+      attention_forward(&ctx, out, saved, q, k, v, pr.params);
+      attention_backward(&ctx, r.dq, r.dk, r.dv, pr.dparams, g, q, k, v, pr.params, out, saved);
       const float *twice[4] = {r.dq, r.dk, r.dv, pr.dparams};
       const long len[4] = {count, count, count, np};
       const char *names[4] = {"dq", "dk", "dv", "dparams"};

@@ -245,21 +245,21 @@ static void check_exact(long band, bool causal, int d) {
   const struct attn_variant *var = attention_find(cfg.attention.variant);
   assert_non_null(var);
   struct attn_ctx ctx =
-      attention_open(&cfg, var, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
-  assert_true(var->saved_floats(&ctx) == (size_t)(BH * n)); /* the saved state is lse alone */
+      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
+  assert_true(attention_saved_floats(&ctx) == (size_t)(BH * n)); /* the saved state is lse alone */
   float *q = randn(count, 51), *k = randn(count, 52), *v = randn(count, 53), *g = randn(count, 54);
   float *out = malloc(4 * count), *lse = malloc(4 * (size_t)(BH * n));
   float *dq = randn(count, 55), *dk = randn(count, 56), *dv = randn(count, 57);
   float *gq = up(q, count), *gk = up(k, count), *gv = up(v, count), *gg = up(g, count);
   float *gout = gpu_malloc(4 * count), *glse = gpu_malloc(4 * (size_t)(BH * n));
   float *gdq = up(dq, count), *gdk = up(dk, count), *gdv = up(dv, count);
-  var->forward(&ctx, out, lse, q, k, v, NULL);
+  attention_forward(&ctx, out, lse, q, k, v, NULL);
   gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, causal, band);
   char what[96];
   snprintf(what, sizeof what, "%s d=%d %s: ", var->name, d, causal ? "causal" : "bidirectional");
   assert_exact(diff(gout, out, count), what, "out");
   assert_exact(diff(glse, lse, (size_t)(BH * n)), what, "lse");
-  var->backward(&ctx, dq, dk, dv, NULL, g, q, k, v, NULL, out, lse);
+  attention_backward(&ctx, dq, dk, dv, NULL, g, q, k, v, NULL, out, lse);
   gpu_exact_attention_backward(gdq, gdk, gdv, gg, gq, gk, gv, gout, glse, BH, n, d, causal, band);
   assert_exact(diff(gdq, dq, count), what, "dq (accumulated)");
   assert_exact(diff(gdk, dk, count), what, "dk (accumulated)");

@@ -227,18 +227,18 @@ static struct run run_op(const struct config *cfg, long B, long H, long n, long 
       r.ap.params[p->offset + e] += 0.3f * (float)rng_normal(5, RNG_TEST, 40 + i, e, 0);
   }
   struct attn_ctx ctx =
-      attention_open(cfg, var, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
+      attention_open(cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
   const size_t count = (size_t)(B * H * n * d);
   r.out = calloc(count, 4);
   r.dq = calloc(count, 4);
   r.dk = calloc(count, 4);
   r.dv = calloc(count, 4);
-  float *saved = calloc(var->saved_floats(&ctx) + 1, sizeof(float));
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
   const float *pp = r.ap.list.count ? r.ap.params : NULL;
-  var->forward(&ctx, r.out, saved, q, k, v, pp);
+  attention_forward(&ctx, r.out, saved, q, k, v, pp);
   if (g)
-    var->backward(&ctx, r.dq, r.dk, r.dv, r.ap.list.count ? r.ap.dparams : NULL, g, q, k, v, pp,
-                  r.out, saved);
+    attention_backward(&ctx, r.dq, r.dk, r.dv, r.ap.list.count ? r.ap.dparams : NULL, g, q, k, v,
+                       pp, r.out, saved);
   attention_close(&ctx);
   free(saved);
   return r;

@@ -83,7 +83,7 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
   if (!var) error("variant %s is not registered", cfg->attention.variant);
   const long Hq = attention_qk_heads(cfg); /* q, k heads: H, or FiSH's global heads */
   struct attn_ctx ctx =
-      attention_open(cfg, var, comm, 0, (struct attn_dims){B, H, T, d, n, t0, causal});
+      attention_open(cfg, var, DEVICE_CPU, comm, 0, (struct attn_dims){B, H, T, d, n, t0, causal});
   ctx.step = 3; /* training: FiSH's noise on, keyed by global (sample, i, j) */
   ctx.train = true;
   ctx.sample0 = 0;
@@ -116,11 +116,11 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
   r.dq = calloc(qcount, 4);
   r.dk = calloc(qcount, 4);
   r.dv = calloc(count, 4);
-  float *saved = calloc(var->saved_floats(&ctx) + 1, 4);
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
   const float *pp = list.count ? params : NULL;
-  var->forward(&ctx, r.out, saved, ql, kl, vl, pp);
-  var->backward(&ctx, r.dq, r.dk, r.dv, list.count ? r.dparams : NULL, gl, ql, kl, vl, pp, r.out,
-                saved);
+  attention_forward(&ctx, r.out, saved, ql, kl, vl, pp);
+  attention_backward(&ctx, r.dq, r.dk, r.dv, list.count ? r.dparams : NULL, gl, ql, kl, vl, pp,
+                     r.out, saved);
   attention_close(&ctx);
   free(saved);
   free(ql);

@@ -1,52 +1,35 @@
-/* The attention registry (one line per variant) and what variants share: the configuration check
- * and the row-by-row diagnostics of exact variants, classified by the FMA tree's distance bands so
- * that `full` and `fma` report comparable level masses. */
+/* The attention registry (registry.h) and what variants share: the configuration checks, the
+ * implementations by device, contexts, and the row-by-row diagnostics of exact variants, classified
+ * by the FMA tree's distance bands so that `full` and `fma` report comparable level masses. */
 #include "attention/attention.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "attention/registry.h"
 #include "error.h"
 #include "fma/lists.h"
 #include "memory.h"
 
-extern const struct attn_variant attention_full;
-extern const struct attn_variant attention_local;
-extern const struct attn_variant attention_fma;
-extern const struct attn_variant attention_fma_linear;
-extern const struct attn_variant attention_linear;
-extern const struct attn_variant attention_fmmformer;
-extern const struct attn_variant attention_rmfa;
-extern const struct attn_variant attention_nystrom;
-
-static const struct attn_variant *const registry[] = {
-    &attention_full,   &attention_local,     &attention_fma,  &attention_fma_linear,
-    &attention_linear, &attention_fmmformer, &attention_rmfa, &attention_nystrom,
-};
-
-/* Variants named by SPEC §6 that a deck may select; those not in the registry are refused with a
- * clear message rather than an "unknown variant" one. */
-static const char *const spec_variants[] = {"full",       "local",     "linear",  "fma",
-                                            "fma_linear", "fmmformer", "nystrom", "rmfa"};
+#define DECLARE(name) extern struct attn_variant attention_##name;
+ATTENTION_REGISTRY(DECLARE)
+#undef DECLARE
+#define ENTRY(name) &attention_##name,
+static struct attn_variant *const registry[] = {ATTENTION_REGISTRY(ENTRY)};
+#undef ENTRY
+#define NVARIANTS (sizeof registry / sizeof registry[0])
 
 const struct attn_variant *attention_find(const char *name) {
-  for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)
+  for (size_t i = 0; i < NVARIANTS; i++)
     if (strcmp(registry[i]->name, name) == 0) return registry[i];
   return NULL;
 }
 
-bool attention_implemented(const char *name) { return attention_find(name) != NULL; }
-
-extern const struct attn_variant attention_fish_full;
-extern const struct attn_variant attention_fish_local;
-
 const struct attn_variant *attention_select(const struct config *cfg) {
   const struct attn_variant *v = attention_find(cfg->attention.variant);
-  if (!v || cfg->attention.heads_mode != HEADS_FISH) return v;
-  if (v == &attention_full) return &attention_fish_full;
-  if (v == &attention_local) return &attention_fish_local;
-  return NULL;
+  return v && cfg->attention.heads_mode == HEADS_FISH ? v->fish : v;
 }
 
 int attention_qk_heads(const struct config *cfg) {
@@ -54,57 +37,108 @@ int attention_qk_heads(const struct config *cfg) {
                                                  : cfg->model.heads;
 }
 
-int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len) {
-  const char *name = cfg->attention.variant;
-  const struct attn_variant *v = attention_find(name);
-  if (!v) {
-    bool known = false;
-    for (size_t i = 0; i < sizeof spec_variants / sizeof spec_variants[0]; i++)
-      known |= strcmp(spec_variants[i], name) == 0;
-    char avail[256] = "";
-    for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)
-      snprintf(avail + strlen(avail), sizeof avail - strlen(avail), "%s%s", i ? ", " : "",
-               registry[i]->name);
-    snprintf(err, len, "attention.variant = %s %s; available: %s", name,
-             known ? "is not implemented in this version of fmattn" : "is unknown", avail);
-    return 1;
-  }
-  bool causal = cfg->model.objective == OBJECTIVE_CLM;
-  if (causal && !v->causal_ok) {
-    snprintf(err, len, "attention.variant = %s cannot run causally (model.objective = clm)", name);
-    return 1;
-  }
-  if (!causal && !v->bidir_ok) {
-    snprintf(err, len, "attention.variant = %s cannot run bidirectionally (model.objective = mlm)",
-             name);
-    return 1;
-  }
-  if (cfg->attention.heads_mode == HEADS_FISH && !attention_select(cfg)) {
-    snprintf(err, len,
-             "attention.heads_mode = fish composes with attention.variant = full or local, not %s "
-             "(FiSH mixes the global heads' scores of every query-key pair; docs/nystrom_fish.md "
-             "says why the other variants cannot)",
-             name);
-    return 1;
-  }
-  if (cfg->attention.heads_mode == HEADS_FISH) v = attention_select(cfg);
-  if (v->check) {
-    const char *why = v->check(cfg, n, seq_ranks, err, len);
-    if (why) return 1;
-  }
-  return 0;
+bool attention_refuse(struct attn_refusal *r, const char *keys, const char *fmt, ...) {
+  snprintf(r->keys, sizeof r->keys, "%s", keys);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+  return true;
 }
 
-const char *attention_check_slabs(const struct config *cfg, long n, int seq_ranks, char *buf,
-                                  size_t len) {
-  if (seq_ranks > 1 && n % seq_ranks != 0) {
-    snprintf(buf, len,
-             "attention.variant = %s with parallel.seq_ranks = %d needs model.context (%ld) "
-             "divisible by parallel.seq_ranks",
-             cfg->attention.variant, seq_ranks, n);
-    return buf;
+bool attention_refuses(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r) {
+  const char *name = cfg->attention.variant;
+  const struct attn_variant *v = attention_find(name);
+  if (!v) /* the deck layer accepts registered names only */
+    return attention_refuse(r, "attention.variant", "attention.variant = %s is unknown", name);
+  if (cfg->attention.heads_mode == HEADS_FISH) {
+    if (!v->fish)
+      return attention_refuse(
+          r, "attention.heads_mode attention.variant",
+          "attention.heads_mode = fish composes with attention.variant = full or local, not %s "
+          "(FiSH mixes the global heads' scores of every query-key pair; docs/nystrom_fish.md "
+          "says why the other variants cannot)",
+          name);
+    v = v->fish;
   }
-  return NULL;
+  /* the variant's own reasons first: they say more than the rules every variant shares */
+  if (v->check && v->check(cfg, n, seq_ranks, r)) return true;
+  const bool causal = cfg->model.objective == OBJECTIVE_CLM;
+  if (causal && !v->causal_ok)
+    return attention_refuse(r, "attention.variant model.objective",
+                            "attention.variant = %s cannot run causally (model.objective = clm)",
+                            name);
+  if (!causal && !v->bidir_ok)
+    return attention_refuse(
+        r, "attention.variant model.objective",
+        "attention.variant = %s cannot run bidirectionally (model.objective = mlm)", name);
+  if (seq_ranks > 1 && n % seq_ranks != 0)
+    return attention_refuse(r, "parallel.seq_ranks model.context",
+                            "attention.variant = %s with parallel.seq_ranks = %d needs "
+                            "model.context (%ld) divisible by parallel.seq_ranks",
+                            name, seq_ranks, n);
+  return false;
+}
+
+int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len) {
+  struct attn_refusal r;
+  if (!attention_refuses(cfg, n, seq_ranks, &r)) return 0;
+  snprintf(err, len, "%s", r.msg);
+  return 1;
+}
+
+/* The bench sweep's configuration of one (variant, n): the deck with both replaced, and where
+ * the variant refuses it, its fallback if that runs. */
+static bool bench_refuses(const struct config *cfg, const char *variant, long n,
+                          struct attn_refusal *r) {
+  struct config c = *cfg;
+  snprintf(c.attention.variant, sizeof c.attention.variant, "%s", variant);
+  c.model.context = (int)n;
+  if (!attention_refuses(&c, n, 1, r)) return false;
+  const struct attn_variant *v = attention_find(variant);
+  struct attn_refusal again;
+  return !(v && v->fallback && v->fallback(&c) && !attention_refuses(&c, n, 1, &again));
+}
+
+bool attention_deck_rule(const struct config *cfg, char *keys, size_t keys_len, char *msg,
+                         size_t msg_len) {
+  struct attn_refusal r;
+  if (attention_refuses(cfg, cfg->model.context, 1, &r)) {
+    snprintf(keys, keys_len, "%s", r.keys);
+    snprintf(msg, msg_len, "%s", r.msg);
+    return true;
+  }
+  if (cfg->run.mode != MODE_BENCH) return false;
+  /* a sweep refuses the lengths its variants cannot take (their refusals name model.context,
+   * which bench.n_list stands for); what else a variant refuses skips its rows at run time */
+  for (int v = 0; v < cfg->bench.variant_count; v++)
+    for (int i = 0; i < cfg->bench.n_count; i++)
+      if (bench_refuses(cfg, cfg->bench.variants[v], cfg->bench.n_list[i], &r) &&
+          strstr(r.keys, "model.context")) {
+        snprintf(keys, keys_len, "bench.n_list bench.variants");
+        snprintf(msg, msg_len,
+                 "bench.variants has %s, which cannot run at n = %ld of bench.n_list: %s",
+                 cfg->bench.variants[v], cfg->bench.n_list[i], r.msg);
+        return true;
+      }
+  return false;
+}
+
+void attention_register_impl(const char *name, enum device_kind dev, const struct attn_impl *impl) {
+  for (size_t i = 0; i < NVARIANTS; i++) {
+    if (strcmp(registry[i]->name, name) != 0) continue;
+    if (dev == DEVICE_GPU)
+      registry[i]->gpu = impl;
+    else
+      registry[i]->cpu = *impl;
+    return;
+  }
+  error("a device back end registers an implementation of '%s', which is not a variant", name);
+}
+
+const struct attn_impl *attention_impl(const struct attn_variant *v, enum device_kind dev) {
+  if (dev == DEVICE_GPU) return v->gpu;
+  return v->cpu.forward ? &v->cpu : NULL;
 }
 
 int attention_register_params(const struct config *cfg, const struct attn_variant *v, long n,
@@ -144,15 +178,35 @@ void attention_init_param(const struct config *cfg, const struct attn_variant *v
 }
 
 struct attn_ctx attention_open(const struct config *cfg, const struct attn_variant *v,
-                               struct comm *comm, int layer, struct attn_dims dims) {
+                               enum device_kind dev, struct comm *comm, int layer,
+                               struct attn_dims dims) {
   struct attn_ctx ctx = {.cfg = cfg, .variant = v, .dims = dims, .comm = comm, .layer = layer};
+  ctx.impl = attention_impl(v, dev);
+  if (!ctx.impl) error("attention variant %s has no implementation on this device", v->name);
   ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
+  ctx.impl_state = ctx.impl->open ? ctx.impl->open(&ctx) : NULL;
   return ctx;
 }
 
 void attention_close(struct attn_ctx *ctx) {
+  if (ctx->impl->close) ctx->impl->close(ctx->impl_state);
   if (ctx->variant->teardown) ctx->variant->teardown(ctx->state);
-  ctx->state = NULL;
+  ctx->state = ctx->impl_state = NULL;
+}
+
+size_t attention_saved_floats(const struct attn_ctx *ctx) {
+  return ctx->impl->saved_floats ? ctx->impl->saved_floats(ctx) : 0;
+}
+
+void attention_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
+                       const float *k, const float *v, const float *params) {
+  ctx->impl->forward(ctx, out, saved, q, k, v, params);
+}
+
+void attention_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                        const float *dout, const float *q, const float *k, const float *v,
+                        const float *params, const float *out, const float *saved) {
+  ctx->impl->backward(ctx, dq, dk, dv, dparams, dout, q, k, v, params, out, saved);
 }
 
 void attention_params_make(struct attn_params *ap, const struct config *cfg,

@@ -1,6 +1,6 @@
 /* The attention interface: one ops table per variant (SPEC §1, §6), the only seam between the
  * model and a variant. The model calls these entry points and never branches on a variant's name;
- * adding a variant is one new file plus one line in the registry (attention.c). v and the output
+ * adding a variant is one new file plus one line in the registry (registry.h). v and the output
  * are in head layout (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d) with Hqk =
  * attention_qk_heads(cfg): H, or the G global heads of FiSH (SPEC §6.9). Under sequence
  * parallelism a variant reaches the rest of the sequence through ctx->comm (the halo/summary
@@ -26,13 +26,16 @@ struct attn_dims {
 };
 
 struct attn_variant;
+struct attn_impl;
 
 struct attn_ctx {
   const struct config *cfg;
   const struct attn_variant *variant;
+  const struct attn_impl *impl; /* the implementation for the device the context was opened on */
   struct attn_dims dims;
   struct comm *comm; /* sequence group for exchanges; S = 1 means the slab is the sequence */
-  void *state;       /* the variant's private state (tree, scratch sizes), from setup */
+  void *state;       /* the variant's host state (tree, lists, scratch sizes), from setup */
+  void *impl_state;  /* the implementation's own state (device buffers), from impl->open */
   int layer;
   /* Set by the caller before forward (backward sees the same): the training step, whether this is
    * training (dropout-like noise on), and the global index of local batch element 0 — the keys of
@@ -42,21 +45,20 @@ struct attn_ctx {
   long sample0;
 };
 
-struct attn_variant {
-  const char *name;
-  const char *params_name; /* the group of its parameters below attn/ (NULL: name) */
-  bool causal_ok;          /* may run in clm mode */
-  bool bidir_ok;           /* may run in mlm mode */
-  /* Why this variant refuses a configuration (NULL when it accepts it). Called before anything is
-   * allocated, with the global sequence length and the sequence-parallel rank count. */
-  const char *(*check)(const struct config *cfg, long n, int seq_ranks, char *buf, size_t len);
-  /* Parameters of ONE layer, appended with names relative to "attn/<name>/" (may add none). */
-  void (*describe)(const struct config *cfg, long n, struct param_list *list);
-  /* Initialise a parameter that describe registered with INIT_CUSTOM. */
-  void (*init_param)(const struct config *cfg, const struct param_desc *p, float *data);
-  /* Private state for these dimensions (NULL if none); teardown frees it. */
-  void *(*setup)(const struct config *cfg, const struct attn_dims *dims);
-  void (*teardown)(void *state);
+/* Why a variant refuses a configuration: the deck keys at fault, space separated ("model.context
+ * attention.fma.m"; the deck layer reports the refusal where the last of them was set), and the
+ * reason. */
+struct attn_refusal {
+  char keys[192];
+  char msg[1024];
+};
+
+/* One device's implementation of a variant's numerics. Arrays live on that device: q, k
+ * (B, Hqk, T, d), v, out, dout (B, H, T, d), saved and params as the implementation lays them. */
+struct attn_impl {
+  /* State of the implementation for one context (NULL when it needs none); close frees it. */
+  void *(*open)(const struct attn_ctx *ctx);
+  void (*close)(void *impl_state);
   /* Floats that forward saves for backward (per layer). */
   size_t (*saved_floats)(const struct attn_ctx *ctx);
   /* out (B, H, T, d) = attention(q, k, v); params: this layer's variant parameters (or NULL). */
@@ -66,17 +68,48 @@ struct attn_variant {
   void (*backward)(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                    const float *dout, const float *q, const float *k, const float *v,
                    const float *params, const float *out, const float *saved);
-  /* Attention diagnostics over the local queries of batch element 0: mass (H, bands) — the share
-   * of attention probability on the near field and on each level of the FMA tree built with
-   * fma.m, fma.p (bands = levels + 1) — and entropy (H), both summed over the queries examined;
-   * returns how many queries were examined per head. */
+};
+
+struct attn_variant {
+  const char *name;
+  const char *params_name; /* the group of its parameters below attn/ (NULL: name) */
+  const char *keys_prefix; /* the prefix of its deck keys in [attention] (NULL: name) */
+  bool causal_ok;          /* may run in clm mode */
+  bool bidir_ok;           /* may run in mlm mode */
+  /* The form this variant takes under attention.heads_mode = fish (SPEC §6.9), or NULL: none. */
+  const struct attn_variant *fish;
+  /* Whether this variant refuses cfg at sequence length n on seq_ranks ranks, and why (keys and
+   * message in *r). Called before anything is allocated. NULL: it takes any layout of equal
+   * slabs (attention_check refuses n not divisible by seq_ranks for every variant). */
+  bool (*check)(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r);
+  /* A nearby configuration to try when check refuses cfg (bench sweeps): changes cfg and returns
+   * true, or false when there is none (fma: conv summaries that would not fit become m2m). */
+  bool (*fallback)(struct config *cfg);
+  /* The variant's main option as a short label for tables (fma: fma.downsample), or NULL. */
+  const char *(*option_label)(const struct config *cfg);
+  /* Parameters of ONE layer, appended with names relative to "attn/<name>/" (may add none). */
+  void (*describe)(const struct config *cfg, long n, struct param_list *list);
+  /* Initialise a parameter that describe registered with INIT_CUSTOM. */
+  void (*init_param)(const struct config *cfg, const struct param_desc *p, float *data);
+  /* Host state for these dimensions, shared by every implementation (NULL if none); teardown
+   * frees it. */
+  void *(*setup)(const struct config *cfg, const struct attn_dims *dims);
+  void (*teardown)(void *state);
+  /* The implementations, side by side: the CPU one is the variant file's own; a device back end
+   * adds its own when it is opened (attention_register_impl), else gpu stays NULL. */
+  struct attn_impl cpu;
+  const struct attn_impl *gpu;
+  /* Attention diagnostics over the local queries of batch element 0 (host arrays): mass (H,
+   * bands) — the share of attention probability on the near field and on each level of the FMA
+   * tree built with fma.m, fma.p (bands = levels + 1) — and entropy (H), both summed over the
+   * queries examined; returns how many queries were examined per head. */
   long (*diagnostics)(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                       const float *k, const float *v, const float *params);
   /* Incremental decoding of one causal sequence (generation; B = 1, positions 0 .. n − 1 of the
-   * context): decode_open makes an empty cache of what later positions need; decode_step adds
-   * position pos's key and value and writes the output (H, d) of its query (q, k (Hqk, d),
-   * v (H, d), after rope), equal within rounding to forward's row pos. NULL: no cache (the
-   * caller recomputes the whole context for every token). */
+   * context, host arrays): decode_open makes an empty cache of what later positions need;
+   * decode_step adds position pos's key and value and writes the output (H, d) of its query (q, k
+   * (Hqk, d), v (H, d), after rope), equal within rounding to forward's row pos. NULL: no cache
+   * (the caller recomputes the whole context for every token). */
   void *(*decode_open)(const struct attn_ctx *ctx, const float *params);
   void (*decode_step)(struct attn_ctx *ctx, void *cache, float *out, const float *q, const float *k,
                       const float *v, long pos, const float *params);
@@ -87,22 +120,33 @@ struct attn_variant {
   double (*flops)(const struct attn_ctx *ctx, double *p2p_flops);
 };
 
-/* The registry. NULL when the name is unknown or not built. */
+/* The registry (registry.h). NULL when the name is unknown. */
 const struct attn_variant *attention_find(const char *name);
 /* The ops the configuration asks for: attention.variant, under attention.heads_mode = fish its
- * FiSH form (full and local have one); NULL when there is none (attention_check says why). */
+ * FiSH form; NULL when there is none (attention_check says why). */
 const struct attn_variant *attention_select(const struct config *cfg);
 /* Query/key heads of the configuration: model.heads, or fish.global_heads under FiSH. */
 int attention_qk_heads(const struct config *cfg);
-/* Names of every variant the deck may name but this build does not implement yet: NULL if name
- * is implemented. */
-bool attention_implemented(const char *name);
-/* Check a configuration against the chosen variant; 0 when it is runnable, else a message. */
+/* Whether the configuration's variant can run at sequence length n on seq_ranks sequence ranks
+ * (objective, FiSH form, equal slabs, and the variant's own check): false, with the keys at
+ * fault and the reason in *r, when it cannot. */
+bool attention_refuses(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r);
+/* attention_refuses as a status: 0 when runnable, else 1 with the reason in err. */
 int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len);
+/* The deck's variant rules, for config_set_rule: the configured variant at model.context on
+ * one rank, and in bench mode every variant of bench.variants at every n of bench.n_list (after
+ * its fallback) where the refusal is about the length. Layout rules wait for the rank count
+ * (attention_check at start). */
+bool attention_deck_rule(const struct config *cfg, char *keys, size_t keys_len, char *msg,
+                         size_t msg_len);
+/* Record dev's implementation of the variant called name (a device back end, when it opens). */
+void attention_register_impl(const char *name, enum device_kind dev, const struct attn_impl *impl);
+/* The implementation of v on dev (DEVICE_CPU or DEVICE_GPU), or NULL when there is none. */
+const struct attn_impl *attention_impl(const struct attn_variant *v, enum device_kind dev);
 
-/* The check of a variant whose only layout need is equal slabs: n divisible by seq_ranks. */
-const char *attention_check_slabs(const struct config *cfg, long n, int seq_ranks, char *buf,
-                                  size_t len);
+/* A refusal for a check hook: keys and the formatted message into *r; returns true. */
+bool attention_refuse(struct attn_refusal *r, const char *keys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Register the variant's parameters of block `layer` into list under their checkpoint names
  * "layer_NNN/attn/<variant>/<name>" (owner 1, layer set). Returns how many were added. */
@@ -113,11 +157,20 @@ int attention_register_params(const struct config *cfg, const struct attn_varian
 void attention_init_param(const struct config *cfg, const struct attn_variant *v,
                           const struct param_desc *p, float *data);
 
-/* The context of variant v for block `layer` on dims, its state set up; attention_close tears
- * it down. The model opens one per block; the bench, kernel files and tests open one alone. */
+/* The context of variant v for block `layer` on dims, its state set up, with v's implementation
+ * for dev (which must exist: attention_impl); attention_close tears it down. The model opens one
+ * per block; the bench, kernel files and tests open one alone. */
 struct attn_ctx attention_open(const struct config *cfg, const struct attn_variant *v,
-                               struct comm *comm, int layer, struct attn_dims dims);
+                               enum device_kind dev, struct comm *comm, int layer,
+                               struct attn_dims dims);
 void attention_close(struct attn_ctx *ctx);
+/* The entry points of the context's implementation (struct attn_impl). */
+size_t attention_saved_floats(const struct attn_ctx *ctx);
+void attention_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
+                       const float *k, const float *v, const float *params);
+void attention_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                        const float *dout, const float *q, const float *k, const float *v,
+                        const float *params, const float *out, const float *saved);
 
 /* One attention op's own parameters outside a model (bench, kernel files, tests): registered as
  * block 0 and initialised as the model would; dparams zeroed. A variant without parameters

@@ -775,9 +775,21 @@ static double fish_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return pairs * (2.0 * d * G + mix + 2.0 * d * H);
 }
 
+/* FiSH's own rules: fewer global heads than value heads, and at most 64 (fish_score's array). */
+static bool fish_check(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r) {
+  const int G = cfg->attention.fish_global_heads, H = cfg->model.heads;
+  if (G >= H)
+    return attention_refuse(r, "attention.fish.global_heads model.heads attention.heads_mode",
+                            "attention.fish.global_heads = %d must be fewer than model.heads = %d",
+                            G, H);
+  if (G > 64)
+    return attention_refuse(r, "attention.fish.global_heads",
+                            "attention.fish.global_heads = %d: at most 64 are supported", G);
+  return false;
+}
+
 static void *setup_common(const struct config *cfg, const struct attn_dims *dims, long band) {
   struct fish_state *st = fish_setup(cfg, dims);
-  if (st->G > 64) error("fish.global_heads = %d: at most 64 are supported", st->G);
   st->band = band;
   const int block = cfg->attention.full_block;
   int tile = block;
@@ -798,36 +810,34 @@ static void *fish_local_setup(const struct config *cfg, const struct attn_dims *
   return setup_common(cfg, dims, cfg->attention.local_band);
 }
 
-const struct attn_variant attention_fish_full = {
+struct attn_variant attention_fish_full = {
     .name = "full",
     .params_name = "fish",
+    .keys_prefix = "fish",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
+    .check = fish_check,
     .describe = fish_describe,
     .init_param = fish_init_param,
     .setup = fish_full_setup,
     .teardown = fish_teardown,
-    .saved_floats = fish_saved_floats,
-    .forward = fish_forward,
-    .backward = fish_backward,
     .diagnostics = fish_diagnostics,
     .flops = fish_flops,
+    .cpu = {.saved_floats = fish_saved_floats, .forward = fish_forward, .backward = fish_backward},
 };
 
-const struct attn_variant attention_fish_local = {
+struct attn_variant attention_fish_local = {
     .name = "local",
     .params_name = "fish",
+    .keys_prefix = "fish",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
+    .check = fish_check,
     .describe = fish_describe,
     .init_param = fish_init_param,
     .setup = fish_local_setup,
     .teardown = fish_teardown,
-    .saved_floats = fish_saved_floats,
-    .forward = fish_forward,
-    .backward = fish_backward,
     .diagnostics = fish_diagnostics,
     .flops = fish_flops,
+    .cpu = {.saved_floats = fish_saved_floats, .forward = fish_forward, .backward = fish_backward},
 };

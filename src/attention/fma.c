@@ -25,45 +25,45 @@
 /* conv parameters grow like d·p·n/2 per layer; past this many floats, ask for m2m. */
 #define FMA_CONV_MAX_FLOATS (128L << 20)
 
-static const char *check_common(const struct config *cfg, long n, int seq_ranks, char *buf,
-                                size_t len, const char *name) {
+/* fma's rules (SPEC §6.4): n = m·2^k with k ≥ 1, whole fine blocks per slab, and conv
+ * parameters that fit (they grow like d·p·n per layer). p dividing m is the deck's own rule: every
+ * variant's diagnostics use the fma.m tree. */
+static bool fma_check(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r) {
   const int m = cfg->attention.fma_m, p = cfg->attention.fma_p;
-  if (!fma_tree_exact(n, m, p)) {
-    snprintf(buf, len,
-             "attention.variant = %s needs model.context / fma.m a power of two >= 2 and fma.p "
-             "dividing fma.m (context %ld, m %d, p %d)",
-             name, n, m, p);
-    return buf;
-  }
-  if (seq_ranks > 1 && (n % seq_ranks != 0 || (n / seq_ranks) % m != 0)) {
-    snprintf(buf, len,
-             "attention.variant = %s with parallel.seq_ranks = %d: each rank's slab (model.context "
-             "/ seq_ranks = %ld / %d) must be a whole number of fine blocks of fma.m = %d tokens",
-             name, seq_ranks, n, seq_ranks, m);
-    return buf;
-  }
+  const char *name = cfg->attention.variant;
+  if (!fma_tree_exact(n, m, p))
+    return attention_refuse(r, "attention.variant model.context attention.fma.m",
+                            "attention.variant = %s needs model.context / attention.fma.m to be a "
+                            "power of two >= 2, but model.context = %ld and attention.fma.m = %d",
+                            name, n, m);
+  if (seq_ranks > 1 && (n / seq_ranks) % m != 0)
+    return attention_refuse(
+        r, "parallel.seq_ranks attention.fma.m",
+        "attention.variant = %s with parallel.seq_ranks = %d: each rank's slab (model.context / "
+        "seq_ranks = %ld / %d) must be a whole number of fine blocks of fma.m = %d tokens",
+        name, seq_ranks, n, seq_ranks, m);
   if (cfg->attention.fma_downsample == FMA_DOWN_CONV) {
     const long d = cfg->model.dim / cfg->model.heads;
     const double floats = 2.0 * (double)d * p * (double)(n / 2 - m / 2);
-    if (floats > (double)FMA_CONV_MAX_FLOATS) {
-      snprintf(buf, len,
-               "fma.downsample = conv needs %.0f parameters per layer at context %ld (they grow "
-               "like d·p·n); use fma.downsample = m2m, which scales to 1M tokens",
-               floats, n);
-      return buf;
-    }
+    if (floats > (double)FMA_CONV_MAX_FLOATS)
+      return attention_refuse(r, "attention.fma.downsample model.context",
+                              "fma.downsample = conv needs %.0f parameters per layer at context "
+                              "%ld (they grow like d·p·n); use fma.downsample = m2m, which scales "
+                              "to 1M tokens",
+                              floats, n);
   }
-  return NULL;
+  return false;
 }
 
-static const char *fma_check(const struct config *cfg, long n, int seq_ranks, char *buf,
-                             size_t len) {
-  return check_common(cfg, n, seq_ranks, buf, len, "fma");
+/* conv summaries that would not fit become m2m (SPEC §6.4: m2m is the one that scales). */
+static bool fma_fallback(struct config *cfg) {
+  if (cfg->attention.fma_downsample != FMA_DOWN_CONV) return false;
+  cfg->attention.fma_downsample = FMA_DOWN_M2M;
+  return true;
 }
 
-static const char *fma_linear_check(const struct config *cfg, long n, int seq_ranks, char *buf,
-                                    size_t len) {
-  return check_common(cfg, n, seq_ranks, buf, len, "fma_linear");
+static const char *fma_option_label(const struct config *cfg) {
+  return config_downsample_name(cfg->attention.fma_downsample);
 }
 
 static void fma_describe_params(const struct config *cfg, long n, struct param_list *list) {
@@ -419,8 +419,10 @@ static void fma_decode_step_ops(struct attn_ctx *ctx, void *cache, float *out, c
 
 static void fma_decode_close_ops(void *cache) { fma_decode_close(cache); }
 
-const struct attn_variant attention_fma = {
+struct attn_variant attention_fma = {
     .name = "fma",
+    .fallback = fma_fallback,
+    .option_label = fma_option_label,
     .decode_open = fma_decode_open_ops,
     .decode_step = fma_decode_step_ops,
     .decode_close = fma_decode_close_ops,
@@ -431,25 +433,24 @@ const struct attn_variant attention_fma = {
     .init_param = fma_init_params,
     .setup = fma_setup,
     .teardown = fma_teardown,
-    .saved_floats = fma_saved_floats,
-    .forward = fma_forward,
-    .backward = fma_backward,
     .diagnostics = fma_diagnostics,
     .flops = fma_flops,
+    .cpu = {.saved_floats = fma_saved_floats, .forward = fma_forward, .backward = fma_backward},
 };
 
-const struct attn_variant attention_fma_linear = {
+struct attn_variant attention_fma_linear = {
     .name = "fma_linear",
+    .keys_prefix = "fma",
+    .fallback = fma_fallback,
+    .option_label = fma_option_label,
     .causal_ok = true,
     .bidir_ok = true,
-    .check = fma_linear_check,
+    .check = fma_check,
     .describe = fma_linear_describe_params,
     .init_param = fma_linear_init_params,
     .setup = fma_linear_setup,
     .teardown = fma_teardown,
-    .saved_floats = fma_saved_floats,
-    .forward = fma_forward,
-    .backward = fma_backward,
     .diagnostics = fma_diagnostics,
     .flops = fma_flops,
+    .cpu = {.saved_floats = fma_saved_floats, .forward = fma_forward, .backward = fma_backward},
 };

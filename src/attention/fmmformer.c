@@ -235,20 +235,17 @@ static void fmm_decode_close(void *cache) {
   free(c);
 }
 
-const struct attn_variant attention_fmmformer = {
+struct attn_variant attention_fmmformer = {
     .name = "fmmformer",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
     .describe = fmm_describe,
     .setup = fmm_setup,
     .teardown = fmm_teardown,
-    .saved_floats = fmm_saved_floats,
-    .forward = fmm_forward,
-    .backward = fmm_backward,
     .diagnostics = fmm_diagnostics,
     .flops = fmm_flops,
     .decode_open = fmm_decode_open,
     .decode_step = fmm_decode_step,
     .decode_close = fmm_decode_close,
+    .cpu = {.saved_floats = fmm_saved_floats, .forward = fmm_forward, .backward = fmm_backward},
 };

@@ -121,7 +121,8 @@ static void exact_block_backward(float *dq, float *dk, float *dv, const float *d
  * one slab of queries against one contiguous range of keys: the whole op on one rank, and `local`
  * against its halo-extended keys */
 
-extern const struct attn_variant attention_local;
+extern struct attn_variant attention_local;
+extern struct attn_variant attention_fish_full, attention_fish_local;
 
 static struct key_mask mask_of(const struct attn_ctx *ctx, long band) {
   return (struct key_mask){ctx->dims.causal, band};
@@ -645,32 +646,32 @@ static void exact_decode_step(struct attn_ctx *ctx, void *cache, float *out, con
   exact_decode_step_band(ctx, cache, out, q, k, v, pos);
 }
 
-const struct attn_variant attention_full = {
+struct attn_variant attention_full = {
     .name = "full",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
-    .saved_floats = exact_saved_floats,
-    .forward = exact_forward,
-    .backward = exact_backward,
+    .fish = &attention_fish_full,
     .diagnostics = exact_diagnostics,
     .flops = exact_flops,
     .decode_open = exact_decode_open,
     .decode_step = exact_decode_step,
     .decode_close = exact_decode_close,
+    .cpu = {.saved_floats = exact_saved_floats,
+            .forward = exact_forward,
+            .backward = exact_backward},
 };
 
-const struct attn_variant attention_local = {
+struct attn_variant attention_local = {
     .name = "local",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
-    .saved_floats = exact_saved_floats,
-    .forward = exact_forward,
-    .backward = exact_backward,
+    .fish = &attention_fish_local,
     .diagnostics = exact_diagnostics,
     .flops = exact_flops,
     .decode_open = exact_decode_open,
     .decode_step = exact_decode_step,
     .decode_close = exact_decode_close,
+    .cpu = {.saved_floats = exact_saved_floats,
+            .forward = exact_forward,
+            .backward = exact_backward},
 };

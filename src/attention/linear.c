@@ -125,17 +125,16 @@ static void linear_decode_step(struct attn_ctx *ctx, void *cache, float *out, co
   kz_decode_step(ctx, cache, KZ_PLAIN, out, q, k, v);
 }
 
-const struct attn_variant attention_linear = {
+struct attn_variant attention_linear = {
     .name = "linear",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
-    .saved_floats = linear_saved_floats,
-    .forward = linear_forward,
-    .backward = linear_backward,
     .diagnostics = linear_diagnostics,
     .flops = linear_flops,
     .decode_open = linear_decode_open,
     .decode_step = linear_decode_step,
     .decode_close = kz_decode_close,
+    .cpu = {.saved_floats = linear_saved_floats,
+            .forward = linear_forward,
+            .backward = linear_backward},
 };

@@ -31,25 +31,25 @@ struct ny_state {
   float scale;     /* 1/√d */
 };
 
-static const char *ny_check(const struct config *cfg, long n, int seq_ranks, char *buf,
-                            size_t len) {
+static bool ny_check(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r) {
   const long m = cfg->attention.nystrom_landmarks;
-  if (n % m != 0) {
-    snprintf(buf, len,
-             "attention.nystrom.landmarks = %ld does not divide model.context = %ld (landmarks "
-             "are means of equal segments)",
-             m, n);
-    return buf;
-  }
-  if (seq_ranks > 1 && (n % seq_ranks != 0 || (n / seq_ranks) % (n / m) != 0)) {
-    snprintf(buf, len,
-             "attention.variant = nystrom with parallel.seq_ranks = %d: each rank's slab "
-             "(model.context / seq_ranks = %ld / %d) must hold whole segments of model.context / "
-             "nystrom.landmarks = %ld tokens",
-             seq_ranks, n, seq_ranks, n / m);
-    return buf;
-  }
-  return NULL;
+  if (cfg->model.objective == OBJECTIVE_CLM)
+    return attention_refuse(r, "attention.variant model.objective",
+                            "attention.variant = nystrom is bidirectional only (segment means mix "
+                            "future tokens); use model.objective = mlm");
+  if (n % m != 0)
+    return attention_refuse(r, "attention.nystrom.landmarks model.context",
+                            "attention.nystrom.landmarks = %ld does not divide model.context = %ld "
+                            "(landmarks are means of equal segments)",
+                            m, n);
+  if (seq_ranks > 1 && (n % seq_ranks != 0 || (n / seq_ranks) % (n / m) != 0))
+    return attention_refuse(
+        r, "parallel.seq_ranks attention.nystrom.landmarks",
+        "attention.variant = nystrom with parallel.seq_ranks = %d: each rank's slab "
+        "(model.context / seq_ranks = %ld / %d) must hold whole segments of model.context / "
+        "nystrom.landmarks = %ld tokens",
+        seq_ranks, n, seq_ranks, n / m);
+  return false;
 }
 
 static void ny_describe(const struct config *cfg, long n, struct param_list *list) {
@@ -616,7 +616,7 @@ static double ny_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return (double)(dm->B * dm->H) * (8.0 * T * m * d + small + 2.0 * T * d + 2.0 * T * st->k * d);
 }
 
-const struct attn_variant attention_nystrom = {
+struct attn_variant attention_nystrom = {
     .name = "nystrom",
     .causal_ok = false,
     .bidir_ok = true,
@@ -624,9 +624,7 @@ const struct attn_variant attention_nystrom = {
     .describe = ny_describe,
     .setup = ny_setup,
     .teardown = ny_teardown,
-    .saved_floats = ny_saved_floats,
-    .forward = ny_forward,
-    .backward = ny_backward,
     .diagnostics = ny_diagnostics,
     .flops = ny_flops,
+    .cpu = {.saved_floats = ny_saved_floats, .forward = ny_forward, .backward = ny_backward},
 };

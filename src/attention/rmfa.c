@@ -427,19 +427,16 @@ static void rmfa_decode_close(void *cache) {
   free(c);
 }
 
-const struct attn_variant attention_rmfa = {
+struct attn_variant attention_rmfa = {
     .name = "rmfa",
     .causal_ok = true,
     .bidir_ok = true,
-    .check = attention_check_slabs,
     .describe = rmfa_describe,
     .init_param = rmfa_init_param,
-    .saved_floats = rmfa_saved_floats,
-    .forward = rmfa_forward,
-    .backward = rmfa_backward,
     .diagnostics = rmfa_diagnostics,
     .flops = rmfa_flops,
     .decode_open = rmfa_decode_open,
     .decode_step = rmfa_decode_step,
     .decode_close = rmfa_decode_close,
+    .cpu = {.saved_floats = rmfa_saved_floats, .forward = rmfa_forward, .backward = rmfa_backward},
 };
