@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,11 +65,11 @@ double bench_sgemm_gflops(void) {
 /* ---------------------------------------------------------------------------------------------
  * attention */
 
+/* The rows of bench.h5's tables: text columns first, then numbers (written as doubles). */
 struct attn_row {
   char variant[64];
-  char downsample[16]; /* fma variants: conv, m2m or avg; "-" otherwise */
-  long n, heads, head_dim;
-  int causal;
+  char downsample[64]; /* the variant's option label (fma: conv, m2m or avg); "-" otherwise */
+  double n, heads, head_dim, causal;
   double fwd_ms, bwd_ms, workspace_bytes, gflops, p2p_gflops;
 };
 
@@ -199,9 +200,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
 
 struct comm_row {
   char variant[64];
-  long n;
-  int seq_ranks;
-  double bytes, fwd_ms, bwd_ms;
+  double n, seq_ranks, bytes, fwd_ms, bwd_ms;
 };
 
 static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
@@ -283,8 +282,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
  * training steps */
 
 struct train_row {
-  long n;
-  double tokens_per_s, flops_per_token, mfu, step_ms;
+  double n, tokens_per_s, flops_per_token, mfu, step_ms;
 };
 
 static bool bench_train_one(const struct config *cfg, struct comm *comm, int repeats,
@@ -306,7 +304,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
     long c;
     model_forward(&m, r + 1, true, 1.0f / (float)(N * comm->world_size), &c);
     model_backward(&m, r + 1);
-    comm_allreduce_sum_float(comm, COMM_WORLD, m.grads, m.plist.total);
+    model_allreduce_grads(&m);
     double norm = optimizer_grad_norm(&m);
     optimizer_step(&m, r + 2, 1e-4, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
     double t = timer_now() - t0;
@@ -336,8 +334,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
 
 struct gen_row {
   char variant[64];
-  long n;
-  double decode_ms, recompute_ms; /* per new token; NaN when not measured */
+  double n, decode_ms, recompute_ms; /* per new token; NaN when not measured */
 };
 
 static bool bench_generate_one(const struct config *cfg, struct comm *comm, int repeats,
@@ -392,202 +389,201 @@ static bool bench_generate_one(const struct config *cfg, struct comm *comm, int 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * bench.h5 */
+ * the sweeps: each fills its rows and returns how many */
 
-static void write_strings(hid_t f, const char *path, char names[][64], int count,
-                          const char *description) {
-  for (int i = 0; i < count; i++) h5_append_string(f, path, names[i], description);
+/* Attention forward + backward of every variant of bench.variants at every n (rank 0 alone). */
+static int sweep_attention(const struct config *cfg, struct comm *comm, double rate,
+                           struct attn_row *rows) {
+  message("attention forward + backward (median of %d; batch %d, %d heads of %d, %s):",
+          cfg->bench.repeats, cfg->bench.batch, cfg->model.heads, cfg->model.dim / cfg->model.heads,
+          cfg->model.objective == OBJECTIVE_CLM ? "causal" : "bidirectional");
+  int count = 0;
+  char err[1024];
+  for (int vi = 0; vi < cfg->bench.variant_count && comm->world_rank == 0; vi++)
+    for (int ni = 0; ni < cfg->bench.n_count && count < BENCH_ROWS; ni++) {
+      struct config c;
+      const long n = cfg->bench.n_list[ni];
+      if (bench_variant_config(cfg, cfg->bench.variants[vi], n, 1, &c, err, sizeof err))
+        message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
+      else if (bench_attention_one(&c, n, cfg->bench.repeats, rate, &rows[count]))
+        count++;
+    }
+  comm_barrier(comm, COMM_WORLD);
+  return count;
 }
 
-static void write_column(hid_t f, const char *path, const double *v, int count, const char *units) {
-  for (int i = 0; i < count; i++) h5_append_doubles(f, path, 0, NULL, &v[i], units);
+/* Whole training steps of attention.variant at every n, on every rank. */
+static int sweep_train(const struct config *cfg, struct comm *comm, double rate,
+                       struct train_row *rows) {
+  message("training steps (median of %d; %s, batch %d, %d layers, dim %d):", cfg->bench.repeats,
+          cfg->attention.variant, cfg->train.batch, cfg->model.layers, cfg->model.dim);
+  int count = 0;
+  char err[1024];
+  for (int ni = 0; ni < cfg->bench.n_count && count < BENCH_ROWS; ni++) {
+    struct config c;
+    const long n = cfg->bench.n_list[ni];
+    int bad = bench_config(cfg, cfg->attention.variant, n, comm->S, &c, err, sizeof err);
+    if (!bad) bad = config_check_layout(&c, comm->world_size, err, sizeof err);
+    if (bad)
+      message("  train      n = %8ld: skipped (%s)", n, err);
+    else if (bench_train_one(&c, comm, cfg->bench.repeats, rate, &rows[count]))
+      count++;
+  }
+  return count;
+}
+
+/* Sequence-parallel attention (traffic and time) of every variant at every n, on every rank. */
+static int sweep_comm(const struct config *cfg, struct comm *comm, double rate,
+                      struct comm_row *rows) {
+  message(
+      "sequence-parallel attention, forward + backward on %d sequence rank(s) (median of %d; "
+      "bytes sent per rank, max over ranks):",
+      comm->S, cfg->bench.repeats);
+  int count = 0;
+  char err[1024];
+  for (int vi = 0; vi < cfg->bench.variant_count; vi++)
+    for (int ni = 0; ni < cfg->bench.n_count && count < BENCH_ROWS; ni++) {
+      struct config c;
+      const long n = cfg->bench.n_list[ni];
+      if (bench_variant_config(cfg, cfg->bench.variants[vi], n, comm->S, &c, err, sizeof err))
+        message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
+      else if (bench_comm_one(&c, comm, n, cfg->bench.repeats, rate, &rows[count]))
+        count++;
+    }
+  return count;
+}
+
+/* One new token with the decode caches against recomputing the context (rank 0 alone). */
+static int sweep_generate(const struct config *cfg, struct comm *comm, double rate,
+                          struct gen_row *rows) {
+  message(
+      "generation, one new token at the end of the context (%s; decode: median of the last "
+      "%d of n steps; recompute: median of %d forwards over the context):",
+      cfg->attention.variant, GEN_TIMED, cfg->bench.repeats);
+  int count = 0;
+  char err[1024];
+  for (int ni = 0; ni < cfg->bench.n_count && count < BENCH_ROWS && comm->world_rank == 0; ni++) {
+    struct config c;
+    const long n = cfg->bench.n_list[ni];
+    if (bench_config(cfg, cfg->attention.variant, n, 1, &c, err, sizeof err)) {
+      message("  generate   n = %8ld: skipped (%s)", n, err);
+      continue;
+    }
+    c.model.objective = OBJECTIVE_CLM;
+    if (bench_generate_one(&c, comm, cfg->bench.repeats, rate, &rows[count])) count++;
+  }
+  comm_barrier(comm, COMM_WORLD);
+  return count;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * bench.h5: one writer for every table */
+
+/* A column of a table: a text field (char[64]) or a double of the row struct. */
+struct column {
+  const char *name;
+  size_t offset;
+  bool text;
+  const char *units; /* or the description of a text column */
+};
+#define TEXT(row, f, d) \
+  { #f, offsetof(struct row, f), true, d }
+#define NUM(row, f, u) \
+  { #f, offsetof(struct row, f), false, u }
+
+static const struct column attn_columns[] = {
+    TEXT(attn_row, variant, "attention variant"),
+    TEXT(attn_row, downsample, "fma.downsample of the row (fma variants; - otherwise)"),
+    NUM(attn_row, n, "tokens"),
+    NUM(attn_row, heads, "heads"),
+    NUM(attn_row, head_dim, "channels per head"),
+    NUM(attn_row, causal, "1 = causal, 0 = bidirectional"),
+    NUM(attn_row, fwd_ms, "milliseconds, median forward"),
+    NUM(attn_row, bwd_ms, "milliseconds, median backward"),
+    NUM(attn_row, workspace_bytes, "bytes of peak workspace, forward+backward"),
+    NUM(attn_row, gflops, "GFLOP/s: 3 x forward model FLOPs / (fwd + bwd time)"),
+    NUM(attn_row, p2p_gflops, "GFLOP/s of the near field (NaN when none)"),
+};
+static const struct column train_columns[] = {
+    NUM(train_row, n, "tokens per sequence"),
+    NUM(train_row, tokens_per_s, "tokens per second, all ranks"),
+    NUM(train_row, flops_per_token, "model FLOPs per token, forward + backward"),
+    NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops"),
+    NUM(train_row, step_ms, "milliseconds, median training step"),
+};
+static const struct column comm_columns[] = {
+    TEXT(comm_row, variant, "attention variant"),
+    NUM(comm_row, n, "tokens"),
+    NUM(comm_row, seq_ranks, "ranks sharing the sequence"),
+    {"bytes_per_rank_per_layer", offsetof(struct comm_row, bytes), false,
+     "bytes sent by the busiest rank in one attention forward + backward"},
+    NUM(comm_row, fwd_ms, "milliseconds, median forward (slowest rank)"),
+    NUM(comm_row, bwd_ms, "milliseconds, median backward (slowest rank)"),
+};
+static const struct column gen_columns[] = {
+    TEXT(gen_row, variant, "attention variant"),
+    NUM(gen_row, n, "tokens of context"),
+    NUM(gen_row, decode_ms,
+        "milliseconds per new token with the decode caches, cache filled to the context's end"),
+    NUM(gen_row, recompute_ms,
+        "milliseconds per new token recomputing the context (one forward over n tokens)"),
+};
+#undef TEXT
+#undef NUM
+#define NCOLS(c) (int)(sizeof c / sizeof c[0])
+
+/* The group's columns, one 1-D dataset each, one entry per row. */
+static void write_table(hid_t f, const char *group, const void *rows, size_t row_size, int count,
+                        const struct column *cols, int ncols) {
+  char path[128];
+  for (int c = 0; c < ncols && count > 0; c++) {
+    snprintf(path, sizeof path, "/%s/%s", group, cols[c].name);
+    for (int i = 0; i < count; i++) {
+      const char *field = (const char *)rows + (size_t)i * row_size + cols[c].offset;
+      if (cols[c].text)
+        h5_append_string(f, path, field, cols[c].units);
+      else
+        h5_append_doubles(f, path, 0, NULL, (const double *)field, cols[c].units);
+    }
+  }
 }
 
 int bench_run(const struct config *cfg, struct comm *comm) {
   char dir[1024];
   train_make_run_dir(cfg, comm, dir, sizeof dir);
-  const int repeats = cfg->bench.repeats;
   /* every rank measures at once, as they will run: the machine's rate is the sum */
   comm_barrier(comm, COMM_WORLD);
   double rank_rate = bench_sgemm_gflops(), machine_rate = rank_rate;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &machine_rate, 1, MPI_DOUBLE, MPI_SUM, comm->world));
+  comm_allreduce_sum_double(comm, COMM_WORLD, &machine_rate, 1);
   message(
       "bench: %d rank(s) x %d thread(s), BLAS core %s; SGEMM %.1f GFLOP/s per rank, %.1f "
       "GFLOP/s in all",
       comm->world_size, threads_count(), threads_blas_core(), rank_rate, machine_rate);
-
   static struct attn_row arows[BENCH_ROWS];
   static struct train_row trows[BENCH_ROWS];
   static struct comm_row crows[BENCH_ROWS];
-  int na = 0, nt = 0, nc = 0;
-  char err[1024];
-  if (cfg->bench.what & BENCH_ATTENTION) {
-    message("attention forward + backward (median of %d; batch %d, %d heads of %d, %s):", repeats,
-            cfg->bench.batch, cfg->model.heads, cfg->model.dim / cfg->model.heads,
-            cfg->model.objective == OBJECTIVE_CLM ? "causal" : "bidirectional");
-    if (comm->world_rank == 0) {
-      for (int vi = 0; vi < cfg->bench.variant_count; vi++)
-        for (int ni = 0; ni < cfg->bench.n_count && na < BENCH_ROWS; ni++) {
-          struct config c;
-          long n = cfg->bench.n_list[ni];
-          if (bench_variant_config(cfg, cfg->bench.variants[vi], n, 1, &c, err, sizeof err)) {
-            message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
-            continue;
-          }
-          if (bench_attention_one(&c, n, repeats, rank_rate, &arows[na])) na++;
-        }
-    }
-    comm_barrier(comm, COMM_WORLD);
-  }
-  if (cfg->bench.what & BENCH_TRAIN) {
-    message("training steps (median of %d; %s, batch %d, %d layers, dim %d):", repeats,
-            cfg->attention.variant, cfg->train.batch, cfg->model.layers, cfg->model.dim);
-    for (int ni = 0; ni < cfg->bench.n_count && nt < BENCH_ROWS; ni++) {
-      struct config c;
-      long n = cfg->bench.n_list[ni];
-      int bad = bench_config(cfg, cfg->attention.variant, n, comm->S, &c, err, sizeof err);
-      if (!bad) bad = config_check_layout(&c, comm->world_size, err, sizeof err);
-      if (bad) {
-        message("  train      n = %8ld: skipped (%s)", n, err);
-        continue;
-      }
-      if (bench_train_one(&c, comm, repeats, machine_rate, &trows[nt])) nt++;
-    }
-  }
-  if (cfg->bench.what & BENCH_COMM) {
-    message(
-        "sequence-parallel attention, forward + backward on %d sequence rank(s) (median of %d; "
-        "bytes sent per rank, max over ranks):",
-        comm->S, repeats);
-    for (int vi = 0; vi < cfg->bench.variant_count; vi++)
-      for (int ni = 0; ni < cfg->bench.n_count && nc < BENCH_ROWS; ni++) {
-        struct config c;
-        long n = cfg->bench.n_list[ni];
-        if (bench_variant_config(cfg, cfg->bench.variants[vi], n, comm->S, &c, err, sizeof err)) {
-          message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
-          continue;
-        }
-        if (bench_comm_one(&c, comm, n, repeats, machine_rate, &crows[nc])) nc++;
-      }
-  }
-
   static struct gen_row grows[BENCH_ROWS];
-  int ng = 0;
-  if (cfg->bench.what & BENCH_GENERATE) {
-    message(
-        "generation, one new token at the end of the context (%s; decode: median of the last "
-        "%d of n steps; recompute: median of %d forwards over the context):",
-        cfg->attention.variant, GEN_TIMED, repeats);
-    if (comm->world_rank == 0)
-      for (int ni = 0; ni < cfg->bench.n_count && ng < BENCH_ROWS; ni++) {
-        struct config c;
-        long n = cfg->bench.n_list[ni];
-        if (bench_config(cfg, cfg->attention.variant, n, 1, &c, err, sizeof err)) {
-          message("  generate   n = %8ld: skipped (%s)", n, err);
-          continue;
-        }
-        c.model.objective = OBJECTIVE_CLM;
-        if (bench_generate_one(&c, comm, repeats, rank_rate, &grows[ng])) ng++;
-      }
-    comm_barrier(comm, COMM_WORLD);
-  }
-
-  if (comm->world_rank == 0) {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/bench.h5", dir);
-    hid_t f = h5_create(path);
-    h5_attr_double(f, "/", "sgemm_gflops", machine_rate);
-    h5_attr_double(f, "/", "sgemm_gflops_per_rank", rank_rate);
-    h5_attr_long(f, "/", "threads", threads_count());
-    h5_attr_long(f, "/", "ranks", comm->world_size);
-    h5_attr_string(f, "/", "deck", cfg->resolved);
-    h5_attr_string(f, "/", "version", PACKAGE_VERSION);
-    h5_attr_string(f, "/", "blas_core", threads_blas_core());
-    if (na > 0) {
-      char names[BENCH_ROWS][64];
-      double col[BENCH_ROWS];
-      for (int i = 0; i < na; i++) {
-        memcpy(names[i], arows[i].variant, 63);
-        names[i][63] = '\0';
-      }
-      write_strings(f, "/attention/variant", names, na, "attention variant");
-      for (int i = 0; i < na; i++) snprintf(names[i], 64, "%s", arows[i].downsample);
-      write_strings(f, "/attention/downsample", names, na,
-                    "fma.downsample of the row (fma variants; - otherwise)");
-#define COL(field, path, units)                                   \
-  do {                                                            \
-    for (int i = 0; i < na; i++) col[i] = (double)arows[i].field; \
-    write_column(f, path, col, na, units);                        \
-  } while (0)
-      COL(n, "/attention/n", "tokens");
-      COL(heads, "/attention/heads", "heads");
-      COL(head_dim, "/attention/head_dim", "channels per head");
-      COL(causal, "/attention/causal", "1 = causal, 0 = bidirectional");
-      COL(fwd_ms, "/attention/fwd_ms", "milliseconds, median forward");
-      COL(bwd_ms, "/attention/bwd_ms", "milliseconds, median backward");
-      COL(workspace_bytes, "/attention/workspace_bytes",
-          "bytes of peak workspace, forward+backward");
-      COL(gflops, "/attention/gflops", "GFLOP/s: 3 x forward model FLOPs / (fwd + bwd time)");
-      COL(p2p_gflops, "/attention/p2p_gflops", "GFLOP/s of the near field (NaN when none)");
-#undef COL
-    }
-    if (nt > 0) {
-      double col[BENCH_ROWS];
-#define COL(field, path, units)                                   \
-  do {                                                            \
-    for (int i = 0; i < nt; i++) col[i] = (double)trows[i].field; \
-    write_column(f, path, col, nt, units);                        \
-  } while (0)
-      COL(n, "/train/n", "tokens per sequence");
-      COL(tokens_per_s, "/train/tokens_per_s", "tokens per second, all ranks");
-      COL(flops_per_token, "/train/flops_per_token", "model FLOPs per token, forward + backward");
-      COL(mfu, "/train/mfu", "achieved FLOP rate / sgemm_gflops");
-      COL(step_ms, "/train/step_ms", "milliseconds, median training step");
-#undef COL
-    }
-    if (nc > 0) {
-      char names[BENCH_ROWS][64];
-      double col[BENCH_ROWS];
-      for (int i = 0; i < nc; i++) {
-        memcpy(names[i], crows[i].variant, 63);
-        names[i][63] = '\0';
-      }
-      write_strings(f, "/comm/variant", names, nc, "attention variant");
-#define COL(field, path, units)                                   \
-  do {                                                            \
-    for (int i = 0; i < nc; i++) col[i] = (double)crows[i].field; \
-    write_column(f, path, col, nc, units);                        \
-  } while (0)
-      COL(n, "/comm/n", "tokens");
-      COL(seq_ranks, "/comm/seq_ranks", "ranks sharing the sequence");
-      COL(bytes, "/comm/bytes_per_rank_per_layer",
-          "bytes sent by the busiest rank in one attention forward + backward");
-      COL(fwd_ms, "/comm/fwd_ms", "milliseconds, median forward (slowest rank)");
-      COL(bwd_ms, "/comm/bwd_ms", "milliseconds, median backward (slowest rank)");
-#undef COL
-    }
-    if (ng > 0) {
-      char names[BENCH_ROWS][64];
-      double col[BENCH_ROWS];
-      for (int i = 0; i < ng; i++) {
-        memcpy(names[i], grows[i].variant, 63);
-        names[i][63] = '\0';
-      }
-      write_strings(f, "/generate/variant", names, ng, "attention variant");
-#define COL(field, path, units)                                   \
-  do {                                                            \
-    for (int i = 0; i < ng; i++) col[i] = (double)grows[i].field; \
-    write_column(f, path, col, ng, units);                        \
-  } while (0)
-      COL(n, "/generate/n", "tokens of context");
-      COL(decode_ms, "/generate/decode_ms",
-          "milliseconds per new token with the decode caches, cache filled to the context's end");
-      COL(recompute_ms, "/generate/recompute_ms",
-          "milliseconds per new token recomputing the context (one forward over n tokens)");
-#undef COL
-    }
-    h5_close(f);
-    message("wrote %s", path);
-  }
+  const unsigned what = cfg->bench.what;
+  const int na = what & BENCH_ATTENTION ? sweep_attention(cfg, comm, rank_rate, arows) : 0;
+  const int nt = what & BENCH_TRAIN ? sweep_train(cfg, comm, machine_rate, trows) : 0;
+  const int nc = what & BENCH_COMM ? sweep_comm(cfg, comm, machine_rate, crows) : 0;
+  const int ng = what & BENCH_GENERATE ? sweep_generate(cfg, comm, rank_rate, grows) : 0;
+  if (comm->world_rank != 0) return 0;
+  char path[1100];
+  snprintf(path, sizeof path, "%s/bench.h5", dir);
+  hid_t f = h5_create(path);
+  h5_attr_double(f, "/", "sgemm_gflops", machine_rate);
+  h5_attr_double(f, "/", "sgemm_gflops_per_rank", rank_rate);
+  h5_attr_long(f, "/", "threads", threads_count());
+  h5_attr_long(f, "/", "ranks", comm->world_size);
+  h5_attr_string(f, "/", "deck", cfg->resolved);
+  h5_attr_string(f, "/", "version", PACKAGE_VERSION);
+  h5_attr_string(f, "/", "blas_core", threads_blas_core());
+  write_table(f, "attention", arows, sizeof arows[0], na, attn_columns, NCOLS(attn_columns));
+  write_table(f, "train", trows, sizeof trows[0], nt, train_columns, NCOLS(train_columns));
+  write_table(f, "comm", crows, sizeof crows[0], nc, comm_columns, NCOLS(comm_columns));
+  write_table(f, "generate", grows, sizeof grows[0], ng, gen_columns, NCOLS(gen_columns));
+  h5_close(f);
+  message("wrote %s", path);
   return 0;
 }

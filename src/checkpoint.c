@@ -19,8 +19,10 @@
 enum { NSETS = 3 };
 static const char *const set_prefix[NSETS] = {"/model", "/optimizer/m", "/optimizer/v"};
 
+/* The host copy of a set: checkpoints are written from and read into the host, whatever device
+ * the model runs on (model_sync_to_host before a write, model_sync_to_device after a read). */
 static const float *set_base(const struct model *m, int set) {
-  return set == 0 ? m->params : set == 1 ? m->m : m->v;
+  return set == 0 ? m->host_params : set == 1 ? m->host_m : m->host_v;
 }
 
 /* CRC-32 (zlib) of a tensor's float32 bytes as they lie in memory and in the file (little-endian
@@ -55,9 +57,10 @@ static void check_free_space(const struct model *m, struct comm *comm, const cha
   }
 }
 
-double checkpoint_write(const struct model *m, struct comm *comm, long step, const char *dir) {
+double checkpoint_write(struct model *m, struct comm *comm, long step, const char *dir) {
   double t0 = timer_now();
   timer_start(TIMER_IO);
+  model_sync_to_host(m);
   char final[1024], tmp[1040], context[1200];
   snprintf(final, sizeof final, "%s/ckpt_%06ld.h5", dir, step);
   snprintf(tmp, sizeof tmp, "%s.tmp", final);
@@ -232,6 +235,7 @@ long checkpoint_read(struct model *m, struct comm *comm, const char *path) {
   char why[1024];
   long step = try_read(m, comm, path, &st, why, sizeof why);
   if (st != CKPT_OK) refuse(path, st, why);
+  model_sync_to_device(m);
   timer_stop(TIMER_IO);
   return step;
 }
@@ -304,6 +308,7 @@ long checkpoint_restore(struct model *m, struct comm *comm, const char *restart,
   long step;
   if (strcmp(restart, "latest") == 0) {
     step = read_latest(m, comm, dir, used, len);
+    model_sync_to_device(m);
   } else {
     snprintf(used, len, "%s", restart);
     message("reading checkpoint %s", restart);

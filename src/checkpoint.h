@@ -18,7 +18,7 @@
 #include "model.h"
 
 /* Write ckpt_<step>.h5 in dir (collective over the world). Returns the seconds it took. */
-double checkpoint_write(const struct model *model, struct comm *comm, long step, const char *dir);
+double checkpoint_write(struct model *model, struct comm *comm, long step, const char *dir);
 /* Read a checkpoint into the model (parameters and optimizer moments); returns its step. A
  * missing, damaged or foreign file ends the job with one message naming it. Collective. */
 long checkpoint_read(struct model *model, struct comm *comm, const char *path);

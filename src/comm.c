@@ -1,6 +1,7 @@
-/* MPI backend of the communicator (comm.h). Large messages are sent in pieces of at most
- * COMM_PIECE elements so counts never overflow MPI's int arguments. Collective byte counts use
- * the ring-algorithm volume 2(P−1)/P · bytes, the usual cost model of an allreduce. */
+/* The communicator (comm.h): the rank layout, the host collectives, and the MPI transport of the
+ * bulk float traffic behind the table the other transports fill. Large messages are sent in
+ * pieces of at most COMM_PIECE elements so counts never overflow MPI's int arguments. Collective
+ * byte counts use the ring-algorithm volume 2(P−1)/P · bytes, the usual cost model. */
 #include "comm.h"
 
 #include <limits.h>
@@ -24,6 +25,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->replica, c->seq_rank, &c->seq));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->seq_rank, c->replica, &c->data));
   c->bytes_sent = 0;
+  c->transport = &comm_mpi_transport;
 }
 
 void comm_free(struct comm *c) {
@@ -57,7 +59,8 @@ static void allreduce(struct comm *c, enum comm_scope scope, void *buf, size_t c
   c->bytes_sent += (uint64_t)(2.0 * (size - 1) / size * (double)(count * elem));
 }
 
-void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count) {
+static void mpi_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf,
+                                    size_t count) {
   allreduce(c, scope, buf, count, MPI_FLOAT, sizeof(float), MPI_SUM);
 }
 
@@ -73,8 +76,8 @@ void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *bu
   allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_MAX);
 }
 
-void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
-                          float *recv) {
+static void mpi_allgather_float(struct comm *c, enum comm_scope scope, const float *send,
+                                size_t count, float *recv) {
   int size;
   MPI_Comm comm = scope_comm(c, scope, &size);
   if (size == 1) {
@@ -119,8 +122,8 @@ void comm_barrier(struct comm *c, enum comm_scope scope) {
   if (size > 1) MPI_CHECK(MPI_Barrier(comm));
 }
 
-void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
-                         size_t rcount, int src, int tag) {
+static void mpi_sendrecv_float(struct comm *c, const float *send, size_t count, int dest,
+                               float *recv, size_t rcount, int src, int tag) {
   if (count > COMM_PIECE || rcount > COMM_PIECE)
     error("point-to-point message of %zu floats is too large", count > rcount ? count : rcount);
   MPI_CHECK(MPI_Sendrecv(send, (int)count, MPI_FLOAT, dest, tag, recv, (int)rcount, MPI_FLOAT, src,
@@ -128,9 +131,9 @@ void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int de
   if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
 }
 
-void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
-                          const size_t *sdispl, float *recv, const size_t *rcount,
-                          const size_t *rdispl) {
+static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                                const size_t *sdispl, float *recv, const size_t *rcount,
+                                const size_t *rdispl) {
   const int S = c->S;
   int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
   for (int r = 0; r < S; r++) {
@@ -147,8 +150,9 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
   free(sc);
 }
 
-void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
-                          size_t rcount, int src, int tag, struct comm_request *r) {
+static void mpi_isendrecv_float(struct comm *c, const float *send, size_t count, int dest,
+                                float *recv, size_t rcount, int src, int tag,
+                                struct comm_request *r) {
   if (count > COMM_PIECE || rcount > COMM_PIECE)
     error("point-to-point message of %zu floats is too large", count > rcount ? count : rcount);
   MPI_CHECK(MPI_Irecv(recv, (int)rcount, MPI_FLOAT, src, tag, c->seq, &r->req[0]));
@@ -156,4 +160,48 @@ void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int d
   if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
 }
 
-void comm_wait(struct comm_request *r) { MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE)); }
+static void mpi_wait(struct comm_request *r) {
+  MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE));
+}
+
+/* MPI moves host buffers: the transport of the CPU back end (and of host staging). */
+const struct comm_transport comm_mpi_transport = {
+    .name = "mpi",
+    .allreduce_sum_float = mpi_allreduce_sum_float,
+    .allgather_float = mpi_allgather_float,
+    .sendrecv_float = mpi_sendrecv_float,
+    .alltoallv_float = mpi_alltoallv_float,
+    .isendrecv_float = mpi_isendrecv_float,
+    .wait = mpi_wait,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * the bulk float traffic, through the transport chosen at comm_init */
+
+void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count) {
+  c->transport->allreduce_sum_float(c, scope, buf, count);
+}
+
+void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
+                          float *recv) {
+  c->transport->allgather_float(c, scope, send, count, recv);
+}
+
+void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                         size_t rcount, int src, int tag) {
+  c->transport->sendrecv_float(c, send, count, dest, recv, rcount, src, tag);
+}
+
+void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                          const size_t *sdispl, float *recv, const size_t *rcount,
+                          const size_t *rdispl) {
+  c->transport->alltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl);
+}
+
+void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                          size_t rcount, int src, int tag, struct comm_request *r) {
+  r->transport = c->transport;
+  c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
+}
+
+void comm_wait(struct comm_request *r) { r->transport->wait(r); }

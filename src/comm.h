@@ -1,8 +1,7 @@
-/* The communicator: the world split into data-parallel replicas × sequence groups (SPEC §7), and
- * the collective and point-to-point operations the model needs, counted in bytes sent by this
- * rank. The MPI backend moves host buffers; the interface takes buffers and scopes only, so an
- * NCCL backend (device buffers) can slot in behind it. World rank w is replica w / S, position
- * w % S within its sequence group: a sequence group is consecutive ranks (one node, usually). */
+/* The communicator: the world as data-parallel replicas × sequence groups of consecutive ranks
+ * (SPEC §7; rank w is replica w / S, slab w % S), and the operations the model needs, counted in
+ * bytes sent. Bulk float traffic goes through a transport chosen at comm_init (MPI on host
+ * buffers; a device back end's NCCL on device buffers); host scalars always through MPI. */
 #ifndef FMATTN_COMM_H
 #define FMATTN_COMM_H
 
@@ -12,7 +11,10 @@
 
 enum comm_scope { COMM_WORLD, COMM_SEQ, COMM_DATA };
 
+struct comm_transport;
+
 struct comm {
+  const struct comm_transport *transport; /* the bulk float traffic: MPI (host buffers) */
   int world_rank, world_size;
   int S, seq_rank; /* ranks sharing one sequence, and my slab index */
   int D, replica;  /* data-parallel replicas, and mine */
@@ -55,10 +57,30 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
 /* Non-blocking exchange within the sequence group (for rings that overlap compute): start sending
  * count floats to dest and receiving rcount floats from src; comm_wait completes both. */
 struct comm_request {
+  const struct comm_transport *transport;
   MPI_Request req[2];
 };
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r);
 void comm_wait(struct comm_request *r);
+
+/* How the bulk float traffic moves (the functions above that take float buffers): one table
+ * per transport, chosen once at comm_init — MPI on host buffers here; a device back end adds one
+ * that moves device buffers (NCCL). Same contracts and byte counting as the functions above. */
+struct comm_transport {
+  const char *name;
+  void (*allreduce_sum_float)(struct comm *c, enum comm_scope scope, float *buf, size_t count);
+  void (*allgather_float)(struct comm *c, enum comm_scope scope, const float *send, size_t count,
+                          float *recv);
+  void (*sendrecv_float)(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                         size_t rcount, int src, int tag);
+  void (*alltoallv_float)(struct comm *c, const float *send, const size_t *scount,
+                          const size_t *sdispl, float *recv, const size_t *rcount,
+                          const size_t *rdispl);
+  void (*isendrecv_float)(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                          size_t rcount, int src, int tag, struct comm_request *r);
+  void (*wait)(struct comm_request *r);
+};
+extern const struct comm_transport comm_mpi_transport;
 
 #endif

@@ -80,6 +80,9 @@ struct config_attention {
   char rmfa_kernel[32];
   int rmfa_features;
   bool rmfa_ppsbn;
+  /* Not a deck key: the rows of rmfa's omega when the features are not the run seed's draw (a
+   * kernel file carrying its own, attn_variant.adopt_shape); 0: the seed's draw. */
+  int rmfa_omega_rows;
   int fish_global_heads;
   char fish_mix[32];
   double fish_noise;
@@ -195,6 +198,7 @@ void config_free(struct config *cfg);
 const char *config_mode_name(enum run_mode m);
 const char *config_position_name(enum position_kind p);
 const char *config_downsample_name(enum fma_downsample d);
+const char *config_device_name(enum device_kind d);
 
 /* Vocabulary size implied by the objective: 256 bytes, plus the mask symbol for mlm. */
 int config_vocab(const struct config *cfg);

@@ -89,6 +89,12 @@ void config_format_split(const struct config *cfg, char *out, size_t len);
 
 /* Strips leading and trailing white space in place; returns the first kept character. */
 char *config_trim(char *s);
+/* Strict decimal integer (no trailing text, hex or exponent) and finite number: 0, 1 when out of
+ * the type's range, −1 when the text is not one (config_text.c). */
+int config_parse_integer(const char *s, long long *out);
+int config_parse_number(const char *s, double *out);
+/* "; did you mean 'rope'?" when word is near one of words, else "". */
+void config_suggest_word(const char *const *words, const char *word, char *out, size_t len);
 
 /* Suggestions: case-blind edit distance, whether a distance is close enough to suggest, words
  * joined with ", ", and the "did you mean" or list-of-keys text for an unknown key (section < 0:

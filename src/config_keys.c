@@ -286,102 +286,6 @@ int config_key_find_qualified(const char *qualified) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Small text helpers. */
-
-char *config_trim(char *s) {
-  while (isspace((unsigned char)*s)) s++;
-  size_t n = strlen(s);
-  while (n > 0 && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
-  return s;
-}
-
-/* Edit distance with transpositions (optimal string alignment), ignoring case, so that "trian"
- * is one step from "train". Names are short; longer inputs are cut at 63 characters. */
-int config_edit_distance(const char *a, const char *b) {
-  int n = (int)strlen(a), m = (int)strlen(b);
-  if (n > 63) n = 63;
-  if (m > 63) m = 63;
-  int rows[3][64]; /* rows i-2, i-1, i */
-  for (int j = 0; j <= m; j++) rows[1][j] = j;
-  for (int i = 1; i <= n; i++) {
-    int *cur = rows[(i + 1) % 3], *prev = rows[i % 3], *prev2 = rows[(i + 2) % 3];
-    cur[0] = i;
-    for (int j = 1; j <= m; j++) {
-      int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
-      int d = prev[j - 1] + (ca != cb);
-      if (prev[j] + 1 < d) d = prev[j] + 1;
-      if (cur[j - 1] + 1 < d) d = cur[j - 1] + 1;
-      if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
-          tolower((unsigned char)a[i - 2]) == cb && prev2[j - 2] + 1 < d)
-        d = prev2[j - 2] + 1;
-      cur[j] = d;
-    }
-  }
-  return rows[(n + 1) % 3][m];
-}
-
-/* Close enough to suggest: a few edits, and never a rewrite of the whole word. */
-bool config_is_close(const char *given, int distance) {
-  int n = (int)strlen(given), limit = n / 3 > 2 ? n / 3 : 2;
-  return distance <= limit && distance < n;
-}
-
-void config_join_words(const char *const *words, char *out, size_t len) {
-  size_t used = 0;
-  out[0] = '\0';
-  for (int i = 0; words[i] && used < len; i++)
-    used += (size_t)snprintf(out + used, len - used, "%s%s", i ? ", " : "", words[i]);
-}
-
-/* "; did you mean 'rope'?" when word is near one of words, else "". */
-static void suggest_word(const char *const *words, const char *word, char *out, size_t len) {
-  int best = -1, best_d = INT_MAX;
-  for (int i = 0; words[i]; i++) {
-    int d = config_edit_distance(word, words[i]);
-    if (d < best_d) best = i, best_d = d;
-  }
-  if (best >= 0 && config_is_close(word, best_d))
-    snprintf(out, len, "; did you mean '%s'?", words[best]);
-  else
-    out[0] = '\0';
-}
-
-/* The shortest %g text that reads back as the same double, so the resolved deck is exact; whole
- * numbers in full, so byte counts read as such (3000, not 3e+03). */
-void config_format_double(double v, char *out, size_t len) {
-  if (v == floor(v) && fabs(v) < 1e15) {
-    snprintf(out, len, "%.0f", v);
-    return;
-  }
-  for (int digits = 1; digits <= 17; digits++) {
-    snprintf(out, len, "%.*g", digits, v);
-    if (strtod(out, NULL) == v) return;
-  }
-}
-
-/* Strict decimal integer: no trailing text, no hex, no exponent. 1 = overflow, -1 = not one. */
-static int parse_integer(const char *s, long long *out) {
-  if (!*s || isspace((unsigned char)*s)) return -1;
-  char *end;
-  errno = 0;
-  *out = strtoll(s, &end, 10);
-  if (end == s || *end) return -1;
-  return errno == ERANGE ? 1 : 0;
-}
-
-/* A finite number; 1 = too large for a double, -1 = not a number. */
-static int parse_number(const char *s, double *out) {
-  if (!*s || isspace((unsigned char)*s)) return -1;
-  char *end;
-  errno = 0;
-  *out = strtod(s, &end);
-  if (end == s || *end) return -1;
-  if (isnan(*out)) return -1;
-  if (isinf(*out) || (errno == ERANGE && fabs(*out) > 1)) return 1;
-  return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Converting one value. */
 
 void config_expected_text(const struct key_def *k, char *out, size_t len) {
@@ -470,6 +374,107 @@ static int list_split(const char *text, char items[][LIST_ITEM], char *detail, s
   }
 }
 
+/* KEY_INT and KEY_LONG: a strict integer in k's range (and odd or zero when flagged). */
+static int convert_integer(const struct key_def *k, const char *text, void *field, char *detail,
+                           size_t len) {
+  long long v;
+  const int rc = config_parse_integer(text, &v);
+  const long long top = k->type == KEY_INT ? INT_MAX : LONG_MAX;
+  if (rc < 0) return CONVERT_BAD;
+  if (rc > 0 || outside(k, (double)v) || v > top || v < -top) {
+    if (!(k->flags & HAS_HI) && rc == 0 && !outside(k, (double)v))
+      snprintf(detail, len, " (at most %lld)", top);
+    return CONVERT_RANGE;
+  }
+  if (k->flags & ODD_OR_ZERO && v != 0 && v % 2 == 0) return CONVERT_BAD;
+  if (k->type == KEY_INT)
+    *(int *)field = (int)v;
+  else
+    *(long *)field = (long)v;
+  return CONVERT_OK;
+}
+
+/* KEY_UINT64 (the seed): digits only — strtoull would take "-1" as 2^64 − 1. */
+static int convert_uint64(const char *text, void *field) {
+  char *end;
+  errno = 0;
+  const unsigned long long v = strtoull(text, &end, 10);
+  if (!isdigit((unsigned char)text[0]) || *end) return CONVERT_BAD;
+  if (errno == ERANGE) return CONVERT_RANGE;
+  *(uint64_t *)field = (uint64_t)v;
+  return CONVERT_OK;
+}
+
+static int convert_double(const struct key_def *k, const char *text, void *field) {
+  double v;
+  const int rc = config_parse_number(text, &v);
+  if (rc < 0) return CONVERT_BAD;
+  if (rc > 0 || outside(k, v)) return CONVERT_RANGE;
+  *(double *)field = v;
+  return CONVERT_OK;
+}
+
+static int convert_bool(const char *text, void *field) {
+  static const char *const yes[] = {"true", "yes", "on", "1", NULL};
+  static const char *const no[] = {"false", "no", "off", "0", NULL};
+  if (config_name_index(yes, text) >= 0)
+    *(bool *)field = true;
+  else if (config_name_index(no, text) >= 0)
+    *(bool *)field = false;
+  else
+    return CONVERT_BAD;
+  return CONVERT_OK;
+}
+
+/* KEY_STRING: fits the field; run.name also as a directory name. */
+static int convert_string(const struct key_def *k, const char *text, void *field) {
+  const size_t n = strlen(text);
+  bool ok = n < k->size && !(k->flags & NONEMPTY && n == 0);
+  if (ok && k->flags & NAME_CHARS) {
+    for (size_t i = 0; i < n; i++)
+      if (!isalnum((unsigned char)text[i]) && !strchr("._-", text[i])) ok = false;
+    /* "." and ".." would put outputs beside or above output.dir. */
+    if (strcmp(text, ".") == 0 || strcmp(text, "..") == 0) ok = false;
+  }
+  if (!ok) return CONVERT_BAD;
+  memset(field, 0, k->size); /* zeroed tails keep configs comparable with memcmp */
+  memcpy(field, text, n);
+  return CONVERT_OK;
+}
+
+/* KEY_CHOICE: one of k's words, kept as its enum value or (k->size) as the word. */
+static int convert_choice(const struct key_def *k, const char *text, void *field, char *detail,
+                          size_t len) {
+  const int i = config_name_index(k->choices, text);
+  if (i < 0) {
+    config_suggest_word(k->choices, text, detail, len);
+    return CONVERT_BAD;
+  }
+  if (k->size) {
+    memset(field, 0, k->size);
+    snprintf(field, k->size, "%s", k->choices[i]);
+  } else {
+    *(int *)field = i;
+  }
+  return CONVERT_OK;
+}
+
+/* KEY_LIST: items of the list's words (or numbers), stored by the list's own function. */
+static int convert_list(const struct key_def *k, const char *text, struct config *cfg, char *detail,
+                        size_t len) {
+  char items[CONFIG_LIST_MAX][LIST_ITEM];
+  const int n = list_split(text, items, detail, len);
+  if (n < 0) return CONVERT_BAD;
+  for (int i = 0; k->list->words && i < n; i++) {
+    if (config_name_index(k->list->words, items[i]) >= 0) continue;
+    char hint[128];
+    config_suggest_word(k->list->words, items[i], hint, sizeof hint);
+    snprintf(detail, len, "; '%s' is not one%s", items[i], hint);
+    return CONVERT_BAD;
+  }
+  return k->list->store(cfg, items, n, detail, len) ? CONVERT_BAD : CONVERT_OK;
+}
+
 /* Converts text into k's field of cfg. On failure returns CONVERT_BAD or CONVERT_RANGE and writes
  * the message after the location ("train.lr = 'abc': expected a number > 0") into msg. */
 int config_key_convert(const struct key_def *k, const char *text, struct config *cfg, char *msg,
@@ -479,109 +484,27 @@ int config_key_convert(const struct key_def *k, const char *text, struct config 
   int status = CONVERT_OK;
   switch (k->type) {
     case KEY_INT:
-    case KEY_LONG: {
-      long long v;
-      int rc = parse_integer(text, &v);
-      long long top = k->type == KEY_INT ? INT_MAX : LONG_MAX;
-      if (rc < 0) {
-        status = CONVERT_BAD;
-      } else if (rc > 0 || outside(k, (double)v) || v > top || v < -top) {
-        status = CONVERT_RANGE;
-        if (!(k->flags & HAS_HI) && rc == 0 && !outside(k, (double)v))
-          snprintf(detail, sizeof detail, " (at most %lld)", top);
-      } else if (k->flags & ODD_OR_ZERO && v != 0 && v % 2 == 0) {
-        status = CONVERT_BAD;
-      } else if (k->type == KEY_INT) {
-        *(int *)field = (int)v;
-      } else {
-        *(long *)field = (long)v;
-      }
+    case KEY_LONG:
+      status = convert_integer(k, text, field, detail, sizeof detail);
       break;
-    }
-    case KEY_UINT64: {
-      /* strtoull would take "-1" as 2^64-1: refuse any sign. */
-      char *end;
-      errno = 0;
-      unsigned long long v = strtoull(text, &end, 10);
-      if (!isdigit((unsigned char)text[0]) || *end)
-        status = CONVERT_BAD;
-      else if (errno == ERANGE)
-        status = CONVERT_RANGE;
-      else
-        *(uint64_t *)field = (uint64_t)v;
+    case KEY_UINT64:
+      status = convert_uint64(text, field);
       break;
-    }
-    case KEY_DOUBLE: {
-      double v;
-      int rc = parse_number(text, &v);
-      if (rc < 0)
-        status = CONVERT_BAD;
-      else if (rc > 0 || outside(k, v))
-        status = CONVERT_RANGE;
-      else
-        *(double *)field = v;
+    case KEY_DOUBLE:
+      status = convert_double(k, text, field);
       break;
-    }
-    case KEY_BOOL: {
-      static const char *const yes[] = {"true", "yes", "on", "1", NULL};
-      static const char *const no[] = {"false", "no", "off", "0", NULL};
-      if (config_name_index(yes, text) >= 0)
-        *(bool *)field = true;
-      else if (config_name_index(no, text) >= 0)
-        *(bool *)field = false;
-      else
-        status = CONVERT_BAD;
+    case KEY_BOOL:
+      status = convert_bool(text, field);
       break;
-    }
-    case KEY_STRING: {
-      size_t n = strlen(text);
-      bool ok = n < k->size && !(k->flags & NONEMPTY && n == 0);
-      if (ok && k->flags & NAME_CHARS) {
-        for (size_t i = 0; i < n; i++)
-          if (!isalnum((unsigned char)text[i]) && !strchr("._-", text[i])) ok = false;
-        /* "." and ".." would put outputs beside or above output.dir. */
-        if (strcmp(text, ".") == 0 || strcmp(text, "..") == 0) ok = false;
-      }
-      if (!ok) {
-        status = CONVERT_BAD;
-      } else {
-        memset(field, 0, k->size); /* zeroed tails keep configs comparable with memcmp */
-        memcpy(field, text, n);
-      }
+    case KEY_STRING:
+      status = convert_string(k, text, field);
       break;
-    }
-    case KEY_CHOICE: {
-      int i = config_name_index(k->choices, text);
-      if (i < 0) {
-        status = CONVERT_BAD;
-        suggest_word(k->choices, text, detail, sizeof detail);
-      } else if (k->size) {
-        memset(field, 0, k->size);
-        snprintf(field, k->size, "%s", k->choices[i]);
-      } else {
-        *(int *)field = i;
-      }
+    case KEY_CHOICE:
+      status = convert_choice(k, text, field, detail, sizeof detail);
       break;
-    }
-    case KEY_LIST: {
-      char items[CONFIG_LIST_MAX][LIST_ITEM];
-      int n = list_split(text, items, detail, sizeof detail);
-      if (n < 0) {
-        status = CONVERT_BAD;
-        break;
-      }
-      for (int i = 0; k->list->words && i < n; i++) {
-        if (config_name_index(k->list->words, items[i]) >= 0) continue;
-        char hint[128];
-        suggest_word(k->list->words, items[i], hint, sizeof hint);
-        snprintf(detail, sizeof detail, "; '%s' is not one%s", items[i], hint);
-        status = CONVERT_BAD;
-        break;
-      }
-      if (status == CONVERT_OK && k->list->store(cfg, items, n, detail, sizeof detail))
-        status = CONVERT_BAD;
+    case KEY_LIST:
+      status = convert_list(k, text, cfg, detail, sizeof detail);
       break;
-    }
   }
   if (status == CONVERT_OK) return CONVERT_OK;
   char expected[600];
@@ -637,7 +560,7 @@ static int store_split(struct config *cfg, char items[][LIST_ITEM], int n, char 
   double v[3], sum = 0;
   bool fractions = true, whole = true;
   for (int i = 0; i < 3; i++) {
-    if (parse_number(items[i], &v[i]) != 0 || v[i] < 0) {
+    if (config_parse_number(items[i], &v[i]) != 0 || v[i] < 0) {
       snprintf(detail, len, "; '%s' is not a number >= 0", items[i]);
       return 1;
     }
@@ -686,7 +609,7 @@ static int store_n_list(struct config *cfg, char items[][LIST_ITEM], int n, char
                         size_t len) {
   for (int i = 0; i < n; i++) {
     long long v;
-    if (parse_integer(items[i], &v) != 0 || v < 2 || v > LONG_MAX) {
+    if (config_parse_integer(items[i], &v) != 0 || v < 2 || v > LONG_MAX) {
       snprintf(detail, len, "; '%s' is not an integer >= 2", items[i]);
       return 1;
     }
@@ -749,53 +672,6 @@ static void format_kernels(const struct config *cfg, char *out, size_t len) {
   snprintf(out, len, "%s", cfg->attention.fmmformer_kernels);
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Suggestions. */
-
-/* "did you mean 'lr'?" (or 'model.dim' for a key of another section, always qualified for --set),
- * else the valid keys of the section. section < 0: the name came without a section. */
-void config_suggest_key(int section, const char *name, bool qualify, char *out, size_t len) {
-  int best = -1, best_d = INT_MAX;
-  for (int k = 0; k < CONFIG_NKEYS; k++) {
-    char qualified[128], aliases[256];
-    snprintf(qualified, sizeof qualified, "%s.%s", config_keys[k].section, config_keys[k].name);
-    int d = config_edit_distance(name, config_keys[k].name);
-    int dq = config_edit_distance(name, qualified);
-    if (dq < d) d = dq;
-    const char *dot = strchr(config_keys[k].name, '.'); /* "m" for "fma.m" */
-    if (dot && config_edit_distance(name, dot + 1) < d) d = config_edit_distance(name, dot + 1);
-    snprintf(aliases, sizeof aliases, "%s", config_keys[k].aliases);
-    for (char *save, *a = strtok_r(aliases, " ", &save); a; a = strtok_r(NULL, " ", &save))
-      if (config_edit_distance(name, a) < d) d = config_edit_distance(name, a);
-    bool same = section >= 0 && strcmp(config_keys[k].section, config_section_names[section]) == 0;
-    bool best_same = best >= 0 && section >= 0 &&
-                     strcmp(config_keys[best].section, config_section_names[section]) == 0;
-    if (d < best_d || (d == best_d && same && !best_same)) best = k, best_d = d;
-  }
-  if (best >= 0 && config_is_close(name, best_d)) {
-    bool same =
-        section >= 0 && strcmp(config_keys[best].section, config_section_names[section]) == 0;
-    if (same && !qualify)
-      snprintf(out, len, "did you mean '%s'?", config_keys[best].name);
-    else
-      snprintf(out, len, "did you mean '%s.%s'?", config_keys[best].section,
-               config_keys[best].name);
-    return;
-  }
-  if (section < 0) {
-    snprintf(out, len, "see fmattn --print-defaults for every key");
-    return;
-  }
-  size_t used = (size_t)snprintf(out, len, "valid keys in [%s]: ", config_section_names[section]);
-  bool first = true;
-  for (int k = 0; k < CONFIG_NKEYS && used < len; k++) {
-    if (strcmp(config_keys[k].section, config_section_names[section]) != 0) continue;
-    used +=
-        (size_t)snprintf(out + used, len - used, "%s%s", first ? "" : ", ", config_keys[k].name);
-    first = false;
-  }
-}
-
 const char *config_mode_name(enum run_mode m) {
   return (unsigned)m < sizeof mode_names / sizeof mode_names[0] - 1 ? mode_names[m] : "?";
 }
@@ -809,4 +685,8 @@ const char *config_downsample_name(enum fma_downsample d) {
   return (unsigned)d < sizeof downsample_names / sizeof downsample_names[0] - 1
              ? downsample_names[d]
              : "?";
+}
+
+const char *config_device_name(enum device_kind d) {
+  return (unsigned)d < sizeof device_names / sizeof device_names[0] - 1 ? device_names[d] : "?";
 }

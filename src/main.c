@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "backend.h"
 #include "bench.h"
 #include "comm.h"
 #include "config.h"
@@ -47,12 +48,51 @@ static void check_runnable(const struct config *cfg, int world, bool check_only)
   if (cfg->run.mode != MODE_BENCH &&
       attention_check(cfg, n, cfg->parallel.seq_ranks, err, sizeof err))
     error_collective(err);
-  if (cfg->parallel.device == DEVICE_GPU)
-    error_collective(
-        "parallel.device = gpu: fmattn cannot train on a GPU yet (gpu/ holds the CUDA "
-        "back end's building blocks only); use cpu or auto");
+  const struct backend *be = backend_for(cfg->parallel.device, err, sizeof err);
+  if (!be) error_collective(err);
+  const struct attn_variant *v = attention_select(cfg);
+  if (v && !attention_impl(v, be->device)) {
+    snprintf(err, sizeof err,
+             "attention.variant = %s has no implementation on the %s back end "
+             "(parallel.device = %s)",
+             cfg->attention.variant, be->name, config_device_name(cfg->parallel.device));
+    error_collective(err);
+  }
   if (cfg->parallel.backend == BACKEND_NCCL)
     error_collective("parallel.backend = nccl needs the GPU training step, which fmattn lacks yet");
+}
+
+/* `fmattn [--check] DECK.in [--set section.key=value ...]`: the deck, whether only to check it,
+ * and the overrides. A bad command line ends the job (on every rank). */
+static const char *parse_deck_args(int argc, char **argv, bool *check_only,
+                                   struct config_overrides *ov) {
+  int argi = 1;
+  if (strcmp(argv[1], "--check") == 0) {
+    *check_only = true;
+    argi = 2;
+  }
+  const char *deck = NULL;
+  for (; argi < argc; argi++) {
+    const bool set_split = strcmp(argv[argi], "--set") == 0;
+    if (set_split || strncmp(argv[argi], "--set=", 6) == 0) {
+      if (set_split && argi + 1 >= argc) error_collective("--set needs section.key=value");
+      if (ov->count == (int)(sizeof ov->items / sizeof ov->items[0]))
+        error_collective("too many --set options (at most 64)");
+      ov->items[ov->count++] = set_split ? argv[++argi] : argv[argi] + 6;
+    } else if (argv[argi][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s' (see fmattn --help)", argv[argi]);
+      error_collective(msg);
+    } else if (!deck) {
+      deck = argv[argi];
+    } else {
+      char msg[256];
+      snprintf(msg, sizeof msg, "more than one deck given ('%s' and '%s')", deck, argv[argi]);
+      error_collective(msg);
+    }
+  }
+  if (!deck) error_collective("no deck given (usage: fmattn DECK.in; see fmattn --help)");
+  return deck;
 }
 
 int main(int argc, char **argv) {
@@ -92,33 +132,8 @@ int main(int argc, char **argv) {
   }
 
   bool check_only = false;
-  int argi = 1;
-  if (strcmp(argv[1], "--check") == 0) {
-    check_only = true;
-    argi = 2;
-  }
-  const char *deck = NULL;
   struct config_overrides ov = {0};
-  for (; argi < argc; argi++) {
-    const bool set_split = strcmp(argv[argi], "--set") == 0;
-    if (set_split || strncmp(argv[argi], "--set=", 6) == 0) {
-      if (set_split && argi + 1 >= argc) error_collective("--set needs section.key=value");
-      if (ov.count == (int)(sizeof ov.items / sizeof ov.items[0]))
-        error_collective("too many --set options (at most 64)");
-      ov.items[ov.count++] = set_split ? argv[++argi] : argv[argi] + 6;
-    } else if (argv[argi][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s' (see fmattn --help)", argv[argi]);
-      error_collective(msg);
-    } else if (!deck) {
-      deck = argv[argi];
-    } else {
-      char msg[256];
-      snprintf(msg, sizeof msg, "more than one deck given ('%s' and '%s')", deck, argv[argi]);
-      error_collective(msg);
-    }
-  }
-  if (!deck) error_collective("no deck given (usage: fmattn DECK.in; see fmattn --help)");
+  const char *deck = parse_deck_args(argc, argv, &check_only, &ov);
 
   struct config cfg;
   config_set_rule(attention_deck_rule); /* the variants' own rules, reported at their keys */

@@ -14,6 +14,8 @@
 #include "memory.h"
 #include "timer.h"
 
+#include "backend.h"
+
 #define INIT_STD 0.02f
 /* Rows of the MLP processed at once in backward (and in forward under recomputation). */
 #define MODEL_MLP_CHUNK 8192
@@ -100,7 +102,8 @@ static void make_views(struct model *m, float *base, struct model_tensors *t) {
 
 void model_init_params(struct model *m) {
   for (int i = 0; i < m->plist.count; i++)
-    attention_init_param(m->cfg, m->attn, &m->plist.p[i], m->params + m->plist.p[i].offset);
+    attention_init_param(m->cfg, m->attn, &m->plist.p[i], m->host_params + m->plist.p[i].offset);
+  model_sync_to_device(m); /* the moments start at zero, on both sides */
 }
 
 size_t model_param_count(const struct model *m) {
@@ -126,49 +129,51 @@ double model_flops_per_token(struct model *m) {
 /* ---------------------------------------------------------------------------------------------
  * buffers */
 
-static float *act(size_t count) { return mem_alloc(MEM_ACTIVATIONS, sizeof(float) * count); }
+/* A buffer of the model on its back end's device, zeroed. */
+static void *buf(const struct model *m, enum mem_label label, size_t bytes) {
+  return m->be->alloc(label, bytes);
+}
+#define act(count) ((float *)buf(m, MEM_ACTIVATIONS, sizeof(float) * (count)))
 
 void model_build(struct model *m, const struct config *cfg, struct comm *comm, long B) {
-  memset(m, 0, sizeof *m);
-  m->cfg = cfg;
-  m->comm = comm;
-  m->L = cfg->model.layers;
-  m->C = cfg->model.dim;
-  m->H = cfg->model.heads;
-  m->d = m->C / m->H;
-  m->V = config_vocab(cfg);
-  m->R = cfg->model.mlp_ratio * m->C;
-  m->Hqk = attention_qk_heads(cfg);
-  m->QKV = (2 * m->Hqk + m->H) * m->d;
-  m->n = cfg->model.context;
-  m->B = B;
-  int S = comm ? comm->S : 1, s = comm ? comm->seq_rank : 0;
-  m->T = m->n / S;
-  m->t0 = (long)s * m->T;
-  m->causal = cfg->model.objective == OBJECTIVE_CLM;
-  m->recompute = cfg->train.recompute;
-  m->mlp_chunk = B * m->T < MODEL_MLP_CHUNK ? B * m->T : MODEL_MLP_CHUNK;
-  m->attn = attention_select(cfg);
-  if (!m->attn) error("attention variant %s is not available", cfg->attention.variant);
+  char err[256];
+  const struct backend *be = backend_for(cfg->parallel.device, err, sizeof err);
+  if (!be) error("%s", err);
+  model_build_on(m, cfg, comm, B, be);
+}
 
+/* The parameters, gradients and AdamW moments (one contiguous buffer each) and their views. */
+static void alloc_params(struct model *m) {
+  const struct backend *be = m->be;
   register_params(m);
-  size_t total = m->plist.total;
-  m->params = mem_alloc(MEM_PARAMS, sizeof(float) * total);
-  m->grads = mem_alloc(MEM_GRADS, sizeof(float) * total);
-  m->m = mem_alloc(MEM_OPTIMIZER, sizeof(float) * total);
-  m->v = mem_alloc(MEM_OPTIMIZER, sizeof(float) * total);
+  const size_t total = m->plist.total;
+  m->params = buf(m, MEM_PARAMS, sizeof(float) * total);
+  m->grads = buf(m, MEM_GRADS, sizeof(float) * total);
+  m->m = buf(m, MEM_OPTIMIZER, sizeof(float) * total);
+  m->v = buf(m, MEM_OPTIMIZER, sizeof(float) * total);
+  /* what host code reads and writes (initialisation, checkpoints): the buffers themselves on a
+   * host back end, else host copies that model_sync_* keep in step */
+  m->host_params = be->host_visible ? m->params : mem_alloc(MEM_PARAMS, sizeof(float) * total);
+  m->host_m = be->host_visible ? m->m : mem_alloc(MEM_OPTIMIZER, sizeof(float) * total);
+  m->host_v = be->host_visible ? m->v : mem_alloc(MEM_OPTIMIZER, sizeof(float) * total);
   make_views(m, m->params, &m->P);
   make_views(m, m->grads, &m->G);
+  for (int i = 0; i < m->plist.count; i++) /* block 0's variant tensors, padding included */
+    if (m->plist.p[i].layer == 0 && m->plist.p[i].owner == 1)
+      m->attn_params_per_block =
+          m->plist.p[i].offset + m->plist.p[i].numel - (size_t)(m->P.block[0].attn - m->params);
+}
 
-  m->actx = xcalloc((size_t)m->L, sizeof(struct attn_ctx));
-  struct attn_dims dims = {B, m->H, m->T, m->d, m->n, m->t0, m->causal};
-  for (int l = 0; l < m->L; l++)
-    m->actx[l] = attention_open(cfg, m->attn, DEVICE_CPU, comm, l, dims);
-
-  const size_t BT = (size_t)(B * m->T), C = (size_t)m->C, R = (size_t)m->R;
+/* The batch, the saved activations of every block (or of one, with recomputation), and the
+ * activation gradients of one block. */
+static void alloc_activations(struct model *m) {
+  const struct backend *be = m->be;
+  const size_t BT = (size_t)(m->B * m->T), C = (size_t)m->C, R = (size_t)m->R;
   const size_t saved = attention_saved_floats(&m->actx[0]);
   m->tokens = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * BT);
   m->targets = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * BT);
+  m->dev_tokens = be->host_visible ? m->tokens : buf(m, MEM_ACTIVATIONS, sizeof(int) * BT);
+  m->dev_targets = be->host_visible ? m->targets : buf(m, MEM_ACTIVATIONS, sizeof(int) * BT);
   m->residual = act((size_t)(m->L + 1) * BT * C);
   m->nacts = m->recompute ? 1 : m->L;
   m->acts = xcalloc((size_t)m->nacts, sizeof(struct block_acts));
@@ -211,7 +216,38 @@ void model_build(struct model *m, const struct config *cfg, struct comm *comm, l
   m->dv = act(BT * C);
   m->datt = act(BT * C);
   m->datty = act(BT * C);
+}
 
+void model_build_on(struct model *m, const struct config *cfg, struct comm *comm, long B,
+                    const struct backend *be) {
+  memset(m, 0, sizeof *m);
+  m->be = be;
+  m->cfg = cfg;
+  m->comm = comm;
+  m->L = cfg->model.layers;
+  m->C = cfg->model.dim;
+  m->H = cfg->model.heads;
+  m->d = m->C / m->H;
+  m->V = config_vocab(cfg);
+  m->R = cfg->model.mlp_ratio * m->C;
+  m->Hqk = attention_qk_heads(cfg);
+  m->QKV = (2 * m->Hqk + m->H) * m->d;
+  m->n = cfg->model.context;
+  m->B = B;
+  int S = comm ? comm->S : 1, s = comm ? comm->seq_rank : 0;
+  m->T = m->n / S;
+  m->t0 = (long)s * m->T;
+  m->causal = cfg->model.objective == OBJECTIVE_CLM;
+  m->recompute = cfg->train.recompute;
+  m->mlp_chunk = B * m->T < MODEL_MLP_CHUNK ? B * m->T : MODEL_MLP_CHUNK;
+  m->attn = attention_select(cfg);
+  if (!m->attn) error("attention variant %s is not available", cfg->attention.variant);
+  alloc_params(m);
+  m->actx = xcalloc((size_t)m->L, sizeof(struct attn_ctx));
+  struct attn_dims dims = {B, m->H, m->T, m->d, m->n, m->t0, m->causal};
+  for (int l = 0; l < m->L; l++)
+    m->actx[l] = attention_open(cfg, m->attn, be->device, comm, l, dims);
+  alloc_activations(m);
   m->diag_bands = attention_diag_bands(cfg, m->n);
   m->diag_mass = xcalloc((size_t)(m->L * m->H * m->diag_bands), sizeof(double));
   m->diag_entropy = xcalloc((size_t)(m->L * m->H), sizeof(double));
@@ -225,13 +261,20 @@ void model_free(struct model *m) {
     float *bufs[] = {x->ln1, x->ln1_mean, x->ln1_rstd,  x->q,    x->k,
                      x->v,   x->att,      x->att_saved, x->atty, x->res2,
                      x->ln2, x->ln2_mean, x->ln2_rstd,  x->fch,  x->fch_gelu};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(bufs[i]);
   }
   free(m->acts);
   float *bufs[] = {m->residual, m->lnf,    m->lnf_mean, m->lnf_rstd,  m->logits, m->qkv, m->proj,
                    m->dres_a,   m->dres_b, m->dres2,    m->dfch_gelu, m->dln,    m->dq,  m->dk,
                    m->dv,       m->datt,   m->datty,    m->params,    m->grads,  m->m,   m->v};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(bufs[i]);
+  if (!m->be->host_visible) {
+    mem_free(m->host_params);
+    mem_free(m->host_m);
+    mem_free(m->host_v);
+    m->be->free(m->dev_tokens);
+    m->be->free(m->dev_targets);
+  }
   mem_free(m->tokens);
   mem_free(m->targets);
   free(m->P.block);
@@ -241,7 +284,29 @@ void model_free(struct model *m) {
   param_list_free(&m->plist);
 }
 
-void model_zero_grads(struct model *m) { memset(m->grads, 0, sizeof(float) * m->plist.total); }
+void model_zero_grads(struct model *m) { m->be->zero(m->grads, sizeof(float) * m->plist.total); }
+
+void model_allreduce_grads(struct model *m) {
+  comm_allreduce_sum_float(m->comm, COMM_WORLD, m->grads, m->plist.total);
+}
+
+void model_poison_grad(struct model *m, float value) {
+  m->be->upload(m->grads, &value, sizeof value);
+}
+
+void model_sync_to_host(struct model *m) {
+  const size_t bytes = sizeof(float) * m->plist.total;
+  m->be->download(m->host_params, m->params, bytes);
+  m->be->download(m->host_m, m->m, bytes);
+  m->be->download(m->host_v, m->v, bytes);
+}
+
+void model_sync_to_device(struct model *m) {
+  const size_t bytes = sizeof(float) * m->plist.total;
+  m->be->upload(m->params, m->host_params, bytes);
+  m->be->upload(m->m, m->host_m, bytes);
+  m->be->upload(m->v, m->host_v, bytes);
+}
 
 /* ---------------------------------------------------------------------------------------------
  * forward */
@@ -263,10 +328,32 @@ static void mlp_hidden_forward(struct model *m, const struct block_tensors *w,
                                const struct block_acts *a, long r0, long rows, float *ln2,
                                float *fch, float *fch_gelu) {
   const int C = m->C, R = m->R;
-  layernorm_forward(ln2, a->ln2_mean + r0, a->ln2_rstd + r0, a->res2 + r0 * C, w->ln2w, w->ln2b,
-                    rows, C);
-  linear_forward(fch, ln2, w->w1, w->b1, rows, C, R);
-  gelu_forward(fch_gelu, fch, (size_t)rows * R);
+  m->be->layernorm_forward(ln2, a->ln2_mean + r0, a->ln2_rstd + r0, a->res2 + r0 * C, w->ln2w,
+                           w->ln2b, rows, C);
+  m->be->linear_forward(fch, ln2, w->w1, w->b1, rows, C, R);
+  m->be->gelu_forward(fch_gelu, fch, (size_t)rows * R);
+}
+
+/* Block l's attention diagnostics (host code) from what its forward left in a: batch element 0's
+ * q, k, v and the block's variant parameters, copied to the host first when the back end's
+ * buffers are not host memory. */
+static void block_diagnostics(struct model *m, int l, const struct block_acts *a) {
+  const size_t qk = (size_t)m->Hqk * m->T * m->d, vv = (size_t)m->H * m->T * m->d;
+  const size_t np = m->attn_params_per_block;
+  const float *q = a->q, *k = a->k, *v = a->v, *params = m->P.block[l].attn;
+  float *host = NULL;
+  if (!m->be->host_visible) {
+    host = mem_alloc(MEM_WORKSPACE, sizeof(float) * (2 * qk + vv + np + 1));
+    m->be->download(host, a->q, sizeof(float) * qk);
+    m->be->download(host + qk, a->k, sizeof(float) * qk);
+    m->be->download(host + 2 * qk, a->v, sizeof(float) * vv);
+    if (params) m->be->download(host + 2 * qk + vv, params, sizeof(float) * np);
+    q = host, k = host + qk, v = host + 2 * qk, params = params ? host + 2 * qk + vv : NULL;
+  }
+  m->diag_queries =
+      m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * m->H * m->diag_bands,
+                           m->diag_entropy + (size_t)l * m->H, q, k, v, params);
+  mem_free(host);
 }
 
 /* Block l's forward from residual[l], leaving its activations in a and, when write_out, its
@@ -278,12 +365,12 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   const struct block_tensors *w = &m->P.block[l];
   const float *x = stream(m, l);
 
-  layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-  linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV);
-  heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d);
+  m->be->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
+  m->be->linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV);
+  m->be->heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d);
   if (m->cfg->model.position == POSITION_ROPE) {
-    rope_forward(a->q, B * m->Hqk, T, d, m->t0);
-    rope_forward(a->k, B * m->Hqk, T, d, m->t0);
+    m->be->rope_forward(a->q, B * m->Hqk, T, d, m->t0);
+    m->be->rope_forward(a->k, B * m->Hqk, T, d, m->t0);
   }
   timer_start(TIMER_ATTENTION);
   struct attn_ctx *ctx = &m->actx[l];
@@ -291,16 +378,12 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   ctx->train = train;
   ctx->sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
   attention_forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
-  if (m->diag_request && m->attn->diagnostics) {
-    long nq = m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * H * m->diag_bands,
-                                   m->diag_entropy + (size_t)l * H, a->q, a->k, a->v, w->attn);
-    m->diag_queries = nq;
-  }
+  if (m->diag_request && m->attn->diagnostics) block_diagnostics(m, l, a);
   timer_stop(TIMER_ATTENTION);
-  heads_merge_forward(a->atty, a->att, B, T, H, d);
-  linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C);
+  m->be->heads_merge_forward(a->atty, a->att, B, T, H, d);
+  m->be->linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C);
   struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, train);
-  residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C);
+  m->be->residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C);
   if (m->recompute && !write_out) return; /* backward recomputes the MLP chunk by chunk */
   /* The MLP is per token and runs in row chunks: with recomputation its R-wide activations exist
    * for one chunk only (a long slab would otherwise hold 3 of them for every token); without it
@@ -311,10 +394,10 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
     const long rows = N - r0 < chunk ? N - r0 : chunk;
     const long o = m->recompute ? 0 : r0;
     mlp_hidden_forward(m, w, a, r0, rows, a->ln2 + o * C, a->fch + o * R, a->fch_gelu + o * R);
-    linear_forward(m->proj + r0 * C, a->fch_gelu + o * R, w->w2, w->b2, rows, R, C);
+    m->be->linear_forward(m->proj + r0 * C, a->fch_gelu + o * R, w->w2, w->b2, rows, R, C);
   }
   struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, train);
-  residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C);
+  m->be->residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C);
 }
 
 /* Embedding, blocks, final norm and head: logits (B,T,V) of the local tokens. */
@@ -323,11 +406,14 @@ static void forward_logits(struct model *m, long step, bool train) {
   const int C = m->C;
   m->last_train = train;
   float *x0 = stream(m, 0);
-  embedding_forward(x0, m->tokens, m->P.token, m->P.position, B, T, C, m->t0);
+  /* the batch's one upload (a no-op on a host back end); backward reuses it */
+  m->be->upload(m->dev_tokens, m->tokens, sizeof(int) * (size_t)N);
+  m->be->upload(m->dev_targets, m->targets, sizeof(int) * (size_t)N);
+  m->be->embedding_forward(x0, m->dev_tokens, m->P.token, m->P.position, B, T, C, m->t0);
   if (m->cfg->model.position == POSITION_SINUSOIDAL)
-    sinusoidal_forward(x0, B, T, C, m->t0, INIT_STD * sqrtf(2.0f));
+    m->be->sinusoidal_forward(x0, B, T, C, m->t0, INIT_STD * sqrtf(2.0f));
   struct dropout_key k0 = drop_key(m, step, 0, train);
-  dropout_forward(x0, &k0, B, T, C);
+  m->be->dropout_forward(x0, &k0, B, T, C);
   if (m->diag_request) {
     memset(m->diag_mass, 0, sizeof(double) * (size_t)(m->L * m->H * m->diag_bands));
     memset(m->diag_entropy, 0, sizeof(double) * (size_t)(m->L * m->H));
@@ -336,8 +422,9 @@ static void forward_logits(struct model *m, long step, bool train) {
   for (int l = 0; l < m->L; l++)
     block_forward(m, l, &m->acts[m->recompute ? 0 : l], step, train, true);
   m->diag_request = false;
-  layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, stream(m, m->L), m->P.lnfw, m->P.lnfb, N, C);
-  linear_forward(m->logits, m->lnf, m->P.head, NULL, N, C, m->V);
+  m->be->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, stream(m, m->L), m->P.lnfw, m->P.lnfb,
+                           N, C);
+  m->be->linear_forward(m->logits, m->lnf, m->P.head, NULL, N, C, m->V);
 }
 
 void model_forward_logits(struct model *m) {
@@ -353,8 +440,8 @@ double model_forward(struct model *m, long step, bool train, float grad_scale, l
   long cnt = 0;
   for (long i = 0; i < N; i++) cnt += m->targets[i] >= 0;
   *count = cnt;
-  double loss =
-      softmax_xent_forward_backward(m->logits, m->targets, N, m->V, grad_scale, m->row_loss);
+  double loss = m->be->softmax_xent_forward_backward(m->logits, m->dev_targets, N, m->V, grad_scale,
+                                                     m->row_loss);
   timer_stop(TIMER_FORWARD);
   return loss;
 }
@@ -362,7 +449,7 @@ double model_forward(struct model *m, long step, bool train, float grad_scale, l
 /* ---------------------------------------------------------------------------------------------
  * backward */
 
-static void zero(float *p, size_t count) { memset(p, 0, sizeof(float) * count); }
+#define zero(p, count) m->be->zero((p), sizeof(float) * (count))
 
 void model_backward(struct model *m, long step) {
   timer_start(TIMER_BACKWARD);
@@ -372,11 +459,11 @@ void model_backward(struct model *m, long step) {
 
   /* head and final norm */
   zero(m->dln, NC);
-  linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V);
+  m->be->linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V);
   float *dres = m->dres_a, *dnext = m->dres_b;
   zero(dres, NC);
-  layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L), m->P.lnfw, m->lnf_mean,
-                     m->lnf_rstd, N, C);
+  m->be->layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L), m->P.lnfw,
+                            m->lnf_mean, m->lnf_rstd, N, C);
 
   for (int l = m->L - 1; l >= 0; l--) {
     struct block_acts *a = &m->acts[m->recompute ? 0 : l];
@@ -389,7 +476,7 @@ void model_backward(struct model *m, long step) {
     zero(m->dres2, NC);
     zero(m->dproj, NC);
     struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, m->last_train);
-    residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C);
+    m->be->residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C);
     /* in row chunks in both modes, so parameter gradients sum in the same order whether the
      * activations were kept or are recomputed here */
     zero(m->dln, NC);
@@ -399,25 +486,27 @@ void model_backward(struct model *m, long step) {
       float *ln2 = a->ln2 + o * C, *fch = a->fch + o * R, *fch_gelu = a->fch_gelu + o * R;
       if (m->recompute) mlp_hidden_forward(m, w, a, r0, rows, ln2, fch, fch_gelu);
       zero(m->dfch_gelu, (size_t)rows * R);
-      linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C, fch_gelu, w->w2, rows, R, C);
+      m->be->linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C, fch_gelu, w->w2, rows,
+                             R, C);
       /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
       float *dfch = fch_gelu;
       zero(dfch, (size_t)rows * R);
-      gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R);
-      linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R);
-      layernorm_backward(m->dres2 + r0 * C, g->ln2w, g->ln2b, m->dln + r0 * C, a->res2 + r0 * C,
-                         w->ln2w, a->ln2_mean + r0, a->ln2_rstd + r0, rows, C);
+      m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R);
+      m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R);
+      m->be->layernorm_backward(m->dres2 + r0 * C, g->ln2w, g->ln2b, m->dln + r0 * C,
+                                a->res2 + r0 * C, w->ln2w, a->ln2_mean + r0, a->ln2_rstd + r0, rows,
+                                C);
     }
 
     /* attention half: res2 = x + dropout(wo(attn(ln1(x)))) */
     zero(dnext, NC);
     zero(m->dproj, NC);
     struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, m->last_train);
-    residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C);
+    m->be->residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C);
     zero(m->datty, NC);
-    linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C);
+    m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C);
     zero(m->datt, NC);
-    heads_merge_backward(m->datt, m->datty, B, T, H, d);
+    m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d);
     zero(m->dq, NC);
     zero(m->dk, NC);
     zero(m->dv, NC);
@@ -426,22 +515,23 @@ void model_backward(struct model *m, long step) {
                        w->attn, a->att, a->att_saved);
     timer_stop(TIMER_ATTENTION);
     if (m->cfg->model.position == POSITION_ROPE) {
-      rope_backward(m->dq, B * m->Hqk, T, d, m->t0);
-      rope_backward(m->dk, B * m->Hqk, T, d, m->t0);
+      m->be->rope_backward(m->dq, B * m->Hqk, T, d, m->t0);
+      m->be->rope_backward(m->dk, B * m->Hqk, T, d, m->t0);
     }
     zero(m->dqkv, (size_t)N * m->QKV);
-    heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d);
+    m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d);
     zero(m->dln, NC);
-    linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV);
-    layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+    m->be->linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV);
+    m->be->layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd,
+                              N, C);
     float *t = dres;
     dres = dnext;
     dnext = t;
   }
 
   struct dropout_key k0 = drop_key(m, step, 0, m->last_train);
-  dropout_backward(dres, &k0, B, T, C);
-  embedding_backward(m->G.token, m->G.position, dres, m->tokens, B, T, C, m->t0);
+  m->be->dropout_backward(dres, &k0, B, T, C);
+  m->be->embedding_backward(m->G.token, m->G.position, dres, m->dev_tokens, B, T, C, m->t0);
   timer_stop(TIMER_BACKWARD);
 }
 

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 
 #include "attention/attention.h"
+#include "backend.h"
 #include "comm.h"
 #include "config.h"
 #include "params.h"
@@ -48,25 +49,30 @@ struct block_acts {
 struct model {
   const struct config *cfg;
   struct comm *comm;
-  int L, C, H, d, V, R; /* blocks, width, heads, head size, vocabulary, MLP hidden */
-  int Hqk;              /* query/key heads: H, or FiSH's global heads G */
-  int QKV;              /* width of the q|k|v projection: (2·Hqk + H)·d (3C when Hqk = H) */
-  long n;               /* global sequence length */
-  long B, T, t0;        /* local batch, local tokens, global index of local token 0 */
+  const struct backend *be; /* every buffer below lives on its device, but the host_* ones */
+  int L, C, H, d, V, R;     /* blocks, width, heads, head size, vocabulary, MLP hidden */
+  int Hqk;                  /* query/key heads: H, or FiSH's global heads G */
+  int QKV;                  /* width of the q|k|v projection: (2·Hqk + H)·d (3C when Hqk = H) */
+  long n;                   /* global sequence length */
+  long B, T, t0;            /* local batch, local tokens, global index of local token 0 */
   bool causal, recompute;
   long mlp_chunk;  /* MLP rows at once: the activations' size under recomputation */
   bool last_train; /* dropout state of the last forward, which backward must match */
 
   struct param_list plist;
   float *params, *grads, *m, *v; /* plist.total floats each */
-  struct model_tensors P, G;     /* views of params and grads */
-  size_t attn_params_per_block;  /* floats */
+  /* host copies for host code (initialisation, checkpoints): the same buffers on a host back end;
+   * otherwise in step only after model_sync_to_host, and read back by model_sync_to_device */
+  float *host_params, *host_m, *host_v;
+  struct model_tensors P, G;    /* views of params and grads */
+  size_t attn_params_per_block; /* floats of one block's variant parameters */
 
   const struct attn_variant *attn;
   struct attn_ctx *actx; /* one per block */
 
   /* activations */
-  int *tokens, *targets; /* (B,T) inputs and targets (−1: not predicted) */
+  int *tokens, *targets; /* (B,T) inputs and targets (−1: not predicted), host: data fills them */
+  int *dev_tokens, *dev_targets; /* their device copies, uploaded once per forward */
   float *row_loss; /* (B,T) each position's loss after a forward, when set (eval), else NULL */
   float *residual; /* (L+1, B, T, C) block inputs; residual[L] is the final stream */
   struct block_acts *acts;
@@ -85,9 +91,12 @@ struct model {
   long diag_queries;
 };
 
-/* Build the model for a local batch of B sequences of T local tokens (T = n / S). Allocates
- * every buffer; parameters are left at zero (call model_init_params or load a checkpoint). */
+/* Build the model for a local batch of B sequences of T local tokens (T = n / S) on the back end
+ * of parallel.device. Allocates every buffer; parameters are left at zero (call
+ * model_init_params or load a checkpoint). model_build_on: on the given back end. */
 void model_build(struct model *model, const struct config *cfg, struct comm *comm, long B);
+void model_build_on(struct model *model, const struct config *cfg, struct comm *comm, long B,
+                    const struct backend *be);
 void model_free(struct model *model);
 /* Initialise every parameter per SPEC §5 from the counter-based stream (layout-independent). */
 void model_init_params(struct model *model);
@@ -101,6 +110,14 @@ void model_forward_logits(struct model *model);
 /* Backward of the last forward; accumulates into model->grads. */
 void model_backward(struct model *model, long step);
 void model_zero_grads(struct model *model);
+/* Sum the gradients over every rank (one allreduce of the contiguous buffer). */
+void model_allreduce_grads(struct model *model);
+/* Overwrite the first gradient (the test suite's faults). */
+void model_poison_grad(struct model *model, float value);
+/* Parameters and AdamW moments from the device to host_* (before a checkpoint is written), and
+ * back (after host code changed them: initialisation, a restart). No-ops on a host back end. */
+void model_sync_to_host(struct model *model);
+void model_sync_to_device(struct model *model);
 
 /* Incremental decoding of one sequence for generation (B = 1, one rank): every layer's attention
  * cache, and one token's buffers. model_decode_open returns false when the attention variant has

@@ -1,10 +1,12 @@
 /* AdamW with decoupled weight decay (on weight matrices and embeddings only, SPEC §5), global-norm
  * gradient clipping, and the learning-rate schedule (linear warm-up, then cosine or linear decay
- * to train.min_lr, or constant). Works on the model's contiguous buffers; knows nothing of MPI
- * (the caller reduces gradients first, so every rank takes the identical step). */
+ * to train.min_lr, or constant). Works on the model's contiguous buffers through its back end;
+ * knows nothing of MPI (the caller reduces gradients first, so every rank takes the identical
+ * step). */
 #ifndef FMATTN_OPTIMIZER_H
 #define FMATTN_OPTIMIZER_H
 
+#include "backend.h"
 #include "config.h"
 #include "model.h"
 
@@ -15,5 +17,11 @@ double optimizer_grad_norm(const struct model *model);
 /* One AdamW step t (1-based, for bias correction) with learning rate lr; gradients are first
  * multiplied by grad_scale (the clipping factor, 1 when not clipping). */
 void optimizer_step(struct model *model, long t, double lr, float grad_scale);
+
+/* The CPU back end's element-wise work (backend.h): Σ x² over total floats in double (256 fixed
+ * chunks, so the sum does not depend on the thread count), and AdamW on one tensor. */
+double optimizer_cpu_sum_squares(const float *x, size_t total);
+void optimizer_cpu_adamw(float *w, const float *g, float *m, float *v, size_t n,
+                         const struct adamw_step *s);
 
 #endif

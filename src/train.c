@@ -134,12 +134,9 @@ void train_print_decomposition(const struct config *cfg, const struct comm *comm
   message("output: %s", run_dir);
 }
 
-void train_print_summary(const struct config *cfg, struct comm *comm, double wall,
-                         double test_loss) {
-  double peaks[MEM_NLABELS + 1];
-  for (int i = 0; i < MEM_NLABELS; i++) peaks[i] = (double)mem_peak((enum mem_label)i);
-  peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, peaks, MEM_NLABELS + 1, MPI_DOUBLE, MPI_MAX, comm->world));
+/* The final summary of SPEC §9 from the peaks already reduced over ranks: (MEM_NLABELS) labels,
+ * then the resident peak. */
+static void print_summary(double test_loss, double wall, const double *peaks) {
   message("---- summary ----");
   if (!isnan(test_loss)) message("test: loss %.4f | bpc %.4f", test_loss, test_loss / log(2.0));
   char w[32];
@@ -155,6 +152,15 @@ void train_print_summary(const struct config *cfg, struct comm *comm, double wal
     if (timer_total_ms((enum timer_id)i) > 0)
       message("  %-12s %10.1f s", timer_name((enum timer_id)i),
               timer_total_ms((enum timer_id)i) / 1e3);
+}
+
+void train_print_summary(const struct config *cfg, struct comm *comm, double wall,
+                         double test_loss) {
+  double peaks[MEM_NLABELS + 1];
+  for (int i = 0; i < MEM_NLABELS; i++) peaks[i] = (double)mem_peak((enum mem_label)i);
+  peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
+  comm_allreduce_max_double(comm, COMM_WORLD, peaks, MEM_NLABELS + 1);
+  print_summary(test_loss, wall, peaks);
 }
 
 bool train_attention_average(struct model *m, struct comm *comm, double *mass, double *entropy) {
@@ -213,150 +219,198 @@ void train_close_run(struct run_state *rs) {
   data_close(&rs->ds);
 }
 
+/* One training step's figures, for the console line and diag.h5. */
+struct step_stats {
+  double loss, norm, lr, step_ms;
+  uint64_t bytes0; /* this rank's bytes sent before the step */
+};
+
+/* The global batch of `step`: each replica's local windows; returns the number of predicted
+ * positions over all ranks (the loss is their mean). */
+static double train_batch(struct run_state *rs, long step) {
+  struct model *m = &rs->model;
+  struct comm *comm = rs->comm;
+  timer_start(TIMER_DATA);
+  data_train_batch(&rs->ds, step, (long)comm->replica * m->B, m->B, m->t0, m->T, m->tokens,
+                   m->targets);
+  double counted = 0.0;
+  for (long i = 0; i < m->B * m->T; i++) counted += m->targets[i] >= 0;
+  comm_allreduce_sum_double(comm, COMM_WORLD, &counted, 1);
+  timer_stop(TIMER_DATA);
+  return counted;
+}
+
+/* Ends the run on a loss or gradient norm that is not a number, before the step is applied. */
+static void refuse_nonfinite(const char *what, double value, long step) {
+  char msg[512];
+  snprintf(msg, sizeof msg,
+           "%s is %f at step %ld: the step is not applied and the run stops without writing a "
+           "checkpoint (the last good one is kept); try a lower train.lr or a tighter train.clip",
+           what, value, step + 1);
+  error_collective(msg);
+}
+
+/* The training step of SPEC §1: forward and backward of the global batch, the gradient
+ * allreduce, the checks of loss and gradient norm, clipping, and the AdamW step. */
+static struct step_stats train_step(struct run_state *rs, long step, bool diag_now) {
+  const struct config *cfg = rs->cfg;
+  struct model *m = &rs->model;
+  struct comm *comm = rs->comm;
+  struct step_stats st = {.bytes0 = comm->bytes_sent};
+  const double t0 = timer_now();
+  const double counted = train_batch(rs, step);
+  m->diag_request = diag_now && m->attn->diagnostics;
+  model_zero_grads(m);
+  long c = 0;
+  double sums[2];
+  sums[0] = model_forward(m, step, true, counted > 0 ? (float)(1.0 / counted) : 0.0f, &c);
+  sums[1] = (double)c;
+  model_backward(m, step);
+
+  timer_start(TIMER_COMM);
+  model_allreduce_grads(m);
+  comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
+  timer_stop(TIMER_COMM);
+  float poison; /* the test suite's faults (fault.h) */
+  if (fault_poison(FAULT_GRAD, step + 1, &poison)) model_poison_grad(m, poison);
+  if (fault_poison(FAULT_LOSS, step + 1, &poison)) sums[0] = poison;
+  /* a batch can hold no predicted position (a masked objective on a sparse task): its loss is
+   * undefined and its gradient zero, which is not a divergence */
+  st.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  if (sums[1] == 0 && comm->world_rank == 0)
+    warning("step %ld: the batch has no predicted positions; its loss is reported as 0", step + 1);
+  if (!isfinite(st.loss)) refuse_nonfinite("training loss", st.loss, step);
+
+  timer_start(TIMER_OPTIMIZER);
+  st.norm = optimizer_grad_norm(m);
+  if (!isfinite(st.norm)) { /* the loss can be finite while a gradient overflows */
+    timer_stop(TIMER_OPTIMIZER);
+    refuse_nonfinite("the gradient norm", st.norm, step);
+  }
+  st.lr = optimizer_lr(cfg, step);
+  const float clip =
+      cfg->train.clip > 0 && st.norm > cfg->train.clip ? (float)(cfg->train.clip / st.norm) : 1.0f;
+  optimizer_step(m, step + 1, st.lr, clip);
+  timer_stop(TIMER_OPTIMIZER);
+  st.step_ms = 1e3 * (timer_now() - t0);
+  return st;
+}
+
+/* Write the checkpoint of `step`, keep the output.keep newest, and say so. */
+static void train_checkpoint(struct run_state *rs, long step) {
+  const double s = checkpoint_write(&rs->model, rs->comm, step, rs->dir);
+  if (rs->comm->world_rank == 0) checkpoint_prune(rs->dir, rs->cfg->output.keep);
+  message("checkpoint %s/ckpt_%06ld.h5 (%.2f s)", rs->dir, step, s);
+}
+
+/* The console line of SPEC §9 for the step just done, and its diag.h5 record (phase times are
+ * filled in at the end of the iteration, so that they include its checkpoint and I/O). */
+static struct diag_train_record train_log(struct run_state *rs, long done,
+                                          const struct step_stats *st, double per_step) {
+  const struct config *cfg = rs->cfg;
+  const double tokens = (double)cfg->train.batch * (double)rs->model.n;
+  const double tok_s = tokens / (st->step_ms / 1e3);
+  char eta[32];
+  format_eta(per_step * (double)(cfg->train.steps - done), eta, sizeof eta);
+  message(
+      "step %ld/%ld | loss %.4f | bpc %.3f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | "
+      "eta %s",
+      done, cfg->train.steps, st->loss, st->loss / log(2.0), st->lr, st->norm, st->step_ms, tok_s,
+      eta);
+  /* bytes sent since the step began, its diagnostics included */
+  double rec[2] = {(double)(rs->comm->bytes_sent - st->bytes0), (double)mem_peak_total()};
+  comm_allreduce_max_double(rs->comm, COMM_WORLD, rec, 2);
+  struct diag_train_record r = {.step = done,
+                                .loss = st->loss,
+                                .bpc = st->loss / log(2.0),
+                                .lr = st->lr,
+                                .grad_norm = st->norm,
+                                .step_ms = st->step_ms,
+                                .tokens_per_s = tok_s,
+                                .comm_bytes = rec[0],
+                                .peak_bytes = rec[1]};
+  return r;
+}
+
+/* Validation (or the test split) of the current parameters: console line and diag.h5. */
+static double train_validate(struct run_state *rs, long step, enum data_split split) {
+  long cnt;
+  const double l = train_evaluate(&rs->model, &rs->ds, rs->comm, split, &cnt);
+  if (split == SPLIT_VALID) {
+    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", step, l, l / log(2.0),
+            cnt);
+    diag_eval(&rs->diag, step, l);
+  } else {
+    message("test  step %ld | test loss %.4f | test bpc %.4f | %ld bytes", step, l, l / log(2.0),
+            cnt);
+    diag_test(&rs->diag, step, l);
+  }
+  return l;
+}
+
+/* Peak memory per label and resident, the maxima over ranks, into diag.h5 and the summary. */
+static void train_report_memory(struct run_state *rs, double wall, double test_loss) {
+  double peaks[MEM_NLABELS + 1];
+  const char *names[MEM_NLABELS];
+  for (int i = 0; i < MEM_NLABELS; i++) {
+    peaks[i] = (double)mem_peak((enum mem_label)i);
+    names[i] = mem_label_name((enum mem_label)i);
+  }
+  peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
+  comm_allreduce_max_double(rs->comm, COMM_WORLD, peaks, MEM_NLABELS + 1);
+  diag_memory_summary(&rs->diag, peaks, MEM_NLABELS, names);
+  diag_resident_peak(&rs->diag, peaks[MEM_NLABELS]);
+  print_summary(test_loss, wall, peaks);
+}
+
+/* Whether a signal on any rank asks every rank to stop before `step`: then the checkpoint of this
+ * step is written (unless it just was). */
+static int train_signalled(struct run_state *rs, long step, long last_ckpt) {
+  int sig = (int)stop_signal;
+  comm_allreduce_max_int(rs->comm, COMM_WORLD, &sig, 1);
+  if (!sig) return 0;
+  message("received signal %d: writing a checkpoint at step %ld and stopping", sig, step);
+  if (last_ckpt != step) train_checkpoint(rs, step);
+  return sig;
+}
+
 int train_run(const struct config *cfg, struct comm *comm) {
   const double wall0 = timer_now();
   fault_check();
   struct run_state rs;
-  long step0 = train_open_run(&rs, cfg, comm, false);
+  const long step0 = train_open_run(&rs, cfg, comm, false), steps = cfg->train.steps;
   struct model *m = &rs.model;
   diag_open(&rs.diag, cfg, comm, rs.dir, cfg->output.restart[0] ? step0 : -1);
   train_print_decomposition(cfg, comm, m, rs.dir);
   install_signals();
 
-  const long steps = cfg->train.steps;
-  const double tokens_per_step = (double)cfg->train.batch * (double)m->n;
-  long last_ckpt = cfg->output.restart[0] ? step0 : -1;
-  long steps_timed = 0;
+  long last_ckpt = cfg->output.restart[0] ? step0 : -1, steps_timed = 0;
   double time_timed = 0.0;
   int stopped = 0;
-
-  for (long step = step0; step < steps; step++) {
-    /* a signal on any rank stops every rank at the same step */
-    int sig = (int)stop_signal;
-    comm_allreduce_max_int(comm, COMM_WORLD, &sig, 1);
-    if (sig) {
-      stopped = sig;
-      message("received signal %d: writing a checkpoint at step %ld and stopping", sig, step);
-      if (last_ckpt != step) checkpoint_write(m, comm, step, rs.dir);
-      if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
-      last_ckpt = step;
-      break;
-    }
-
+  for (long step = step0; step < steps && !stopped; step++) {
+    if ((stopped = train_signalled(&rs, step, last_ckpt))) break;
     timer_step_reset();
-    const uint64_t bytes0 = comm->bytes_sent;
-    const double t_step = timer_now();
-    timer_start(TIMER_DATA);
-    data_train_batch(&rs.ds, step, (long)comm->replica * m->B, m->B, m->t0, m->T, m->tokens,
-                     m->targets);
-    double counted = 0.0;
-    for (long i = 0; i < m->B * m->T; i++) counted += m->targets[i] >= 0;
-    comm_allreduce_sum_double(comm, COMM_WORLD, &counted, 1);
-    timer_stop(TIMER_DATA);
-
     const bool diag_now = cfg->output.diag_every > 0 && step % cfg->output.diag_every == 0;
-    m->diag_request = diag_now && m->attn->diagnostics;
-    model_zero_grads(m);
-    long c = 0;
-    double sums[2];
-    sums[0] = model_forward(m, step, true, counted > 0 ? (float)(1.0 / counted) : 0.0f, &c);
-    sums[1] = (double)c;
-    model_backward(m, step);
-
-    timer_start(TIMER_COMM);
-    comm_allreduce_sum_float(comm, COMM_WORLD, m->grads, m->plist.total);
-    comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
-    timer_stop(TIMER_COMM);
-    float poison; /* the test suite's faults (fault.h) */
-    if (fault_poison(FAULT_GRAD, step + 1, &poison)) m->grads[0] = poison;
-    if (fault_poison(FAULT_LOSS, step + 1, &poison)) sums[0] = poison;
-    /* a batch can hold no predicted position (a masked objective on a sparse task): its loss is
-     * undefined and its gradient zero, which is not a divergence */
-    const double loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
-    if (sums[1] == 0 && comm->world_rank == 0)
-      warning("step %ld: the batch has no predicted positions; its loss is reported as 0",
-              step + 1);
-    if (!isfinite(loss)) {
-      char msg[512];
-      snprintf(msg, sizeof msg,
-               "training loss is %f at step %ld: the step is not applied and the run stops without "
-               "writing a checkpoint (the last good one is kept); try a lower train.lr or a "
-               "tighter train.clip",
-               loss, step + 1);
-      error_collective(msg);
-    }
-
-    timer_start(TIMER_OPTIMIZER);
-    const double norm = optimizer_grad_norm(m);
-    if (!isfinite(norm)) { /* the loss can be finite while a gradient overflows */
-      timer_stop(TIMER_OPTIMIZER);
-      char msg[512];
-      snprintf(msg, sizeof msg,
-               "the gradient norm is %f at step %ld: the step is not applied and the run stops "
-               "without writing a checkpoint (the last good one is kept); try a lower train.lr "
-               "or a tighter train.clip",
-               norm, step + 1);
-      error_collective(msg);
-    }
-    const double lr = optimizer_lr(cfg, step);
-    const float clip =
-        cfg->train.clip > 0 && norm > cfg->train.clip ? (float)(cfg->train.clip / norm) : 1.0f;
-    optimizer_step(m, step + 1, lr, clip);
-    timer_stop(TIMER_OPTIMIZER);
+    const struct step_stats st = train_step(&rs, step, diag_now);
     const long done = step + 1;
-    const double step_ms = 1e3 * (timer_now() - t_step);
     if (step > step0) { /* the first step carries start-up costs */
       steps_timed++;
-      time_timed += step_ms / 1e3;
+      time_timed += st.step_ms / 1e3;
     }
-
     if (diag_now) record_attention(m, comm, &rs.diag, step);
-
-    /* The console line comes now; its diag.h5 record is written at the end of the iteration so
-     * that its phase times include this step's checkpoint and diagnostics I/O. */
     struct diag_train_record record;
-    bool have_record = false;
-    if (done % cfg->output.log_every == 0 || done == steps || done == step0 + 1) {
-      double per_step = steps_timed > 0 ? time_timed / (double)steps_timed : step_ms / 1e3;
-      char eta[32];
-      format_eta(per_step * (double)(steps - done), eta, sizeof eta);
-      message(
-          "step %ld/%ld | loss %.4f | bpc %.3f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | "
-          "eta %s",
-          done, steps, loss, loss / log(2.0), lr, norm, step_ms, tokens_per_step / (step_ms / 1e3),
-          eta);
-      double rec[2] = {(double)(comm->bytes_sent - bytes0), (double)mem_peak_total()};
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, rec, 2, MPI_DOUBLE, MPI_MAX, comm->world));
-      struct diag_train_record r = {.step = done,
-                                    .loss = loss,
-                                    .bpc = loss / log(2.0),
-                                    .lr = lr,
-                                    .grad_norm = norm,
-                                    .step_ms = step_ms,
-                                    .tokens_per_s = tokens_per_step / (step_ms / 1e3)};
-      r.comm_bytes = rec[0];
-      r.peak_bytes = rec[1];
-      record = r;
-      have_record = true;
-    }
-
-    if (cfg->train.eval_every > 0 && done % cfg->train.eval_every == 0 && done != steps) {
-      long cnt;
-      double vl = train_evaluate(m, &rs.ds, comm, SPLIT_VALID, &cnt);
-      message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", done, vl,
-              vl / log(2.0), cnt);
-      diag_eval(&rs.diag, done, vl);
-    }
-
+    const bool logged = done % cfg->output.log_every == 0 || done == steps || done == step0 + 1;
+    if (logged)
+      record = train_log(&rs, done, &st,
+                         steps_timed > 0 ? time_timed / (double)steps_timed : st.step_ms / 1e3);
+    if (cfg->train.eval_every > 0 && done % cfg->train.eval_every == 0 && done != steps)
+      train_validate(&rs, done, SPLIT_VALID);
     if (cfg->output.checkpoint_every > 0 && done % cfg->output.checkpoint_every == 0 &&
         done != steps) {
-      double s = checkpoint_write(m, comm, done, rs.dir);
-      if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
-      message("checkpoint %s/ckpt_%06ld.h5 (%.2f s)", rs.dir, done, s);
+      train_checkpoint(&rs, done);
       last_ckpt = done;
     }
-
-    if (have_record) {
+    if (logged) {
       for (int p = 0; p < TIMER_DIAG_COUNT; p++)
         record.phase_ms[p] = timer_step_ms((enum timer_id)p);
       diag_train(&rs.diag, &record);
@@ -364,37 +418,15 @@ int train_run(const struct config *cfg, struct comm *comm) {
   }
 
   double test_loss = NAN;
-  if (!stopped) {
+  if (!stopped) { /* the end: a checkpoint of the final parameters, validation and test */
     const long final = steps > step0 ? steps : step0;
-    if (last_ckpt != final) {
-      double s = checkpoint_write(m, comm, final, rs.dir);
-      if (comm->world_rank == 0) checkpoint_prune(rs.dir, cfg->output.keep);
-      message("checkpoint %s/ckpt_%06ld.h5 (%.2f s)", rs.dir, final, s);
-    }
-    long cnt;
-    double vl = train_evaluate(m, &rs.ds, comm, SPLIT_VALID, &cnt);
-    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", final, vl,
-            vl / log(2.0), cnt);
-    diag_eval(&rs.diag, final, vl);
-    test_loss = train_evaluate(m, &rs.ds, comm, SPLIT_TEST, &cnt);
-    message("test  step %ld | test loss %.4f | test bpc %.4f | %ld bytes", final, test_loss,
-            test_loss / log(2.0), cnt);
-    diag_test(&rs.diag, final, test_loss);
+    if (last_ckpt != final) train_checkpoint(&rs, final);
+    train_validate(&rs, final, SPLIT_VALID);
+    test_loss = train_validate(&rs, final, SPLIT_TEST);
   } else {
     message("stopped by signal %d; resume with output.restart = latest", stopped);
   }
-  double peaks[MEM_NLABELS];
-  const char *names[MEM_NLABELS];
-  for (int i = 0; i < MEM_NLABELS; i++) {
-    peaks[i] = (double)mem_peak((enum mem_label)i);
-    names[i] = mem_label_name((enum mem_label)i);
-  }
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, peaks, MEM_NLABELS, MPI_DOUBLE, MPI_MAX, comm->world));
-  diag_memory_summary(&rs.diag, peaks, MEM_NLABELS, names);
-  double rss = (double)mem_process_peak_rss();
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, comm->world));
-  diag_resident_peak(&rs.diag, rss);
-  train_print_summary(cfg, comm, timer_now() - wall0, test_loss);
+  train_report_memory(&rs, timer_now() - wall0, test_loss);
   train_close_run(&rs);
   return 0;
 }

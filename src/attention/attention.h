@@ -89,6 +89,10 @@ struct attn_variant {
   const char *(*option_label)(const struct config *cfg);
   /* Parameters of ONE layer, appended with names relative to "attn/<name>/" (may add none). */
   void (*describe)(const struct config *cfg, long n, struct param_list *list);
+  /* A frozen tensor given with another shape than describe's (a kernel file carrying its own
+   * random-feature draw): adjusts cfg so that describe gives that shape and returns true, or
+   * returns false when the variant cannot take it. NULL: shapes are fixed. */
+  bool (*adopt_shape)(struct config *cfg, const char *name, int ndim, const long *shape);
   /* Initialise a parameter that describe registered with INIT_CUSTOM. */
   void (*init_param)(const struct config *cfg, const struct param_desc *p, float *data);
   /* Host state for these dimensions, shared by every implementation (NULL if none); teardown

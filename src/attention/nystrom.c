@@ -438,27 +438,20 @@ static void ny_forward(struct attn_ctx *ctx, float *out, float *saved, const flo
   }
 }
 
-static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
-                        const float *dout, const float *q, const float *k, const float *v,
-                        const float *params, const float *out, const float *saved) {
+/* The F-pass transposed, over this rank's queries: dq += its share, and per row gk = [dG; dkt]
+ * (2, m, d), the sums over the queries of dG = Fᵀ dout and of the keys' landmark gradient. */
+static void f_pass_backward(const struct attn_ctx *ctx, float *gk, float *dq, const float *dout,
+                            const float *q, float *saved) {
   const struct ny_state *st = ctx->state;
-  const struct attn_dims *dm = &ctx->dims;
-  const long BH = dm->B * dm->H, T = dm->T, d = dm->d, m = st->m;
-  float *sv_base = (float *)saved;
-  /* Per row: gk = [dG; dkt] (2, m, d), the sums over this rank's queries, then over the group;
-   * dqt (m, d), the keys' share of dqt, likewise; dqtA (m, d), A's share (alike on every rank). */
+  const long BH = ctx->dims.B * ctx->dims.H, T = ctx->dims.T, d = ctx->dims.d, m = st->m;
   const size_t md = (size_t)(m * d);
-  float *gk = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * md * (size_t)BH);
-  float *dqt = mem_alloc(MEM_WORKSPACE, sizeof(float) * md * (size_t)BH);
-  float *dqtA = mem_alloc(MEM_WORKSPACE, sizeof(float) * md * (size_t)BH);
-  float *dU = mem_alloc(MEM_WORKSPACE, sizeof(float) * md * (size_t)BH);
 #pragma omp parallel
   {
     float *G = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(m * d + 2 * NY_CHUNK * m));
     float *F = G + m * d, *dF = F + NY_CHUNK * m;
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++) { /* the F-pass transposed, over this rank's queries */
-      const struct ny_saved sv = saved_row(st, d, sv_base, bh);
+    for (long bh = 0; bh < BH; bh++) {
+      const struct ny_saved sv = saved_row(st, d, saved, bh);
       float *dG = gk + 2 * md * bh, *dkt = dG + md;
       gemm(false, false, m, d, m, 1.0f, sv.Z + (size_t)st->iters * m * m, sv.U, 0.0f, G);
       for (long i0 = 0; i0 < T; i0 += NY_CHUNK) {
@@ -475,14 +468,22 @@ static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, f
     }
     mem_free(G);
   }
-  if (seq_ranks(ctx) > 1) comm_allreduce_sum_float(ctx->comm, COMM_SEQ, gk, 2 * md * (size_t)BH);
+}
+
+/* The m × m part, alike on every rank: from dG (gk, summed over the group), dU = Wᵀ dG, the
+ * pinv's and A's transposes into dqtA (m, d) and the keys' landmark gradient dkt (in gk). */
+static void landmark_backward(const struct attn_ctx *ctx, float *gk, float *dU, float *dqtA,
+                              float *saved) {
+  const struct ny_state *st = ctx->state;
+  const long BH = ctx->dims.B * ctx->dims.H, d = ctx->dims.d, m = st->m;
+  const size_t md = (size_t)(m * d);
 #pragma omp parallel
   {
     float *A = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(11 * m * m));
     float *dA = A + m * m, *dW = A + 2 * m * m, *work = A + 3 * m * m;
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++) { /* the m × m part, alike on every rank */
-      struct ny_saved sv = saved_row(st, d, sv_base, bh);
+    for (long bh = 0; bh < BH; bh++) {
+      struct ny_saved sv = saved_row(st, d, saved, bh);
       const float *W = sv.Z + (size_t)st->iters * m * m;
       float *dG = gk + 2 * md * bh, *dkt = dG + md;
       landmark_softmax(st, A, &sv, d);
@@ -496,13 +497,22 @@ static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, f
     }
     mem_free(A);
   }
+}
+
+/* The B-pass transposed, over this rank's keys: dv += Bᵀ dU, dk += its share, and the queries'
+ * landmark gradient dqt (m, d) per row (this rank's keys' part). */
+static void b_pass_backward(const struct attn_ctx *ctx, float *dqt, float *dk, float *dv,
+                            const float *dU, const float *k, const float *v, float *saved) {
+  const struct ny_state *st = ctx->state;
+  const long BH = ctx->dims.B * ctx->dims.H, T = ctx->dims.T, d = ctx->dims.d, m = st->m;
+  const size_t md = (size_t)(m * d);
 #pragma omp parallel
   {
     float *P = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(2 * m * NY_CHUNK + m));
     float *dP = P + m * NY_CHUNK, *D = dP + m * NY_CHUNK;
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++) { /* the B-pass transposed, over this rank's keys */
-      const struct ny_saved sv = saved_row(st, d, sv_base, bh);
+    for (long bh = 0; bh < BH; bh++) {
+      const struct ny_saved sv = saved_row(st, d, saved, bh);
       const float *dUb = dU + md * bh;
       float *dqtb = dqt + md * bh;
       for (long i = 0; i < m; i++) { /* D_i = Σ_j B_ij dP_ij = dU_i · U_i */
@@ -526,8 +536,15 @@ static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, f
     }
     mem_free(P);
   }
-  if (seq_ranks(ctx) > 1) comm_allreduce_sum_float(ctx->comm, COMM_SEQ, dqt, md * (size_t)BH);
-    /* landmarks are segment means: each of this rank's tokens gets 1/seg of its segment's grads */
+}
+
+/* Landmarks are segment means: each of this rank's tokens gets 1/seg of its segment's landmark
+ * gradients (dqt + dqtA for q, dkt for k). */
+static void segment_means_backward(const struct attn_ctx *ctx, float *dq, float *dk,
+                                   const float *gk, const float *dqt, const float *dqtA) {
+  const struct ny_state *st = ctx->state;
+  const long BH = ctx->dims.B * ctx->dims.H, T = ctx->dims.T, d = ctx->dims.d;
+  const size_t md = (size_t)(st->m * d);
 #pragma omp parallel for schedule(static)
   for (long bh = 0; bh < BH; bh++) {
     const float *dkt = gk + 2 * md * bh + md, *dqk = dqt + md * bh, *dqa = dqtA + md * bh;
@@ -541,28 +558,59 @@ static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, f
         }
     }
   }
+}
+
+/* The depthwise convolution's transpose over the slab and its halo: dv and dparams (H, k). */
+static void conv_layer_backward(struct attn_ctx *ctx, float *dv, float *dparams, const float *dout,
+                                const float *v, const float *params) {
+  const struct ny_state *st = ctx->state;
+  const struct attn_dims *dm = &ctx->dims;
+  const long BH = dm->B * dm->H, T = dm->T, d = dm->d;
+  struct halo h;
+  float *vext = conv_halo(ctx, &h, v);
+  const long E = h.hi - h.lo;
+  float *dvext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * E * d));
+  float *dwp = dparams ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * st->k)) : NULL;
+#pragma omp parallel for schedule(static)
+  for (long bh = 0; bh < BH; bh++)
+    conv_backward(dvext + bh * E * d, dwp ? dwp + bh * st->k : NULL, dout + bh * T * d,
+                  vext + bh * E * d, h.lo, E, dm->t0, T, d, params + (bh % dm->H) * st->k, st->k);
+  for (long bh = 0; bh < BH && dwp; bh++) /* dw (H, k), summed over the batch in order */
+    for (int t = 0; t < st->k; t++) dparams[(bh % dm->H) * st->k + t] += dwp[bh * st->k + t];
+  halo_scatter_add(&h, ctx->comm, dv, dvext, BH, d);
+  mem_free(dwp);
+  mem_free(dvext);
+  mem_free(vext);
+  halo_free(&h);
+}
+
+/* Backward, the forward's passes transposed in reverse: the F-pass (queries), the m × m part, the
+ * B-pass (keys), the segment means, and the convolution; the sums that span the sequence group
+ * (over queries, then over keys) are allreduced between them. */
+static void ny_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                        const float *dout, const float *q, const float *k, const float *v,
+                        const float *params, const float *out, const float *saved) {
+  const struct ny_state *st = ctx->state;
+  const long BH = ctx->dims.B * ctx->dims.H;
+  const size_t md = (size_t)(st->m * ctx->dims.d);
+  float *sv = (float *)saved;
+  /* Per row: gk = [dG; dkt] (2, m, d), the sums over this rank's queries, then over the group;
+   * dqt (m, d), the keys' share of dqt, likewise; dqtA (m, d), A's share (alike on every rank). */
+  float *gk = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * md * (size_t)BH);
+  float *dqt = mem_alloc(MEM_WORKSPACE, sizeof(float) * md * (size_t)BH);
+  float *dqtA = mem_alloc(MEM_WORKSPACE, sizeof(float) * md * (size_t)BH);
+  float *dU = mem_alloc(MEM_WORKSPACE, sizeof(float) * md * (size_t)BH);
+  f_pass_backward(ctx, gk, dq, dout, q, sv);
+  if (seq_ranks(ctx) > 1) comm_allreduce_sum_float(ctx->comm, COMM_SEQ, gk, 2 * md * (size_t)BH);
+  landmark_backward(ctx, gk, dU, dqtA, sv);
+  b_pass_backward(ctx, dqt, dk, dv, dU, k, v, sv);
+  if (seq_ranks(ctx) > 1) comm_allreduce_sum_float(ctx->comm, COMM_SEQ, dqt, md * (size_t)BH);
+  segment_means_backward(ctx, dq, dk, gk, dqt, dqtA);
   mem_free(dU);
   mem_free(dqtA);
   mem_free(dqt);
   mem_free(gk);
-  if (st->k > 0) {
-    struct halo h;
-    float *vext = conv_halo(ctx, &h, v);
-    const long E = h.hi - h.lo;
-    float *dvext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * E * d));
-    float *dwp = dparams ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * st->k)) : NULL;
-#pragma omp parallel for schedule(static)
-    for (long bh = 0; bh < BH; bh++)
-      conv_backward(dvext + bh * E * d, dwp ? dwp + bh * st->k : NULL, dout + bh * T * d,
-                    vext + bh * E * d, h.lo, E, dm->t0, T, d, params + (bh % dm->H) * st->k, st->k);
-    for (long bh = 0; bh < BH && dwp; bh++) /* dw (H, k), summed over the batch in order */
-      for (int t = 0; t < st->k; t++) dparams[(bh % dm->H) * st->k + t] += dwp[bh * st->k + t];
-    halo_scatter_add(&h, ctx->comm, dv, dvext, BH, d);
-    mem_free(dwp);
-    mem_free(dvext);
-    mem_free(vext);
-    halo_free(&h);
-  }
+  if (st->k > 0) conv_layer_backward(ctx, dv, dparams, dout, v, params);
 }
 
 /* ---------------------------------------------------------------------------------------------

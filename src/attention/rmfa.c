@@ -71,6 +71,7 @@ static int draw_degree(uint64_t seed, int j) {
 }
 
 static int omega_rows(const struct config *cfg) {
+  if (cfg->attention.rmfa_omega_rows > 0) return cfg->attention.rmfa_omega_rows;
   int rows = 0;
   for (int j = 1; j < cfg->attention.rmfa_features; j++) rows += draw_degree(cfg->run.seed, j);
   return rows;
@@ -85,6 +86,17 @@ static void rmfa_describe(const struct config *cfg, long n, struct param_list *l
   param_list_freeze(list, param_list_add(list, "degree", 1, &D, false, INIT_CUSTOM, 0.0f));
   param_list_freeze(list, param_list_add(list, "omega", 2, omega, false, INIT_CUSTOM, 0.0f));
   if (cfg->attention.rmfa_ppsbn) param_list_add(list, "gamma", 2, gamma, false, INIT_ONE, 0.0f);
+}
+
+/* Another draw than the seed's: omega [Σ N_j, d] with as many rows as its degrees ask for (1 to
+ * 20 per feature); rmfa_features_open checks them against the degrees. */
+static bool rmfa_adopt_shape(struct config *cfg, const char *name, int ndim, const long *shape) {
+  const long D = cfg->attention.rmfa_features, d = cfg->model.dim / cfg->model.heads;
+  if (strcmp(name, "omega") != 0 || ndim != 2 || shape[1] != d || shape[0] < D - 1 ||
+      shape[0] > RMFA_MAX_DEGREE * (D - 1))
+    return false;
+  cfg->attention.rmfa_omega_rows = (int)shape[0];
+  return true;
 }
 
 static void rmfa_init_param(const struct config *cfg, const struct param_desc *p, float *data) {
@@ -432,6 +444,7 @@ struct attn_variant attention_rmfa = {
     .causal_ok = true,
     .bidir_ok = true,
     .describe = rmfa_describe,
+    .adopt_shape = rmfa_adopt_shape,
     .init_param = rmfa_init_param,
     .diagnostics = rmfa_diagnostics,
     .flops = rmfa_flops,

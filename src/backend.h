@@ -1,0 +1,82 @@
+/* The device seam (SPEC §7 "Devices"): where the model's buffers live and the implementations of
+ * the per-token layers and of the optimizer that run on them, one table per device, chosen once
+ * when a model is built. The model, the optimizer and the attention contexts call through it and
+ * never ask which device it is; backend.c is the only file that knows whether a GPU back end was
+ * built. Every pointer handed to a table's functions lives on that table's device. */
+#ifndef FMATTN_BACKEND_H
+#define FMATTN_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "layers.h"
+#include "memory.h"
+
+/* One AdamW step's scalars (optimizer.c): lr already times the tensor's lr_scale; bc1, bc2 the
+ * bias corrections 1 − β1ᵗ, 1 − β2ᵗ; grad_scale the clipping factor. */
+struct adamw_step {
+  float lr, wd, beta1, beta2, eps, bc1, bc2, grad_scale;
+};
+
+struct backend {
+  const char *name;        /* "cpu", "cuda" */
+  enum device_kind device; /* DEVICE_CPU or DEVICE_GPU: whose attention implementations run */
+  bool host_visible;       /* its buffers are host memory: host code may read them directly */
+
+  /* Memory on the device, zeroed, labelled as memory.c's arenas are. */
+  void *(*alloc)(enum mem_label label, size_t bytes);
+  void (*free)(void *p);
+  void (*zero)(void *p, size_t bytes);
+  void (*upload)(void *dev, const void *host, size_t bytes);
+  void (*download)(void *host, const void *dev, size_t bytes);
+
+  /* The per-token layers of layers.h, same contracts (row_loss stays a host array). */
+  void (*linear_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                         long N, int IC, int OC);
+  void (*linear_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, long N, int IC, int OC);
+  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, long N, int C);
+  void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, long N, int C);
+  void (*gelu_forward)(float *out, const float *inp, size_t count);
+  void (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t count);
+  void (*embedding_forward)(float *out, const int *tokens, const float *token,
+                            const float *position, long B, long T, int C, long t0);
+  void (*embedding_backward)(float *dtoken, float *dposition, const float *dout, const int *tokens,
+                             long B, long T, int C, long t0);
+  void (*sinusoidal_forward)(float *x, long B, long T, int C, long t0, float scale);
+  void (*rope_forward)(float *x, long BH, long T, int d, long t0);
+  void (*rope_backward)(float *dx, long BH, long T, int d, long t0);
+  void (*dropout_forward)(float *x, const struct dropout_key *key, long B, long T, int C);
+  void (*dropout_backward)(float *dx, const struct dropout_key *key, long B, long T, int C);
+  void (*residual_dropout_forward)(float *out, const float *res, const float *y,
+                                   const struct dropout_key *key, long B, long T, int C);
+  void (*residual_dropout_backward)(float *dres, float *dy, const float *dout,
+                                    const struct dropout_key *key, long B, long T, int C);
+  void (*heads_split_forward)(float *q, float *k, float *v, const float *qkv, long B, long T,
+                              int Hqk, int H, int d);
+  void (*heads_split_backward)(float *dqkv, const float *dq, const float *dk, const float *dv,
+                               long B, long T, int Hqk, int H, int d);
+  void (*heads_merge_forward)(float *y, const float *att, long B, long T, int H, int d);
+  void (*heads_merge_backward)(float *datt, const float *dy, long B, long T, int H, int d);
+  double (*softmax_xent_forward_backward)(float *logits, const int *targets, long N, int V,
+                                          float grad_scale, float *row_loss);
+
+  /* The optimizer's element-wise work (optimizer.c): Σ x² in double over n floats, and AdamW
+   * on one tensor of n floats. */
+  double (*sum_squares)(const float *x, size_t n);
+  void (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const struct adamw_step *s);
+};
+
+/* The back end of parallel.device (auto: the CPU until a GPU back end decides otherwise). A
+ * device back end is opened on first use, and registers its attention implementations then.
+ * NULL, with the reason in err, when this build or this machine has none. */
+const struct backend *backend_for(enum device_kind device, char *err, size_t len);
+/* The CPU back end (always there). */
+const struct backend *backend_cpu(void);
+
+#endif
