@@ -493,7 +493,7 @@ struct column {
 
 static const struct column attn_columns[] = {
     TEXT(attn_row, variant, "attention variant"),
-    TEXT(attn_row, downsample, "fma.downsample of the row (fma variants; - otherwise)"),
+    TEXT(attn_row, downsample, "the variant's option (fma: fma.downsample; - when it has none)"),
     NUM(attn_row, n, "tokens"),
     NUM(attn_row, heads, "heads"),
     NUM(attn_row, head_dim, "channels per head"),

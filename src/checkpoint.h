@@ -1,13 +1,8 @@
-/* Checkpoints (SPEC §8.2): parameters under /model/<name>, AdamW moments under /optimizer/m and
- * /optimizer/v, attributes step, rng, data cursor, deck, version. Written collectively with
- * parallel HDF5 into ckpt_<step>.h5.tmp and renamed only when complete, so a killed write never
- * replaces a good checkpoint; only `output.keep` checkpoints are kept. Restart state is complete:
- * every random stream and the data order are functions of (seed, step).
- *
- * Every dataset carries attribute crc32, zlib's CRC-32 of its float32 bytes, checked on reading:
- * a truncated or bit-flipped file is refused naming the file and the problem, and `latest` then
- * falls back to the checkpoint before it. A checkpoint of another model (variant, head mode,
- * tensor shapes) is refused outright: no older file would do better. */
+/* Checkpoints (SPEC §8.2): parameters and AdamW moments written collectively with parallel HDF5
+ * to ckpt_<step>.h5.tmp, renamed only when complete (a killed write never replaces a good one),
+ * each tensor with its CRC-32 (attribute crc32), so a damaged file is refused by name and
+ * `latest` falls back to the one before; a checkpoint of another model is refused outright.
+ * Restart state is complete: every random stream and the data order are functions of the step. */
 #ifndef FMATTN_CHECKPOINT_H
 #define FMATTN_CHECKPOINT_H
 

@@ -1,11 +1,8 @@
-/* `run.mode = generate`: sample bytes after a prompt from a checkpoint, one rank, a causal model.
- * With generate.cache (the default) every layer's attention keeps a decode cache (model.h), so a
- * byte costs one token's work; a variant without one recomputes the context for every byte, with
- * a one-line note. The context window is text[start, pos) with at most model.context bytes: when
- * it is full, it moves on by half a context and the caches are rebuilt from the bytes it keeps,
- * so the cached and recomputed paths see the same window and give the same bytes. Output goes to
- * stdout and to generate.txt in the run directory; generate.record writes every step's logits to
- * generate.h5. The last line reports the bytes per second. */
+/* `run.mode = generate`: sample bytes after a prompt from a checkpoint (one rank, causal), with
+ * every layer's decode cache (a byte costs one token's work) or, without one, by recomputing the
+ * context; a full window moves on by half a context and the caches are rebuilt, so both paths
+ * give the same bytes (docs/generate.md). Writes stdout, generate.txt and, with generate.record,
+ * every step's logits to generate.h5. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

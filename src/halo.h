@@ -1,9 +1,7 @@
 /* Token halos within a sequence group (SPEC §7): rank s holds tokens [s·T, (s+1)·T) of `rows`
- * independent rows (batch × heads) of d floats, and needs `before` tokens before its slab and
- * `after` tokens after it (clipped to [0, n)) — a band's or a near field's reach, which may cover
- * several ranks when slabs are short. The plan is a pure function of the rank, so every rank knows
- * what every other needs and one alltoallv moves it all; scatter_add is the transpose (backward).
- */
+ * rows (batch × heads) of d floats and needs `before` tokens before its slab and `after` after it
+ * (clipped to [0, n); several ranks' worth when slabs are short). The plan is a pure function of
+ * the rank, so one alltoallv moves everything; scatter_add is its transpose (backward). */
 #ifndef FMATTN_HALO_H
 #define FMATTN_HALO_H
 

@@ -1,9 +1,8 @@
-/* `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3): one attention op, forward and backward, on tensors a
- * user supplies, so any prototype can be checked against fmattn. IN holds q, k, v, dout (H, n, d)
- * float32, optional params/<name> below attn/<variant>/, and attributes variant, causal and the
- * variant keys without prefix; OUT receives out, dq, dk, dv and dparams/<name> (of the trainable
- * parameters; a frozen tensor such as rmfa's omega may be given in params/ but has no gradient).
- * One rank. */
+/* `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3), one rank: one attention op forward and backward on
+ * tensors a user supplies, so any prototype can be checked against fmattn. IN: q, k, v, dout
+ * (H, n, d), optional params/<name> below attn/<variant>/ (a frozen tensor such as rmfa's omega
+ * may carry its own draw), attributes variant, causal and the variant keys without prefix; OUT:
+ * out, dq, dk, dv and dparams/<name> of the trainable parameters. */
 #include "kernel.h"
 
 #include <stdio.h>

@@ -1,9 +1,8 @@
-/* The per-token layers of the transformer, each a _forward/_backward pair (SPEC §1):
- * outputs, inputs, parameters, sizes; backward: input-gradients first, then the output-gradient,
- * then what forward saved. Every gradient, of inputs and of parameters, is ACCUMULATED (+=), so the
- * caller zeroes gradient buffers once per step. Layers see only local tokens: under sequence
- * parallelism t0 is the global index of the first local token. CPU implementations; fp32 data,
- * reductions over many rows in a fixed chunk order so results do not depend on the thread count. */
+/* The per-token layers of the transformer, _forward/_backward pairs (SPEC §1): outputs, inputs,
+ * parameters, sizes; backward takes input-gradients first, then the output-gradient, then what
+ * forward saved, and ACCUMULATES every gradient (+=). Local tokens only (t0: the global index of
+ * the first). The CPU implementations, fp32, reductions over rows in a fixed chunk order so
+ * results do not depend on the thread count; gpu/layers.cu mirrors them. */
 #ifndef FMATTN_LAYERS_H
 #define FMATTN_LAYERS_H
 

@@ -1,10 +1,8 @@
-/* The attention interface: one ops table per variant (SPEC §1, §6), the only seam between the
- * model and a variant. The model calls these entry points and never branches on a variant's name;
- * adding a variant is one new file plus one line in the registry (registry.h). v and the output
- * are in head layout (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d) with Hqk =
- * attention_qk_heads(cfg): H, or the G global heads of FiSH (SPEC §6.9). Under sequence
- * parallelism a variant reaches the rest of the sequence through ctx->comm (the halo/summary
- * exchange it needs is its own business, behind forward/backward). */
+/* The attention interface (SPEC §1, §6): one ops table per variant, the only seam between the
+ * model and a variant; adding one is a new file plus one line in registry.h. v and the output are
+ * (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d), Hqk = H or FiSH's G global heads.
+ * Under sequence parallelism a variant reaches the rest of the sequence through ctx->comm; the
+ * exchange it needs is its own business, behind forward/backward. */
 #ifndef FMATTN_ATTENTION_H
 #define FMATTN_ATTENTION_H
 

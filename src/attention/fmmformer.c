@@ -1,9 +1,7 @@
-/* `fmmformer` (SPEC §6.6, Nguyen et al.): out = σ(w1)·Band(q, k, v) + σ(w2)·Σ_φ LowRank_φ(q, k, v)
- * per head. Band is `local` with fmmformer.band (the same tiled kernels and, under sequence
- * parallelism, the same halo, from full.c); each LowRank_φ is `linear` with feature map φ from
- * fmmformer.kernels (elu, elu_neg, tanh: kernelized.c's running sums, an exclusive scan across
- * ranks). w1, w2 are learned per head (checkpoint: attn/fmmformer/{w1, w2} [H]) and start at 0,
- * so both parts start with weight ½. This file combines the parts; it computes none of them. */
+/* `fmmformer` (SPEC §6.6): out = σ(w1)·Band(q, k, v) + σ(w2)·Σ_φ LowRank_φ(q, k, v) per head,
+ * Band = `local` with fmmformer.band (full.c's kernels and halo), LowRank_φ = `linear` with a
+ * feature map of fmmformer.kernels (kernelized.c's running sums); w1, w2 [H] (attn/fmmformer/)
+ * start at 0, so both parts start at ½. This file combines the parts; it computes none of them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,11 +1,8 @@
-/* The kernelized-attention core (kernelized.h). Causal sums are running sums taken chunk by chunk:
- * a chunk of c rows adds φ(Q_c) S + mask(φ(Q_c) φ(K_c)ᵀ) V_c to its numerators, then folds
- * φ(K_c)ᵀ V_c into the (F, d) state S. Backward never stores per-token states: a forward scan
- * rebuilds S chunk by chunk and forms dφ(q); a reverse scan carries R = Σ_{i later} φ(q_i) dnum_iᵀ
- * and forms dφ(k) and dv. Features are made per chunk from q and k (so the workspace is
- * O(c·F + F·d) per thread), and pushed back through the map at once. One (batch, head) per
- * OpenMP task; within a task the order of every sum is fixed, so results do not depend on the
- * thread count. Must not allocate anything of size n·F or n·n. */
+/* The kernelized-attention core (kernelized.h): causal sums as running sums chunk by chunk, and a
+ * backward that stores no per-token state (a forward scan rebuilds S, a reverse scan carries
+ * R = Σ_{i later} φ(q_i) dnum_iᵀ). Features are made per chunk, so the workspace is O(c·F + F·d)
+ * per thread; one (batch, head) per OpenMP task, every sum in a fixed order. Must not allocate
+ * anything of size n·F or n·n. */
 #include "attention/kernelized.h"
 
 #include <cblas.h>

@@ -1,14 +1,8 @@
-/* `nystrom` attention (SPEC §6.7, Xiong et al.): landmarks q̃, k̃ are the means of m =
- * nystrom.landmarks equal segments; F = softmax(q k̃ᵀ/√d) (n, m), A = softmax(q̃ k̃ᵀ/√d) (m, m),
- * B = softmax(q̃ kᵀ/√d) (m, n); out = F · pinv(A) · (B v) + DepthwiseConv_k(v), with pinv(A) by
- * nystrom.pinv_iters iterations Z ← ¼Z(13I − AZ(15I − AZ(7I − AZ))) from Z0 = Aᵀ/(max row sum ·
- * max column sum) of each matrix, and one length-k kernel per head (k = nystrom.conv, centred,
- * zero-padded). Bidirectional only (the segment means mix future tokens). F and B are never
- * formed whole: the B-pass streams over keys with an online softmax per landmark, the F-pass
- * streams over queries, so memory is O(n·d + m·d + m²) per head. Under sequence parallelism
- * (SPEC §7) every rank holds whole segments: the landmarks are gathered, the m × m work is done
- * alike on every rank, the landmark products B·v (and in backward the sums over queries and
- * keys) are allreduced, and the convolution takes a halo of (k − 1)/2 tokens each side. */
+/* `nystrom` (SPEC §6.7): landmarks are segment means, out = F·pinv(A)·(B v) + DepthwiseConv_k(v)
+ * with the iterative pinv; bidirectional only. F and B are never formed whole (the B-pass streams
+ * keys with an online softmax per landmark, the F-pass streams queries): O(n·d + m·d + m²) memory
+ * per head. Under sequence parallelism every rank holds whole segments: the landmarks are gathered,
+ * the m × m work is alike on every rank, the landmark sums are allreduced, the conv takes a halo. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>

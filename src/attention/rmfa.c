@@ -1,13 +1,8 @@
-/* `rmfa`, Macformer's random Maclaurin feature attention (SPEC §6.8). ppSBN before: each q and k
- * row (per token and head) is standardised over d (mean 0, variance 1, eps 1e-12) and scaled to
- * unit L2 norm; the rows over d^¼ go through D random Maclaurin features Φ, whose inner products
- * estimate the kernel's Maclaurin series without bias; kernelized.c's running sums then give
- * out_i = Φ(q_i)ᵀ Σ Φ(k_j) v_jᵀ / max(1, Φ(q_i)ᵀ Σ Φ(k_j)), and ppSBN after scales by γ, learned
- * per channel ([H, d], starting at 1). The degrees N_j (drawn with P(N) ∝ 2^−(N+1), N = 1..20)
- * and the Rademacher vectors ω come from the run seed once and live in the checkpoint as frozen
- * tensors attn/rmfa/{degree [D], omega [Σ N_j, d]}: a restart reads them back rather than
- * drawing them again. The degrees are drawn per run (every layer has the same), the vectors per
- * layer. Memory is O(n·D + D·d): Φ is made per chunk of rows, never for the whole sequence. */
+/* `rmfa` (SPEC §6.8, Macformer): ppSBN rows over d^¼ through D random Maclaurin features Φ, then
+ * kernelized.c's sums with the max(1, ·) denominator, and ppSBN's γ [H, d] after. The degrees
+ * (P(N) ∝ 2^−(N+1), N = 1..20; per run) and the Rademacher vectors ω (per layer) are drawn from the
+ * run seed once and kept as frozen tensors attn/rmfa/{degree [D], omega [Σ N_j, d]}, which a
+ * restart (or a kernel file's own draw) supplies. Φ is made per chunk of rows: O(n·D + D·d). */
 #include "attention/rmfa.h"
 
 #include <cblas.h>
