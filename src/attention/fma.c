@@ -243,6 +243,46 @@ static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const fl
   add_times(&times);
 }
 
+/* D (rows) = dout·out per row: the softmax transpose's correction (fma). */
+static void rows_dot(float *D, const float *dout, const float *out, long rows, long d) {
+#pragma omp parallel for schedule(static)
+  for (long r = 0; r < rows; r++) {
+    float acc = 0.0f;
+    for (long f = 0; f < d; f++) acc += dout[r * d + f] * out[r * d + f];
+    D[r] = acc;
+  }
+}
+
+/* The transpose of the upward pass for every (batch, head) and set — dX (BH, rows, d) consumed
+ * into dsrc (BH, T, d): dk, dv, dq — then the summary-parameter gradients, summed over every
+ * (batch, head) in a fixed order (dparams NULL: none). Frees dX. */
+static void upward_backward(const struct fma_state *st, const struct fma_inputs *in,
+                            float *const *dsrc, const float *const *src, float *const *dX,
+                            float *dparams, long BH, struct fma_times *times) {
+  const long T = st->T, d = st->d, rows = st->rows;
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++)
+      for (int s = 0; s < nsets(st); s++)
+        fma_upward_pass_backward(st, dsrc[s] + bh * T * d, dX[s] + bh * rows * d, &in->w[s], &t);
+    merge_times(times, &t);
+  }
+  double t0 = timer_now();
+  for (int s = 0; s < nsets(st); s++) {
+    if (dparams && st->down != FMA_DOWN_AVG) {
+      struct fma_down_weights dw;
+      fma_weights_zero(st, &dw);
+      fma_upward_param_grads(st, &dw, src[s], in->X[s], dX[s], BH);
+      fma_weights_store_grad(st, dparams, (enum fma_set)s, &dw);
+      fma_weights_free(st, &dw);
+    }
+    mem_free(dX[s]);
+  }
+  times->p2m += timer_now() - t0;
+}
+
 static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                          const float *dout, const float *q, const float *k, const float *v,
                          const float *params, const float *out, const float *saved) {
@@ -265,15 +305,8 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   }
   const float *lse = saved, *lse_far = saved + BH * T;
   float *D = st->linear ? NULL : mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
-  if (D) {
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < BH * T; r++) {
-      float acc = 0.0f;
-      for (long f = 0; f < d; f++) acc += dout[r * d + f] * out[r * d + f];
-      D[r] = acc;
-    }
-  }
-  /* evaluate backward: one (batch, head) per task, so scattered updates never race */
+  if (D) rows_dot(D, dout, out, BH * T, d);
+    /* evaluate backward: one (batch, head) per task, so scattered updates never race */
 #pragma omp parallel
   {
     struct fma_times t = {0};
@@ -298,28 +331,7 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
     fma_let_upward_backward(st, ctx->comm, (const float *const *)in.X, dX, nsets(st), BH, in.w,
                             &times);
   }
-#pragma omp parallel
-  {
-    struct fma_times t = {0};
-#pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++)
-      for (int s = 0; s < nsets(st); s++)
-        fma_upward_pass_backward(st, dsrc[s] + bh * T * d, dX[s] + bh * rows * d, &in.w[s], &t);
-    merge_times(&times, &t);
-  }
-  /* summary-parameter gradients, summed over every (batch, head) in a fixed order */
-  double t0 = timer_now();
-  for (int s = 0; s < nsets(st); s++) {
-    if (dparams && st->down != FMA_DOWN_AVG) {
-      struct fma_down_weights dw;
-      fma_weights_zero(st, &dw);
-      fma_upward_param_grads(st, &dw, src[s], in.X[s], dX[s], BH);
-      fma_weights_store_grad(st, dparams, (enum fma_set)s, &dw);
-      fma_weights_free(st, &dw);
-    }
-    mem_free(dX[s]);
-  }
-  times.p2m += timer_now() - t0;
+  upward_backward(st, &in, dsrc, src, dX, dparams, BH, &times);
   if (st->let) {
     mem_free(dkx);
     mem_free(dvx);

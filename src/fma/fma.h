@@ -1,8 +1,8 @@
 /* The interface of Fast Multipole Attention's machinery (SPEC §6.4–6.5): the state (state.c), the
  * summary parameters (params.c), the upward pass P2M/M2M (upward.c), evaluation P2P/M2P
- * (evaluate.c) and decoding (decode.c). It takes struct fma_options and plain sizes, never the
- * deck; the ops tables that drive it are attention/fma.c. Which keys a query sees is decided in
- * fma/lists.c only. */
+ * (evaluate.c), decoding (decode.c); the LET is let.h. It takes struct fma_options and plain
+ * sizes, never the deck: the ops tables that drive it are attention/fma.c. Which keys a query
+ * sees is decided in fma/lists.c only. */
 #ifndef FMATTN_FMA_H
 #define FMATTN_FMA_H
 
@@ -112,7 +112,8 @@ void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
                      const struct fma_down_weights *w, struct fma_times *times);
 /* Its transpose, one head over this rank's slab: dx (T, d) += the contribution of dX (rows, d),
  * which is consumed — for m2m, coarser levels are pushed into finer ones in place (M2M backward,
- * coarse to fine), then P2M backward. Parameter gradients are NOT formed here. */
+ * coarse to fine; windows that span ranks are fma_let_upward_backward's), then P2M backward.
+ * Parameter gradients are NOT formed here. */
 void fma_upward_pass_backward(const struct fma_state *st, float *dx, float *dX,
                               const struct fma_down_weights *w, struct fma_times *times);
 /* dw += the gradients of the P2M and M2M weights and biases, summed over `count` heads in a fixed
@@ -131,7 +132,7 @@ struct fma_block_keys {
   float *far_logw;          /* (nfar) log(w_l / p) or 0 */
   int *far_level;           /* (nfar) level of each */
 };
-/* Fill the lists of query block qb (the far arrays hold FMA_LIST_MAX·p·L rows). */
+/* Fill the lists of query block qb (the caller's far arrays hold FMA_LIST_MAX·p·L rows). */
 void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk);
 
 /* fma evaluation of one head (SPEC §6.4) for query blocks [qb0, qb1) of the slab: q, out (T, d)
