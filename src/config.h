@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "fma/options.h" /* enum fma_downsample, fma_init_kind, fma_down_lr */
+
 #define CONFIG_STR      512
 #define CONFIG_LIST_MAX 32
 
@@ -25,9 +27,6 @@ enum objective_kind { OBJECTIVE_CLM, OBJECTIVE_MLM };
 enum schedule_kind { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
 enum backend_kind { BACKEND_AUTO, BACKEND_MPI, BACKEND_NCCL };
 enum device_kind { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU };
-enum fma_downsample { FMA_DOWN_CONV, FMA_DOWN_M2M, FMA_DOWN_AVG };
-enum fma_init_kind { FMA_INIT_MEAN, FMA_INIT_RANDOM };
-enum fma_down_lr { FMA_LR_SCALED, FMA_LR_PLAIN };
 enum heads_mode { HEADS_STANDARD, HEADS_FISH };
 
 /* Bench sections, as a bit set. */

@@ -1,8 +1,8 @@
 /* The `fma` (O(n log n)) and `fma_linear` (O(n)) attention variants (SPEC §6.4–6.5): their ops
- * tables, and the driver that runs the operators over batch and heads — the upward pass (P2M,
- * M2M), evaluate (P2P, M2P), and in backward the transposes with the downsampling-parameter
- * gradients summed over heads in a fixed order. Summaries are recomputed in backward rather than
- * saved: the upward pass costs O(n·d·p), a small share of evaluate. */
+ * tables — the only fma code that reads struct config (into struct fma_options) — and the driver
+ * that runs fma/'s operators over batch and heads: the upward pass, evaluate, and in backward
+ * their transposes and the summary-parameter gradients summed over heads in a fixed order.
+ * Summaries are recomputed in backward, not saved: the upward pass is a small share of evaluate. */
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -25,11 +25,27 @@
 /* conv parameters grow like d·p·n/2 per layer; past this many floats, ask for m2m. */
 #define FMA_CONV_MAX_FLOATS (128L << 20)
 
+/* The deck's attention.fma.* section as fma/ takes it. */
+static struct fma_options fma_options_read(const struct config *cfg) {
+  const struct config_attention *at = &cfg->attention;
+  return (struct fma_options){.m = at->fma_m,
+                              .p = at->fma_p,
+                              .down = at->fma_downsample,
+                              .init = at->fma_init,
+                              .down_lr = at->fma_down_lr,
+                              .linear_zero_values = at->fma_linear_zero_values,
+                              .multiplicity = at->fma_multiplicity};
+}
+
+/* The head size the parameters are described for. */
+static long fma_head_dim(const struct config *cfg) { return cfg->model.dim / cfg->model.heads; }
+
 /* fma's rules (SPEC §6.4): n = m·2^k with k ≥ 1, whole fine blocks per slab, and conv
  * parameters that fit (they grow like d·p·n per layer). p dividing m is the deck's own rule: every
  * variant's diagnostics use the fma.m tree. */
 static bool fma_check(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r) {
-  const int m = cfg->attention.fma_m, p = cfg->attention.fma_p;
+  const struct fma_options opt = fma_options_read(cfg);
+  const int m = opt.m, p = opt.p;
   const char *name = cfg->attention.variant;
   if (!fma_tree_exact(n, m, p))
     return attention_refuse(r, "attention.variant model.context attention.fma.m",
@@ -42,8 +58,8 @@ static bool fma_check(const struct config *cfg, long n, int seq_ranks, struct at
         "attention.variant = %s with parallel.seq_ranks = %d: each rank's slab (model.context / "
         "seq_ranks = %ld / %d) must be a whole number of fine blocks of fma.m = %d tokens",
         name, seq_ranks, n, seq_ranks, m);
-  if (cfg->attention.fma_downsample == FMA_DOWN_CONV) {
-    const long d = cfg->model.dim / cfg->model.heads;
+  if (opt.down == FMA_DOWN_CONV) {
+    const long d = fma_head_dim(cfg);
     const double floats = 2.0 * (double)d * p * (double)(n / 2 - m / 2);
     if (floats > (double)FMA_CONV_MAX_FLOATS)
       return attention_refuse(r, "attention.fma.downsample model.context",
@@ -63,46 +79,33 @@ static bool fma_fallback(struct config *cfg) {
 }
 
 static const char *fma_option_label(const struct config *cfg) {
-  return config_downsample_name(cfg->attention.fma_downsample);
+  return config_downsample_name(fma_options_read(cfg).down);
 }
 
 static void fma_describe_params(const struct config *cfg, long n, struct param_list *list) {
-  fma_describe(cfg, n, false, list);
+  const struct fma_options opt = fma_options_read(cfg);
+  fma_params_describe(&opt, n, fma_head_dim(cfg), false, list);
 }
 
 static void fma_linear_describe_params(const struct config *cfg, long n, struct param_list *list) {
-  fma_describe(cfg, n, true, list);
+  const struct fma_options opt = fma_options_read(cfg);
+  fma_params_describe(&opt, n, fma_head_dim(cfg), true, list);
 }
 
 static void fma_init_params(const struct config *cfg, const struct param_desc *p, float *data) {
-  fma_init_param(cfg, p, data, false);
+  const struct fma_options opt = fma_options_read(cfg);
+  fma_params_init(&opt, cfg->run.seed, false, p, data);
 }
 
 static void fma_linear_init_params(const struct config *cfg, const struct param_desc *p,
                                    float *data) {
-  fma_init_param(cfg, p, data, true);
+  const struct fma_options opt = fma_options_read(cfg);
+  fma_params_init(&opt, cfg->run.seed, true, p, data);
 }
 
 static void *setup_common(const struct config *cfg, const struct attn_dims *dims, bool linear) {
-  struct fma_state *st = xcalloc(1, sizeof *st);
-  fma_tree_build(&st->tree, dims->n, cfg->attention.fma_m, cfg->attention.fma_p);
-  st->down = cfg->attention.fma_downsample;
-  st->causal = dims->causal;
-  st->linear = linear;
-  st->multiplicity = cfg->attention.fma_multiplicity;
-  st->d = (int)dims->d;
-  st->t0 = dims->t0;
-  st->T = dims->T;
-  st->klo = dims->t0;
-  long row = 0;
-  for (int l = 1; l <= st->tree.levels; l++) {
-    st->level_row[l] = row;
-    row += st->tree.nwindows[l] * st->tree.p;
-  }
-  st->level_row[st->tree.levels + 1] = row;
-  st->rows = row;
-  fma_layout_build(cfg, dims->n, linear, &st->layout);
-  return st;
+  const struct fma_options opt = fma_options_read(cfg);
+  return fma_state_create(&opt, dims->n, dims->d, dims->causal, linear, dims->t0, dims->T);
 }
 
 static void *fma_setup(const struct config *cfg, const struct attn_dims *dims) {
@@ -113,11 +116,7 @@ static void *fma_linear_setup(const struct config *cfg, const struct attn_dims *
   return setup_common(cfg, dims, true);
 }
 
-static void fma_teardown(void *state) {
-  struct fma_state *st = state;
-  if (st) fma_let_free(st->let);
-  free(st);
-}
+static void fma_teardown(void *state) { fma_state_free(state); }
 
 static size_t fma_saved_floats(const struct attn_ctx *ctx) {
   const struct fma_state *st = ctx->state;
@@ -244,6 +243,46 @@ static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const fl
   add_times(&times);
 }
 
+/* D (rows) = dout·out per row: the softmax transpose's correction (fma). */
+static void rows_dot(float *D, const float *dout, const float *out, long rows, long d) {
+#pragma omp parallel for schedule(static)
+  for (long r = 0; r < rows; r++) {
+    float acc = 0.0f;
+    for (long f = 0; f < d; f++) acc += dout[r * d + f] * out[r * d + f];
+    D[r] = acc;
+  }
+}
+
+/* The transpose of the upward pass for every (batch, head) and set — dX (BH, rows, d) consumed
+ * into dsrc (BH, T, d): dk, dv, dq — then the summary-parameter gradients, summed over every
+ * (batch, head) in a fixed order (dparams NULL: none). Frees dX. */
+static void upward_backward(const struct fma_state *st, const struct fma_inputs *in,
+                            float *const *dsrc, const float *const *src, float *const *dX,
+                            float *dparams, long BH, struct fma_times *times) {
+  const long T = st->T, d = st->d, rows = st->rows;
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++)
+      for (int s = 0; s < nsets(st); s++)
+        fma_upward_pass_backward(st, dsrc[s] + bh * T * d, dX[s] + bh * rows * d, &in->w[s], &t);
+    merge_times(times, &t);
+  }
+  double t0 = timer_now();
+  for (int s = 0; s < nsets(st); s++) {
+    if (dparams && st->down != FMA_DOWN_AVG) {
+      struct fma_down_weights dw;
+      fma_weights_zero(st, &dw);
+      fma_upward_param_grads(st, &dw, src[s], in->X[s], dX[s], BH);
+      fma_weights_store_grad(st, dparams, (enum fma_set)s, &dw);
+      fma_weights_free(st, &dw);
+    }
+    mem_free(dX[s]);
+  }
+  times->p2m += timer_now() - t0;
+}
+
 static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                          const float *dout, const float *q, const float *k, const float *v,
                          const float *params, const float *out, const float *saved) {
@@ -266,15 +305,8 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   }
   const float *lse = saved, *lse_far = saved + BH * T;
   float *D = st->linear ? NULL : mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
-  if (D) {
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < BH * T; r++) {
-      float acc = 0.0f;
-      for (long f = 0; f < d; f++) acc += dout[r * d + f] * out[r * d + f];
-      D[r] = acc;
-    }
-  }
-  /* evaluate backward: one (batch, head) per task, so scattered updates never race */
+  if (D) rows_dot(D, dout, out, BH * T, d);
+    /* evaluate backward: one (batch, head) per task, so scattered updates never race */
 #pragma omp parallel
   {
     struct fma_times t = {0};
@@ -293,33 +325,13 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
     }
     merge_times(&times, &t);
   }
-  if (st->let) { /* the transposes of the exchanges, then the local downward pass */
+  if (st->let) { /* the transposes of the exchanges, then of the local upward pass */
     halo_scatter_add(&st->let->near, ctx->comm, dk, dkx, BH, d);
     halo_scatter_add(&st->let->near, ctx->comm, dv, dvx, BH, d);
-    fma_let_downward(st, ctx->comm, (const float *const *)in.X, dX, nsets(st), BH, in.w, &times);
+    fma_let_upward_backward(st, ctx->comm, (const float *const *)in.X, dX, nsets(st), BH, in.w,
+                            &times);
   }
-#pragma omp parallel
-  {
-    struct fma_times t = {0};
-#pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++)
-      for (int s = 0; s < nsets(st); s++)
-        fma_downward_pass(st, dX[s] + bh * rows * d, dsrc[s] + bh * T * d, &in.w[s], &t);
-    merge_times(&times, &t);
-  }
-  /* downsampling-parameter gradients, summed over every (batch, head) in a fixed order */
-  double t0 = timer_now();
-  for (int s = 0; s < nsets(st); s++) {
-    if (dparams && st->down != FMA_DOWN_AVG) {
-      struct fma_down_weights dw;
-      fma_weights_zero(st, &dw);
-      fma_param_grads(st, &dw, src[s], in.X[s], dX[s], BH);
-      fma_weights_store_grad(st, dparams, (enum fma_set)s, &dw);
-      fma_weights_free(st, &dw);
-    }
-    mem_free(dX[s]);
-  }
-  times.p2m += timer_now() - t0;
+  upward_backward(st, &in, dsrc, src, dX, dparams, BH, &times);
   if (st->let) {
     mem_free(dkx);
     mem_free(dvx);

@@ -1,12 +1,7 @@
-/* Incremental decoding of causal `fma` (generation): what one new token needs, kept up to date
- * token by token, so that a token costs O(m + p·L) attention work instead of O(n log n). The
- * cache holds the last 2m keys and values (the near field: block b − 1 and block b up to the
- * query) and the summaries of every level's windows. A level made from tokens (conv, avg, and
- * level 1 of m2m: the upward pass's P2M) accumulates each token's taps into its current window as
- * the token arrives; a level made from children (m2m: M2M) forms a window once its two children are
- * complete. The query then attends, with one softmax, to its near keys and to the summaries its
- * interaction lists name (fma_lists: always complete windows, earlier than its own). Equal within
- * rounding to the batched forward's row (tested). */
+/* Incremental decoding of causal `fma` (generation; docs/generate.md): a cache of the last 2m
+ * keys and values and of every level's summaries, kept up to date token by token — P2M taps added
+ * as each token arrives, M2M once both children are complete — so a token costs O(m + p·L)
+ * attention work instead of O(n log n). Equal within rounding to the batched forward's row. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

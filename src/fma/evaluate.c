@@ -83,34 +83,119 @@ static void scatter_add(float *dst, const float *src, const long *rows, int coun
   }
 }
 
-/* Scores of block qb into s->S: near columns [0, nn), far columns [nn, nn + nfar), with the
- * causal mask (−inf) and the multiplicity term. Returns nn. */
-static long block_scores(const struct fma_state *st, long qb, const float *q, const float *k,
-                         struct block_scratch *s, bool with_far, struct fma_times *times) {
-  const long m = st->tree.m, d = st->d, i0 = qb * m;
+/* ---------------------------------------------------------------------------------------------
+ * the operators on one query block qb (queries i0 = qb·m .. i0 + m − 1): its score matrix S
+ * (m, ld) holds the near columns [0, nn) (P2P) and the far columns [nn, nn + nf) (M2P). q and dq
+ * are read from slab row i0 − t0; k, v, dk, dv from global row st->klo. */
+
+/* P2P scores: S[:, 0:nn) = q·k_nearᵀ/√d, the near field exact; keys after i masked (−inf). */
+static void fma_P2P_scores(const struct fma_state *st, long qb, const float *q, const float *k,
+                           const struct fma_block_keys *bk, float *S, long ld) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count;
   const float scale = 1.0f / sqrtf((float)d);
-  struct fma_block_keys *bk = &s->bk;
-  const long nn = bk->near_count, nf = with_far ? bk->nfar : 0, ld = nn + nf;
-  double t0 = timer_now();
-  /* P2P: the near field, exact */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, scale,
-              q + (i0 - st->t0) * d, (int)d, k + (bk->near_lo - st->klo) * d, (int)d, 0.0f, s->S,
+              q + (i0 - st->t0) * d, (int)d, k + (bk->near_lo - st->klo) * d, (int)d, 0.0f, S,
               (int)ld);
   if (st->causal)
     for (long r = 0; r < m; r++) {
-      float *row = s->S + r * ld;
+      float *row = S + r * ld;
       for (long c = i0 + r + 1 - bk->near_lo; c < nn; c++) row[c] = -INFINITY; /* keys after i */
     }
+}
+
+/* M2P scores: S[:, nn:nn + nf) = q·K_farᵀ/√d + log(w_l/p), against the listed summaries of
+ * every level, gathered into Kf (nf, d). */
+static void fma_M2P_scores(const struct fma_state *st, long qb, const float *q, const float *Kf,
+                           const struct fma_block_keys *bk, float *S, long ld) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count, nf = bk->nfar;
+  const float scale = 1.0f / sqrtf((float)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, scale,
+              q + (i0 - st->t0) * d, (int)d, Kf, (int)d, 0.0f, S + nn, (int)ld);
+  for (long r = 0; r < m; r++) {
+    float *row = S + r * ld + nn;
+    for (long c = 0; c < nf; c++) row[c] += bk->far_logw[c];
+  }
+}
+
+/* P2P values: o (m, d) = P[:, 0:nn)·v_near (o overwritten). */
+static void fma_P2P_values(const struct fma_state *st, float *o, const float *P, long ld,
+                           const float *v, const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, nn = bk->near_count;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, P, (int)ld,
+              v + (bk->near_lo - st->klo) * d, (int)d, 0.0f, o, (int)d);
+}
+
+/* M2P values: o (m, d) += P[:, nn:nn + nf)·V_far, the listed summaries gathered into Vf. */
+static void fma_M2P_values(const struct fma_state *st, float *o, const float *P, long ld,
+                           const float *Vf, const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, nn = bk->near_count, nf = bk->nfar;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f, P + nn,
+              (int)ld, Vf, (int)d, 1.0f, o, (int)d);
+}
+
+/* The transpose of fma_P2P_values for dO = g (m, d): dv_near += P_nᵀ·g; dP[:, 0:nn) = g·v_nearᵀ. */
+static void fma_P2P_values_backward(const struct fma_state *st, float *dv, float *dP,
+                                    const float *g, const float *P, long ld, const float *v,
+                                    const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, nn = bk->near_count;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, P, (int)ld, g,
+              (int)d, 1.0f, dv + (bk->near_lo - st->klo) * d, (int)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
+              v + (bk->near_lo - st->klo) * d, (int)d, 0.0f, dP, (int)ld);
+}
+
+/* The transpose of fma_M2P_values: dV += P_fᵀ·g at the listed rows (through dVf (nf, d));
+ * dP[:, nn:nn + nf) = g·V_farᵀ. */
+static void fma_M2P_values_backward(const struct fma_state *st, float *dV, float *dP,
+                                    const float *g, const float *P, long ld, const float *Vf,
+                                    float *dVf, const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, nn = bk->near_count, nf = bk->nfar;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, 1.0f, P + nn,
+              (int)ld, g, (int)d, 0.0f, dVf, (int)d);
+  scatter_add(dV, dVf, bk->far_row, (int)nf, d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, 1.0f, g, (int)d, Vf,
+              (int)d, 0.0f, dP + nn, (int)ld);
+}
+
+/* The transpose of fma_P2P_scores for the score gradient dS (m, ld): dq (m, d) += dS_n·k_near/√d;
+ * dk_near += dS_nᵀ·q/√d. */
+static void fma_P2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dk,
+                                    const float *dS, long ld, const float *q, const float *k,
+                                    const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count;
+  const float scale = 1.0f / sqrtf((float)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, dS,
+              (int)ld, k + (bk->near_lo - st->klo) * d, (int)d, 1.0f, dq + (i0 - st->t0) * d,
+              (int)d);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, dS, (int)ld,
+              q + (i0 - st->t0) * d, (int)d, 1.0f, dk + (bk->near_lo - st->klo) * d, (int)d);
+}
+
+/* The transpose of fma_M2P_scores: dq += dS_f·K_far/√d; dK += dS_fᵀ·q/√d at the listed rows
+ * (through dKf (nf, d)). */
+static void fma_M2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dK,
+                                    const float *dS, long ld, const float *q, const float *Kf,
+                                    float *dKf, const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count, nf = bk->nfar;
+  const float scale = 1.0f / sqrtf((float)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale, dS + nn,
+              (int)ld, Kf, (int)d, 1.0f, dq + (i0 - st->t0) * d, (int)d);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale, dS + nn,
+              (int)ld, q + (i0 - st->t0) * d, (int)d, 0.0f, dKf, (int)d);
+  scatter_add(dK, dKf, bk->far_row, (int)nf, d);
+}
+
+/* Scores of block qb into s->S, P2P then (with_far) M2P, each timed as its own. Returns nn. */
+static long block_scores(const struct fma_state *st, long qb, const float *q, const float *k,
+                         struct block_scratch *s, bool with_far, struct fma_times *times) {
+  const struct fma_block_keys *bk = &s->bk;
+  const long nn = bk->near_count, nf = with_far ? bk->nfar : 0, ld = nn + nf;
+  double t0 = timer_now();
+  fma_P2P_scores(st, qb, q, k, bk, s->S, ld);
   double t1 = timer_now();
   times->p2p += t1 - t0;
   if (nf > 0) {
-    /* M2P: the listed summaries of every level */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, scale,
-                q + (i0 - st->t0) * d, (int)d, s->Kf, (int)d, 0.0f, s->S + nn, (int)ld);
-    for (long r = 0; r < m; r++) {
-      float *row = s->S + r * ld + nn;
-      for (long c = 0; c < nf; c++) row[c] += bk->far_logw[c];
-    }
+    fma_M2P_scores(st, qb, q, s->Kf, bk, s->S, ld);
     times->m2p += timer_now() - t1;
   }
   return nn;
@@ -179,6 +264,21 @@ static void block_keys(const struct fma_state *st, long qb, struct block_scratch
   times->m2p += timer_now() - t0;
 }
 
+/* dS = P ∘ (dP − D) of each row, in place in dP (m, ld): the softmax's transpose over both parts
+ * at once (fma) or over the near field alone (fma_linear). */
+static void rows_softmax_backward(float *dP, const float *P, long m, long ld, const float *D) {
+  for (long r = 0; r < m; r++) {
+    const float Di = D[r];
+    const float *p = P + r * ld;
+    float *gp = dP + r * ld;
+#pragma omp simd
+    for (long c = 0; c < ld; c++) gp[c] = p[c] * (gp[c] - Di);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fma: P2P and M2P under one softmax */
+
 void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, const float *q,
                           const float *k, const float *v, const float *K, const float *V, long qb0,
                           long qb1, struct fma_times *times, double *mass, double *entropy) {
@@ -194,13 +294,11 @@ void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, co
     rows_softmax(s.S, m, ld, lse + (qb * m - st->t0));
     if (mass) block_diagnostics(st, s.S, m, nn, nf, &s.bk, mass, entropy);
     float *o = out + (qb * m - st->t0) * d;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
-                (int)ld, v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, o, (int)d);
+    fma_P2P_values(st, o, s.S, ld, v, &s.bk);
     double t1 = timer_now();
     times->p2p += t1 - t0;
     if (nf > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f,
-                  s.S + nn, (int)ld, s.Vf, (int)d, 1.0f, o, (int)d);
+      fma_M2P_values(st, o, s.S, ld, s.Vf, &s.bk);
       times->m2p += timer_now() - t1;
     }
   }
@@ -212,7 +310,6 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
                            const float *k, const float *v, const float *K, const float *V,
                            const float *lse, struct fma_times *times) {
   const long m = st->tree.m, d = st->d;
-  const float scale = 1.0f / sqrtf((float)d);
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
@@ -220,46 +317,21 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
     const long nf = s.bk.nfar, i0 = qb * m;
     const long nn = block_scores(st, qb, q, k, &s, true, times);
     const long ld = nn + nf;
-    const float *g = dout + (i0 - st->t0) * d, *qq = q + (i0 - st->t0) * d;
+    const float *g = dout + (i0 - st->t0) * d;
     double t0 = timer_now();
     rows_probabilities(s.S, m, ld, lse + (i0 - st->t0));
-    /* dv_near += P_nᵀ dO; dP_n = dO v_nᵀ */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
-                (int)ld, g, (int)d, 1.0f, dv + (s.bk.near_lo - st->klo) * d, (int)d);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
-                v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, s.dP, (int)ld);
+    fma_P2P_values_backward(st, dv, s.dP, g, s.S, ld, v, &s.bk);
     double t1 = timer_now();
     times->p2p += t1 - t0;
-    if (nf > 0) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, 1.0f, s.S + nn,
-                  (int)ld, g, (int)d, 0.0f, s.dVf, (int)d);
-      scatter_add(dV, s.dVf, s.bk.far_row, (int)nf, d);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, 1.0f, g, (int)d,
-                  s.Vf, (int)d, 0.0f, s.dP + nn, (int)ld);
-    }
+    if (nf > 0) fma_M2P_values_backward(st, dV, s.dP, g, s.S, ld, s.Vf, s.dVf, &s.bk);
     double t2 = timer_now();
     times->m2p += t2 - t1;
-    /* dS = P ∘ (dP − D), over both parts at once */
-    for (long r = 0; r < m; r++) {
-      const float Di = D[i0 - st->t0 + r];
-      const float *p = s.S + r * ld;
-      float *gp = s.dP + r * ld;
-#pragma omp simd
-      for (long c = 0; c < ld; c++) gp[c] = p[c] * (gp[c] - Di);
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, s.dP,
-                (int)ld, k + (s.bk.near_lo - st->klo) * d, (int)d, 1.0f, dq + (i0 - st->t0) * d,
-                (int)d);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, s.dP,
-                (int)ld, qq, (int)d, 1.0f, dk + (s.bk.near_lo - st->klo) * d, (int)d);
+    rows_softmax_backward(s.dP, s.S, m, ld, D + (i0 - st->t0));
+    fma_P2P_scores_backward(st, qb, dq, dk, s.dP, ld, q, k, &s.bk);
     double t3 = timer_now();
     times->p2p += t3 - t2;
     if (nf > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale,
-                  s.dP + nn, (int)ld, s.Kf, (int)d, 1.0f, dq + (i0 - st->t0) * d, (int)d);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale,
-                  s.dP + nn, (int)ld, qq, (int)d, 0.0f, s.dKf, (int)d);
-      scatter_add(dK, s.dKf, s.bk.far_row, (int)nf, d);
+      fma_M2P_scores_backward(st, qb, dq, dK, s.dP, ld, q, s.Kf, s.dKf, &s.bk);
       times->m2p += timer_now() - t3;
     }
   }
@@ -267,11 +339,11 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
 }
 
 /* ---------------------------------------------------------------------------------------------
- * fma_linear */
+ * fma_linear: the near field (P2P) under its own softmax; then, per level, each query
+ * sub-segment's summary against the level's list under a softmax of its own, added to the
+ * sub-segment's queries */
 
-long fma_linear_query_row(const struct fma_state *st, int l, long i) {
-  const long seg = st->tree.window[l] / st->tree.p;
-  const long rho = i / seg; /* = ⌊i/w_l⌋·p + ⌊(i mod w_l)·p/w_l⌋: windows are aligned */
+long fma_linear_query_row(const struct fma_state *st, long rho) {
   return st->causal ? rho - 1 : rho;
 }
 
@@ -285,7 +357,7 @@ static long slab_hi(const struct fma_state *st, long b) {
 /* The level-l term of query sub-segment rho: its key rows (≤ 3p) and query row. */
 static int linear_keys(const struct fma_state *st, int l, long rho, long *rows, long *qrow) {
   const long P = st->tree.p, c = rho / P;
-  *qrow = st->causal ? rho - 1 : rho;
+  *qrow = fma_linear_query_row(st, rho);
   if (*qrow < 0) return 0;
   long windows[FMA_LIST_MAX];
   const int nw = fma_lists_level(&st->tree, st->causal, l, c, windows);
@@ -295,28 +367,23 @@ static int linear_keys(const struct fma_state *st, int l, long rho, long *rows, 
   return count;
 }
 
-void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near, float *lse_far,
-                        const float *q, const float *k, const float *v, const float *Q,
-                        const float *K, const float *V, struct fma_times *times, float *band_norms,
-                        double *entropy) {
-  const long m = st->tree.m, d = st->d, P = st->tree.p;
-  const float scale = 1.0f / sqrtf((float)d);
-  struct block_scratch s;
-  scratch_init(&s, st);
-  if (band_norms) memset(band_norms, 0, sizeof(float) * (size_t)(st->T * (st->tree.levels + 1)));
-  /* near field: its own softmax */
+/* The near field: out = softmax(P2P scores)·v_near block by block; band 0 of band_norms and the
+ * entropy when band_norms is given. */
+static void linear_near_forward(const struct fma_state *st, float *out, float *lse_near,
+                                const float *q, const float *k, const float *v,
+                                struct block_scratch *s, struct fma_times *times, float *band_norms,
+                                double *entropy) {
+  const long m = st->tree.m, d = st->d;
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
-    fma_block_keys(st, qb, &s.bk);
-    const long nn = block_scores(st, qb, q, k, &s, false, times);
+    fma_block_keys(st, qb, &s->bk);
+    const long nn = block_scores(st, qb, q, k, s, false, times);
     double t0 = timer_now();
-    rows_softmax(s.S, m, nn, lse_near + (qb * m - st->t0));
+    rows_softmax(s->S, m, nn, lse_near + (qb * m - st->t0));
     if (band_norms) {
       double unused[1] = {0.0};
-      block_diagnostics(st, s.S, m, nn, 0, &s.bk, unused, entropy); /* near-field entropy */
+      block_diagnostics(st, s->S, m, nn, 0, &s->bk, unused, entropy); /* near-field entropy */
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
-                (int)nn, v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f,
-                out + (qb * m - st->t0) * d, (int)d);
+    fma_P2P_values(st, out + (qb * m - st->t0) * d, s->S, nn, v, &s->bk);
     if (band_norms)
       for (long r = 0; r < m; r++) {
         float norm = 0.0f;
@@ -325,54 +392,73 @@ void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near,
       }
     times->p2p += timer_now() - t0;
   }
-  /* each level: one softmax per query sub-segment over its list, added to its queries */
+}
+
+/* Level l: out += each sub-segment's term; lse_far of the level; band l of band_norms. Scratch: o
+ * (d), a and rows (3p). */
+static void linear_level_forward(const struct fma_state *st, int l, float *out, float *lse_far,
+                                 const float *Q, const float *K, const float *V, float *band_norms,
+                                 float *o, float *a, long *rows) {
+  const long d = st->d, P = st->tree.p;
+  const float scale = 1.0f / sqrtf((float)d);
+  const long base = st->level_row[l], seg = st->tree.window[l] / P;
+  const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
+  for (long rho = st->t0 / seg; rho <= (st->t0 + st->T - 1) / seg; rho++) {
+    long qrow;
+    const int nk = linear_keys(st, l, rho, rows, &qrow);
+    lse_far[base + rho] = 0.0f;
+    if (nk == 0) continue;
+    float mx = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+      float sdot = 0.0f;
+      const float *kr = Kl + rows[j] * d, *qr = Ql + qrow * d;
+#pragma omp simd reduction(+ : sdot)
+      for (long f = 0; f < d; f++) sdot += qr[f] * kr[f];
+      a[j] = sdot * scale;
+      mx = a[j] > mx ? a[j] : mx;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < nk; j++) {
+      a[j] = expf(a[j] - mx);
+      sum += a[j];
+    }
+    memset(o, 0, sizeof(float) * (size_t)d);
+    for (int j = 0; j < nk; j++) {
+      a[j] /= sum;
+      const float *vr = Vl + rows[j] * d;
+#pragma omp simd
+      for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
+    }
+    lse_far[base + rho] = mx + logf(sum);
+    for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++) {
+      float *oi = out + (i - st->t0) * d;
+#pragma omp simd
+      for (long f = 0; f < d; f++) oi[f] += o[f];
+    }
+    if (band_norms) {
+      float norm = 0.0f;
+      for (long f = 0; f < d; f++) norm += fabsf(o[f]);
+      for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++)
+        band_norms[(i - st->t0) * (st->tree.levels + 1) + l] = norm;
+    }
+  }
+}
+
+void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near, float *lse_far,
+                        const float *q, const float *k, const float *v, const float *Q,
+                        const float *K, const float *V, struct fma_times *times, float *band_norms,
+                        double *entropy) {
+  const long d = st->d, P = st->tree.p;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  if (band_norms) memset(band_norms, 0, sizeof(float) * (size_t)(st->T * (st->tree.levels + 1)));
+  linear_near_forward(st, out, lse_near, q, k, v, &s, times, band_norms, entropy);
   double t0 = timer_now();
   float *o = xmalloc(sizeof(float) * (size_t)d);
   float *a = xmalloc(sizeof(float) * (size_t)(FMA_LIST_MAX * P));
   long *rows = xmalloc(sizeof(long) * (size_t)(FMA_LIST_MAX * P));
-  for (int l = 1; l <= st->tree.levels; l++) {
-    const long base = st->level_row[l], seg = st->tree.window[l] / P;
-    const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
-    for (long rho = st->t0 / seg; rho <= (st->t0 + st->T - 1) / seg; rho++) {
-      long qrow;
-      const int nk = linear_keys(st, l, rho, rows, &qrow);
-      lse_far[base + rho] = 0.0f;
-      if (nk == 0) continue;
-      float mx = -INFINITY;
-      for (int j = 0; j < nk; j++) {
-        float sdot = 0.0f;
-        const float *kr = Kl + rows[j] * d, *qr = Ql + qrow * d;
-#pragma omp simd reduction(+ : sdot)
-        for (long f = 0; f < d; f++) sdot += qr[f] * kr[f];
-        a[j] = sdot * scale;
-        mx = a[j] > mx ? a[j] : mx;
-      }
-      float sum = 0.0f;
-      for (int j = 0; j < nk; j++) {
-        a[j] = expf(a[j] - mx);
-        sum += a[j];
-      }
-      memset(o, 0, sizeof(float) * (size_t)d);
-      for (int j = 0; j < nk; j++) {
-        a[j] /= sum;
-        const float *vr = Vl + rows[j] * d;
-#pragma omp simd
-        for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
-      }
-      lse_far[base + rho] = mx + logf(sum);
-      for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++) {
-        float *oi = out + (i - st->t0) * d;
-#pragma omp simd
-        for (long f = 0; f < d; f++) oi[f] += o[f];
-      }
-      if (band_norms) {
-        float norm = 0.0f;
-        for (long f = 0; f < d; f++) norm += fabsf(o[f]);
-        for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++)
-          band_norms[(i - st->t0) * (st->tree.levels + 1) + l] = norm;
-      }
-    }
-  }
+  for (int l = 1; l <= st->tree.levels; l++)
+    linear_level_forward(st, l, out, lse_far, Q, K, V, band_norms, o, a, rows);
   free(o);
   free(a);
   free(rows);
@@ -380,93 +466,100 @@ void fma_linear_forward(const struct fma_state *st, float *out, float *lse_near,
   scratch_free(&s);
 }
 
-void fma_linear_backward(const struct fma_state *st, float *dq, float *dk, float *dv, float *dQ,
-                         float *dK, float *dV, const float *dout, const float *out, const float *q,
-                         const float *k, const float *v, const float *Q, const float *K,
-                         const float *V, const float *lse_near, const float *lse_far,
-                         struct fma_times *times) {
-  const long m = st->tree.m, d = st->d, P = st->tree.p;
-  const float scale = 1.0f / sqrtf((float)d);
-  struct block_scratch s;
-  scratch_init(&s, st);
-  /* near field: recompute its probabilities and its own output for D = dO · o_near */
+/* The near field's transpose: its probabilities and its own output (for D = dO·o_near) again. */
+static void linear_near_backward(const struct fma_state *st, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k, const float *v,
+                                 const float *lse_near, struct block_scratch *s,
+                                 struct fma_times *times) {
+  const long m = st->tree.m, d = st->d;
   float *onear = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(m * d));
   float *Dn = xmalloc(sizeof(float) * (size_t)m);
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
-    fma_block_keys(st, qb, &s.bk);
-    const long nn = block_scores(st, qb, q, k, &s, false, times);
+    fma_block_keys(st, qb, &s->bk);
+    const long nn = block_scores(st, qb, q, k, s, false, times);
     const long i0 = qb * m;
-    const float *g = dout + (i0 - st->t0) * d, *qq = q + (i0 - st->t0) * d;
+    const float *g = dout + (i0 - st->t0) * d;
     double t0 = timer_now();
-    rows_probabilities(s.S, m, nn, lse_near + (i0 - st->t0));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, s.S,
-                (int)nn, v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, onear, (int)d);
+    rows_probabilities(s->S, m, nn, lse_near + (i0 - st->t0));
+    fma_P2P_values(st, onear, s->S, nn, v, &s->bk);
     for (long r = 0; r < m; r++) {
       float acc = 0.0f;
       for (long f = 0; f < d; f++) acc += g[r * d + f] * onear[r * d + f];
       Dn[r] = acc;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, s.S,
-                (int)nn, g, (int)d, 1.0f, dv + (s.bk.near_lo - st->klo) * d, (int)d);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, 1.0f, g, (int)d,
-                v + (s.bk.near_lo - st->klo) * d, (int)d, 0.0f, s.dP, (int)nn);
-    for (long r = 0; r < m; r++)
-      for (long c = 0; c < nn; c++) s.dP[r * nn + c] = s.S[r * nn + c] * (s.dP[r * nn + c] - Dn[r]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, s.dP,
-                (int)nn, k + (s.bk.near_lo - st->klo) * d, (int)d, 1.0f, dq + (i0 - st->t0) * d,
-                (int)d);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, scale, s.dP,
-                (int)nn, qq, (int)d, 1.0f, dk + (s.bk.near_lo - st->klo) * d, (int)d);
+    fma_P2P_values_backward(st, dv, s->dP, g, s->S, nn, v, &s->bk);
+    rows_softmax_backward(s->dP, s->S, m, nn, Dn);
+    fma_P2P_scores_backward(st, qb, dq, dk, s->dP, nn, q, k, &s->bk);
     times->p2p += timer_now() - t0;
   }
   mem_free(onear);
   free(Dn);
-  /* levels */
+}
+
+/* Level l's transpose: dQ, dK, dV += from the sub-segments' output gradients (the sums of dout
+ * over their queries). Scratch: g, o (d), a and rows (3p). */
+static void linear_level_backward(const struct fma_state *st, int l, float *dQ, float *dK,
+                                  float *dV, const float *dout, const float *Q, const float *K,
+                                  const float *V, const float *lse_far, float *g, float *o,
+                                  float *a, long *rows) {
+  const long d = st->d, P = st->tree.p;
+  const float scale = 1.0f / sqrtf((float)d);
+  const long base = st->level_row[l], seg = st->tree.window[l] / P;
+  const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
+  float *dQl = dQ + base * d, *dKl = dK + base * d, *dVl = dV + base * d;
+  for (long rho = st->t0 / seg; rho <= (st->t0 + st->T - 1) / seg; rho++) {
+    long qrow;
+    const int nk = linear_keys(st, l, rho, rows, &qrow);
+    if (nk == 0) continue;
+    /* the gradient of the sub-segment's output: the sum over its queries */
+    memset(g, 0, sizeof(float) * (size_t)d);
+    for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++)
+      for (long f = 0; f < d; f++) g[f] += dout[(i - st->t0) * d + f];
+    const float *qr = Ql + qrow * d;
+    const float L = lse_far[base + rho];
+    memset(o, 0, sizeof(float) * (size_t)d);
+    for (int j = 0; j < nk; j++) {
+      float sdot = 0.0f;
+      const float *kr = Kl + rows[j] * d;
+      for (long f = 0; f < d; f++) sdot += qr[f] * kr[f];
+      a[j] = expf(sdot * scale - L);
+      const float *vr = Vl + rows[j] * d;
+      for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
+    }
+    float D = 0.0f;
+    for (long f = 0; f < d; f++) D += g[f] * o[f];
+    for (int j = 0; j < nk; j++) {
+      const float *vr = Vl + rows[j] * d, *kr = Kl + rows[j] * d;
+      float *dvr = dVl + rows[j] * d, *dkr = dKl + rows[j] * d, *dqr = dQl + qrow * d;
+      float dp = 0.0f;
+      for (long f = 0; f < d; f++) {
+        dvr[f] += a[j] * g[f];
+        dp += g[f] * vr[f];
+      }
+      const float ds = a[j] * (dp - D) * scale;
+      for (long f = 0; f < d; f++) {
+        dqr[f] += ds * kr[f];
+        dkr[f] += ds * qr[f];
+      }
+    }
+  }
+}
+
+void fma_linear_backward(const struct fma_state *st, float *dq, float *dk, float *dv, float *dQ,
+                         float *dK, float *dV, const float *dout, const float *out, const float *q,
+                         const float *k, const float *v, const float *Q, const float *K,
+                         const float *V, const float *lse_near, const float *lse_far,
+                         struct fma_times *times) {
+  const long d = st->d, P = st->tree.p;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  linear_near_backward(st, dq, dk, dv, dout, q, k, v, lse_near, &s, times);
   double t0 = timer_now();
   float *g = xmalloc(sizeof(float) * (size_t)d), *o = xmalloc(sizeof(float) * (size_t)d);
   float *a = xmalloc(sizeof(float) * (size_t)(FMA_LIST_MAX * P));
   long *rows = xmalloc(sizeof(long) * (size_t)(FMA_LIST_MAX * P));
-  for (int l = 1; l <= st->tree.levels; l++) {
-    const long base = st->level_row[l], seg = st->tree.window[l] / P;
-    const float *Ql = Q + base * d, *Kl = K + base * d, *Vl = V + base * d;
-    float *dQl = dQ + base * d, *dKl = dK + base * d, *dVl = dV + base * d;
-    for (long rho = st->t0 / seg; rho <= (st->t0 + st->T - 1) / seg; rho++) {
-      long qrow;
-      const int nk = linear_keys(st, l, rho, rows, &qrow);
-      if (nk == 0) continue;
-      /* the gradient of the sub-segment's output: the sum over its queries */
-      memset(g, 0, sizeof(float) * (size_t)d);
-      for (long i = slab_lo(st, rho * seg); i < slab_hi(st, (rho + 1) * seg); i++)
-        for (long f = 0; f < d; f++) g[f] += dout[(i - st->t0) * d + f];
-      const float *qr = Ql + qrow * d;
-      const float L = lse_far[base + rho];
-      memset(o, 0, sizeof(float) * (size_t)d);
-      for (int j = 0; j < nk; j++) {
-        float sdot = 0.0f;
-        const float *kr = Kl + rows[j] * d;
-        for (long f = 0; f < d; f++) sdot += qr[f] * kr[f];
-        a[j] = expf(sdot * scale - L);
-        const float *vr = Vl + rows[j] * d;
-        for (long f = 0; f < d; f++) o[f] += a[j] * vr[f];
-      }
-      float D = 0.0f;
-      for (long f = 0; f < d; f++) D += g[f] * o[f];
-      for (int j = 0; j < nk; j++) {
-        const float *vr = Vl + rows[j] * d, *kr = Kl + rows[j] * d;
-        float *dvr = dVl + rows[j] * d, *dkr = dKl + rows[j] * d, *dqr = dQl + qrow * d;
-        float dp = 0.0f;
-        for (long f = 0; f < d; f++) {
-          dvr[f] += a[j] * g[f];
-          dp += g[f] * vr[f];
-        }
-        const float ds = a[j] * (dp - D) * scale;
-        for (long f = 0; f < d; f++) {
-          dqr[f] += ds * kr[f];
-          dkr[f] += ds * qr[f];
-        }
-      }
-    }
-  }
+  for (int l = 1; l <= st->tree.levels; l++)
+    linear_level_backward(st, l, dQ, dK, dV, dout, Q, K, V, lse_far, g, o, a, rows);
   free(g);
   free(o);
   free(a);

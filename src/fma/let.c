@@ -1,4 +1,4 @@
-/* The locally essential tree of distributed FMA (fma_let.h). Rank s holds tokens [s·T, (s+1)·T).
+/* The locally essential tree of distributed FMA (fma/let.h). Rank s holds tokens [s·T, (s+1)·T).
  * A level's windows are whole on one rank while w_l ≤ T; a coarser window spans w_l/T ranks, an
  * aligned power-of-two group (S and n/m are powers of two), so recursive doubling between ranks
  * s and s XOR j completes it. A window's owner is the rank holding its first token. */
@@ -40,7 +40,7 @@ static void mark_needs(const struct fma_state *st, int r, unsigned char **mark) 
     for (int l = 1; l <= tr->levels; l++) {
       const long seg = tr->window[l] / tr->p;
       for (long rho = (long)r * T / seg; rho <= ((long)(r + 1) * T - 1) / seg; rho++) {
-        const long qrow = st->causal ? rho - 1 : rho;
+        const long qrow = fma_linear_query_row(st, rho);
         if (qrow >= 0) mark[l][qrow / tr->p] = 1;
       }
     }
@@ -243,7 +243,7 @@ static void fetch(const struct fma_state *st, struct comm *c, float *const *X, i
 void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
                     long count, const struct fma_down_weights *w, struct fma_times *times) {
   const struct fma_let *let = st->let;
-  const long d = st->d, P = st->tree.p;
+  const long d = st->d;
   double t0 = timer_now();
   if (st->down == FMA_DOWN_M2M) {
     /* each spanning level: swap the child window with the sibling's rank, make the parent */
@@ -263,12 +263,11 @@ void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X,
   }
   fetch(st, c, X, nsets, count, false);
   times->m2m += timer_now() - t0;
-  (void)P;
 }
 
-void fma_let_downward(const struct fma_state *st, struct comm *c, const float *const *X,
-                      float *const *dX, int nsets, long count, const struct fma_down_weights *w,
-                      struct fma_times *times) {
+void fma_let_upward_backward(const struct fma_state *st, struct comm *c, const float *const *X,
+                             float *const *dX, int nsets, long count,
+                             const struct fma_down_weights *w, struct fma_times *times) {
   const struct fma_let *let = st->let;
   const long d = st->d, P = st->tree.p;
   double t0 = timer_now();

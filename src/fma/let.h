@@ -1,10 +1,7 @@
 /* The locally essential tree of distributed FMA (SPEC §7): what a rank's queries need from other
- * ranks and how it gets there. The near field's halo of keys and values (one fine block either
- * side); the upward pass of windows that span ranks, completed by a hypercube exchange (partial
- * sums for conv and avg, the sibling child's summaries for m2m); then exactly the summaries the
- * rank's interaction lists name, from the ranks that own them. Backward sends the transposes.
- * Per-rank traffic per layer is O(m·C + p·C·log n), independent of n/S. The plan is computed once
- * per layer shape; every rank can compute every other's needs, so no request messages exist. */
+ * ranks and how it gets there — the near field's halo, the upward pass of windows that span
+ * ranks, then exactly the summaries the rank's interaction lists name; backward sends the
+ * transposes. Every rank can compute every other's needs, so no request messages exist. */
 #ifndef FMATTN_FMA_LET_H
 #define FMATTN_FMA_LET_H
 
@@ -23,19 +20,21 @@ struct fma_let {
   size_t *send_off, *recv_off;
 };
 
-/* Plan for this layer's state (slab, tree, variant) on the sequence group. */
+/* Plan for this layer's state (slab, tree, variant) on the sequence group, computed once per
+ * layer shape. Per-rank traffic per layer is O(m·C + p·C·log n), independent of n/S. */
 struct fma_let *fma_let_plan(const struct fma_state *st, const struct comm *c);
 void fma_let_free(struct fma_let *let);
 
 /* Forward, after the local upward pass of every set (X[set]: (count, rows, d) per set): complete
- * the windows that span ranks, then receive the listed summaries this rank does not own. */
+ * the windows that span ranks (M2M of spanning parents for m2m, the sums of the partial P2M
+ * windows for conv and avg), then receive the listed summaries this rank does not own. */
 void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
                     long count, const struct fma_down_weights *w, struct fma_times *times);
-/* Backward, before the local downward pass: return the gradients of received summaries to their
- * owners (added there), then the transposes of the spanning windows, coarse to fine. X as in
- * forward; dX[set]: (count, rows, d). */
-void fma_let_downward(const struct fma_state *st, struct comm *c, const float *const *X,
-                      float *const *dX, int nsets, long count, const struct fma_down_weights *w,
-                      struct fma_times *times);
+/* Its transpose, before fma_upward_pass_backward: return the gradients of received summaries to
+ * their owners (added there), then the transposes of the spanning windows, coarse to fine. X as
+ * in forward (not read); dX[set]: (count, rows, d). */
+void fma_let_upward_backward(const struct fma_state *st, struct comm *c, const float *const *X,
+                             float *const *dX, int nsets, long count,
+                             const struct fma_down_weights *w, struct fma_times *times);
 
 #endif

@@ -1,4 +1,4 @@
-/* Interaction lists of FMA (fma_lists.h). */
+/* Interaction lists of FMA (fma/lists.h). */
 #include "fma/lists.h"
 
 int fma_lists_near(const struct fma_tree *tree, bool causal, long b, long *blocks) {

@@ -1,7 +1,8 @@
 /* The interaction lists of FMA (SPEC §6.4): the ONE place that decides which keys a query sees,
- * exactly (near field) or through which level's summaries (far field). Everything else — the
- * operators, the dense oracle in the tests, the diagnostics of other variants, the distributed
- * locally essential tree — asks here. Windows or blocks outside [0, n) are never listed. */
+ * exactly (near field) or through which level's summaries (far field). The operators, decoding,
+ * the diagnostics of other variants and the locally essential tree ask here (the tests' oracle
+ * keeps its own, from the SPEC text, to compare). Windows or blocks outside [0, n) are never
+ * listed. */
 #ifndef FMATTN_FMA_LISTS_H
 #define FMATTN_FMA_LISTS_H
 

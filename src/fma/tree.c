@@ -1,4 +1,4 @@
-/* Level and window counts of the FMA tree (fma_tree.h). */
+/* Level and window counts of the FMA tree (fma/tree.h). */
 #include "fma/tree.h"
 
 #include "error.h"
