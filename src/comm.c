@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "memory.h"
 
 #define COMM_PIECE ((size_t)1 << 28)
 
@@ -164,7 +165,25 @@ static void mpi_wait(struct comm_request *r) {
   MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE));
 }
 
-/* MPI moves host buffers: the transport of the CPU back end (and of host staging). */
+static float *host_alloc(size_t floats) { return mem_alloc(MEM_COMM, sizeof(float) * floats); }
+static void host_free(float *p) { mem_free(p); }
+
+static void host_copy_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
+                           size_t rows, size_t len) {
+  for (size_t r = 0; r < rows; r++)
+    memcpy(dst + r * dst_stride, src + r * src_stride, sizeof(float) * len);
+}
+
+static void host_add_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
+                          size_t rows, size_t len) {
+  for (size_t r = 0; r < rows; r++) {
+    float *out = dst + r * dst_stride;
+    const float *in = src + r * src_stride;
+    for (size_t i = 0; i < len; i++) out[i] += in[i];
+  }
+}
+
+/* MPI moves host buffers: the transport of the CPU back end. */
 const struct comm_transport comm_mpi_transport = {
     .name = "mpi",
     .allreduce_sum_float = mpi_allreduce_sum_float,
@@ -173,7 +192,31 @@ const struct comm_transport comm_mpi_transport = {
     .alltoallv_float = mpi_alltoallv_float,
     .isendrecv_float = mpi_isendrecv_float,
     .wait = mpi_wait,
+    .alloc = host_alloc,
+    .free = host_free,
+    .copy_rows = host_copy_rows,
+    .add_rows = host_add_rows,
 };
+
+static const struct comm_transport *via(const struct comm *c) {
+  return c ? c->transport : &comm_mpi_transport;
+}
+
+float *comm_alloc(const struct comm *c, size_t floats) { return via(c)->alloc(floats); }
+
+void comm_free_buffer(const struct comm *c, float *p) {
+  if (p) via(c)->free(p);
+}
+
+void comm_copy_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
+                    size_t src_stride, size_t rows, size_t len) {
+  if (rows && len) via(c)->copy_rows(dst, dst_stride, src, src_stride, rows, len);
+}
+
+void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
+                   size_t src_stride, size_t rows, size_t len) {
+  if (rows && len) via(c)->add_rows(dst, dst_stride, src, src_stride, rows, len);
+}
 
 /* ---------------------------------------------------------------------------------------------
  * the bulk float traffic, through the transport chosen at comm_init */

@@ -80,7 +80,24 @@ struct comm_transport {
   void (*isendrecv_float)(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r);
   void (*wait)(struct comm_request *r);
+  /* Buffers of the transport's memory (host for MPI, device for NCCL), and the packing that
+   * exchanges do on them: rows of len floats between strided layouts, copied or added. */
+  float *(*alloc)(size_t floats);
+  void (*free)(float *p);
+  void (*copy_rows)(float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t rows,
+                    size_t len);
+  void (*add_rows)(float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t rows,
+                   size_t len);
 };
 extern const struct comm_transport comm_mpi_transport;
+
+/* The transport's buffers and packing (c may be NULL: one rank, host memory). A halo, a ring or
+ * a tree exchange written with these works on whichever memory its transport moves. */
+float *comm_alloc(const struct comm *c, size_t floats);
+void comm_free_buffer(const struct comm *c, float *p);
+void comm_copy_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
+                    size_t src_stride, size_t rows, size_t len);
+void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
+                   size_t src_stride, size_t rows, size_t len);
 
 #endif

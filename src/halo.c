@@ -1,5 +1,6 @@
 /* Token halos (halo.h). Messages hold, for each row, the contiguous tokens one rank sends
- * another; ranges come from the plan both sides compute alike. */
+ * another; ranges come from the plan both sides compute alike. Buffers and packing are the
+ * transport's (comm.h), so a halo works on host or device memory alike. */
 #include "halo.h"
 
 #include <stdlib.h>
@@ -77,38 +78,37 @@ static void exchange(const struct halo *h, struct comm *c, float *dst, struct si
          *rd = sc + 3 * S;
   layout(S, from, rows, d, sc, sd);
   layout(S, to, rows, d, rc, rd);
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (sd[S - 1] + sc[S - 1] + 1));
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (rd[S - 1] + rc[S - 1] + 1));
+  float *sbuf = comm_alloc(c, sd[S - 1] + sc[S - 1] + 1);
+  float *rbuf = comm_alloc(c, rd[S - 1] + rc[S - 1] + 1);
   for (int r = 0; r < S; r++) {
     const long len = from.b[r] - from.a[r];
-    for (long row = 0; row < rows && len > 0; row++)
-      memcpy(sbuf + sd[r] + (size_t)(row * len * d),
-             src + (row * from.stride + from.a[r] - from.lo) * d,
-             sizeof(float) * (size_t)(len * d));
+    if (len > 0)
+      comm_copy_rows(c, sbuf + sd[r], (size_t)(len * d), src + (from.a[r] - from.lo) * d,
+                     (size_t)(from.stride * d), (size_t)rows, (size_t)(len * d));
   }
   comm_alltoallv_float(c, sbuf, sc, sd, rbuf, rc, rd);
   for (int r = 0; r < S; r++) {
     const long len = to.b[r] - to.a[r];
-    for (long row = 0; row < rows && len > 0; row++) {
-      float *out = dst + (row * to.stride + to.a[r] - to.lo) * d;
-      const float *in = rbuf + rd[r] + (size_t)(row * len * d);
-      if (add)
-        for (long i = 0; i < len * d; i++) out[i] += in[i];
-      else
-        memcpy(out, in, sizeof(float) * (size_t)(len * d));
-    }
+    if (len <= 0) continue;
+    float *out = dst + (to.a[r] - to.lo) * d;
+    const float *in = rbuf + rd[r];
+    if (add)
+      comm_add_rows(c, out, (size_t)(to.stride * d), in, (size_t)(len * d), (size_t)rows,
+                    (size_t)(len * d));
+    else
+      comm_copy_rows(c, out, (size_t)(to.stride * d), in, (size_t)(len * d), (size_t)rows,
+                     (size_t)(len * d));
   }
-  mem_free(sbuf);
-  mem_free(rbuf);
+  comm_free_buffer(c, sbuf);
+  comm_free_buffer(c, rbuf);
   free(sc);
 }
 
 void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *local, long rows,
                  long d) {
-  const long E = h->hi - h->lo, T = h->T;
-  for (long row = 0; row < rows; row++) /* my own slab */
-    memcpy(ext + (row * E + (h->t0 - h->lo)) * d, local + row * T * d,
-           sizeof(float) * (size_t)(T * d));
+  const long E = h->hi - h->lo, T = h->T; /* my own slab, then the halos */
+  comm_copy_rows(c, ext + (h->t0 - h->lo) * d, (size_t)(E * d), local, (size_t)(T * d),
+                 (size_t)rows, (size_t)(T * d));
   if (h->S == 1) return;
   exchange(h, c, ext, (struct side){E, h->lo, h->recv_a, h->recv_b}, local,
            (struct side){T, h->t0, h->send_a, h->send_b}, rows, d, false);
@@ -117,11 +117,8 @@ void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *
 void halo_scatter_add(const struct halo *h, struct comm *c, float *local, const float *ext,
                       long rows, long d) {
   const long E = h->hi - h->lo, T = h->T;
-  for (long row = 0; row < rows; row++) {
-    float *dst = local + row * T * d;
-    const float *src = ext + (row * E + (h->t0 - h->lo)) * d;
-    for (long i = 0; i < T * d; i++) dst[i] += src[i];
-  }
+  comm_add_rows(c, local, (size_t)(T * d), ext + (h->t0 - h->lo) * d, (size_t)(E * d), (size_t)rows,
+                (size_t)(T * d));
   if (h->S == 1) return;
   /* the transpose: what I received in gather, I now send back; what I sent, I receive */
   exchange(h, c, local, (struct side){T, h->t0, h->send_a, h->send_b}, ext,
