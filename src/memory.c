@@ -64,6 +64,25 @@ size_t mem_peak_total(void) { return mem_total_peak_; }
 void mem_reset_peak(enum mem_label label) { mem_peak_[label] = mem_cur_[label]; }
 const char *mem_label_name(enum mem_label label) { return mem_names_[label]; }
 
+/* Device bytes by label: counted for a device back end, never allocated here. */
+static size_t dev_cur_[MEM_NLABELS];
+static size_t dev_peak_[MEM_NLABELS];
+static size_t dev_total_cur_, dev_total_peak_;
+
+void mem_device_account(enum mem_label label, long long delta) {
+#pragma omp critical(fmattn_memory)
+  {
+    dev_cur_[label] = (size_t)((long long)dev_cur_[label] + delta);
+    if (dev_cur_[label] > dev_peak_[label]) dev_peak_[label] = dev_cur_[label];
+    dev_total_cur_ = (size_t)((long long)dev_total_cur_ + delta);
+    if (dev_total_cur_ > dev_total_peak_) dev_total_peak_ = dev_total_cur_;
+  }
+}
+
+size_t mem_device_current(enum mem_label label) { return dev_cur_[label]; }
+size_t mem_device_peak(enum mem_label label) { return dev_peak_[label]; }
+size_t mem_device_peak_total(void) { return dev_total_peak_; }
+
 size_t mem_process_peak_rss(void) {
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;

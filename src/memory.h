@@ -1,7 +1,7 @@
 /* Labelled memory arenas: every large allocation names what it is for (params, grads, optimizer
  * state, activations, workspace, data, communication buffers), so that current and peak bytes can
  * be reported per label in the console summary and in diag.h5. Allocations are 64-byte aligned and
- * zeroed. This module does not know about devices; GPU memory is counted by the gpu/ layer. */
+ * zeroed. Device memory is allocated by a device back end and only counted here. */
 #ifndef FMATTN_MEMORY_H
 #define FMATTN_MEMORY_H
 
@@ -25,6 +25,13 @@ size_t mem_peak(enum mem_label label);
 size_t mem_peak_total(void);
 void mem_reset_peak(enum mem_label label);
 const char *mem_label_name(enum mem_label label);
+
+/* Device memory, counted by label apart from host memory: a device back end allocates it and
+ * reports each allocation (+bytes) and release (−bytes) here, so that summaries show both. */
+void mem_device_account(enum mem_label label, long long delta);
+size_t mem_device_current(enum mem_label label);
+size_t mem_device_peak(enum mem_label label);
+size_t mem_device_peak_total(void);
 
 /* Resident set size high-water mark of this process (from getrusage), bytes. */
 size_t mem_process_peak_rss(void);

@@ -134,19 +134,23 @@ void train_print_decomposition(const struct config *cfg, const struct comm *comm
   message("output: %s", run_dir);
 }
 
-/* The final summary of SPEC §9 from the peaks already reduced over ranks: (MEM_NLABELS) labels,
- * then the resident peak. */
+/* The final summary of SPEC §9 from the peaks already reduced over ranks: (MEM_NLABELS) host
+ * labels, as many device labels, then the resident peak. */
 static void print_summary(double test_loss, double wall, const double *peaks) {
+  enum { N = MEM_NLABELS };
   message("---- summary ----");
   if (!isnan(test_loss)) message("test: loss %.4f | bpc %.4f", test_loss, test_loss / log(2.0));
   char w[32];
   format_eta(wall, w, sizeof w);
   message("wall time %s (%.1f s)", w, wall);
-  message("peak memory per rank (max over ranks): %.1f MiB resident",
-          peaks[MEM_NLABELS] / 1048576.0);
-  for (int i = 0; i < MEM_NLABELS; i++)
+  message("peak memory per rank (max over ranks): %.1f MiB resident", peaks[2 * N] / 1048576.0);
+  for (int i = 0; i < N; i++)
     if (peaks[i] > 0)
       message("  %-12s %10.1f MiB", mem_label_name((enum mem_label)i), peaks[i] / 1048576.0);
+  for (int i = 0; i < N; i++)
+    if (peaks[N + i] > 0)
+      message("  device %-12s %10.1f MiB", mem_label_name((enum mem_label)i),
+              peaks[N + i] / 1048576.0);
   message("time by phase (rank 0, inclusive):");
   for (int i = 0; i < TIMER_COUNT; i++)
     if (timer_total_ms((enum timer_id)i) > 0)
@@ -156,10 +160,14 @@ static void print_summary(double test_loss, double wall, const double *peaks) {
 
 void train_print_summary(const struct config *cfg, struct comm *comm, double wall,
                          double test_loss) {
-  double peaks[MEM_NLABELS + 1];
-  for (int i = 0; i < MEM_NLABELS; i++) peaks[i] = (double)mem_peak((enum mem_label)i);
-  peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
-  comm_allreduce_max_double(comm, COMM_WORLD, peaks, MEM_NLABELS + 1);
+  enum { N = MEM_NLABELS };
+  double peaks[2 * N + 1];
+  for (int i = 0; i < N; i++) {
+    peaks[i] = (double)mem_peak((enum mem_label)i);
+    peaks[N + i] = (double)mem_device_peak((enum mem_label)i);
+  }
+  peaks[2 * N] = (double)mem_process_peak_rss();
+  comm_allreduce_max_double(comm, COMM_WORLD, peaks, 2 * N + 1);
   print_summary(test_loss, wall, peaks);
 }
 
@@ -348,18 +356,26 @@ static double train_validate(struct run_state *rs, long step, enum data_split sp
   return l;
 }
 
-/* Peak memory per label and resident, the maxima over ranks, into diag.h5 and the summary. */
+/* Peak memory per label (host, then device) and resident, the maxima over ranks, into diag.h5 and
+ * the summary. Device labels are written only when a device back end counted any. */
 static void train_report_memory(struct run_state *rs, double wall, double test_loss) {
-  double peaks[MEM_NLABELS + 1];
-  const char *names[MEM_NLABELS];
-  for (int i = 0; i < MEM_NLABELS; i++) {
+  enum { N = MEM_NLABELS };
+  double peaks[2 * N + 1];
+  char device_names[N][64];
+  const char *names[2 * N];
+  for (int i = 0; i < N; i++) {
     peaks[i] = (double)mem_peak((enum mem_label)i);
+    peaks[N + i] = (double)mem_device_peak((enum mem_label)i);
     names[i] = mem_label_name((enum mem_label)i);
+    snprintf(device_names[i], sizeof device_names[i], "device_%s", names[i]);
+    names[N + i] = device_names[i];
   }
-  peaks[MEM_NLABELS] = (double)mem_process_peak_rss();
-  comm_allreduce_max_double(rs->comm, COMM_WORLD, peaks, MEM_NLABELS + 1);
-  diag_memory_summary(&rs->diag, peaks, MEM_NLABELS, names);
-  diag_resident_peak(&rs->diag, peaks[MEM_NLABELS]);
+  peaks[2 * N] = (double)mem_process_peak_rss();
+  comm_allreduce_max_double(rs->comm, COMM_WORLD, peaks, 2 * N + 1);
+  bool device = false;
+  for (int i = 0; i < N; i++) device |= peaks[N + i] > 0;
+  diag_memory_summary(&rs->diag, peaks, device ? 2 * N : N, names);
+  diag_resident_peak(&rs->diag, peaks[2 * N]);
   print_summary(test_loss, wall, peaks);
 }
 
