@@ -79,8 +79,8 @@ struct exact_rows {
 };
 
 /* What one unit's backward adds to: dq, dk as q, k; dv as v; dpar the hook's parameter
- * gradients of this unit (param_floats); dout, lse and D = rowsum(dout ∘ out) as (heads, qstride
- * [, d]); scale (heads) the output gradient's factor per head (NULL: 1). */
+ * gradients of this unit (param_floats); dout, lse and D = scale·rowsum(dout ∘ out) as (heads,
+ * qstride[, d]); scale (heads) the output gradient's factor per head (NULL: 1). */
 struct exact_grads {
   float *dq, *dk, *dv, *dpar;
   const float *dout, *lse, *D, *scale;
@@ -99,7 +99,7 @@ struct exact_hook {
   size_t param_floats; /* parameter gradient floats per unit, summed in unit order; 0: none */
   /* Keep the gathered halo keys until their gradients have gone home (FiSH) rather than freeing
    * them first (full): no numerical effect, but it sets FiSH-local's memory high-water mark under
-   * sequence parallelism (diag.h5 /memory/peak_bytes), which has not been let change. */
+   * sequence parallelism (diag.h5 /memory/peak_bytes), kept as it was. */
   bool keep_halo;
   /* L (heads, bi, bj): the logits, 1/√d applied, unmasked, of queries i0 … i0 + bi − 1 against
    * keys j0 … j0 + bj − 1 of x (rows relative to x's q and k). */
@@ -119,6 +119,7 @@ void exact_hooked_backward(struct attn_ctx *ctx, const struct exact_hook *hk, lo
                            const float *head_scale, float *dq, float *dk, float *dv, float *dparams,
                            const float *dout, const float *q, const float *k, const float *v,
                            const float *out, const float *lse);
+
 /* Incremental decoding of a band (band 0: every earlier key) for generation: a cache of the keys
  * and values (a ring of the band's last `band` positions), and one position's step: its key and
  * value added, out (H, d) of its query. */

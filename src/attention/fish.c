@@ -4,9 +4,7 @@
  * logits and their gradients and must not copy those loops. fma and the kernelized variants cannot
  * take FiSH heads (docs/nystrom_fish.md). */
 #include <cblas.h>
-#include <limits.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +13,6 @@
 #include "error.h"
 #include "memory.h"
 #include "rng.h"
-#include "vecmath.h"
 
 /* G = fish.global_heads query/key heads give global scores s_k(i, j) = q_k,i·k_k,j, k < G; each of
  * the H value heads takes its logits as a mixture of them — fish.mix = linear (hard FiSH):
@@ -146,9 +143,8 @@ static void tile_logits(const struct fish_state *st, const struct fish_params *f
                 x->q + (k * x->qstride + i0) * d, d, x->k + (k * x->kstride + j0) * d, d, 0.0f, s,
                 (int)bj);
     if (st->sigma > 0.0f && ctx->train) {
-      const uint64_t sample =
-          (uint64_t)(ctx->sample0 + x->unit); /* the unit is the batch element */
-      const uint64_t head = ((uint64_t)(ctx->layer * st->G + k) << 40) | sample;
+      const uint64_t b = (uint64_t)(ctx->sample0 + x->unit); /* a unit is a batch element */
+      const uint64_t head = ((uint64_t)(ctx->layer * st->G + k) << 40) | b;
       const uint64_t n = (uint64_t)ctx->dims.n;
       for (long r = 0; r < bi; r++)
         for (long c = 0; c < bj; c++) {

@@ -4,9 +4,7 @@
  * Under sequence parallelism `local` gathers its band's halo and `full` runs the ring (ring.c): no
  * rank may hold the whole sequence's k, v. `full` is the reference every variant is measured by. */
 #include <cblas.h>
-#include <limits.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +14,7 @@
 #include "error.h"
 #include "halo.h"
 #include "memory.h"
-#include "vecmath.h"
+#include "vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
 
 /* ---------------------------------------------------------------------------------------------
  * the tile loops: one unit (exact.h), a tile of queries against the live tiles of a key range */
@@ -56,9 +54,9 @@ static void online_row(float *s, long bj, long c0, long c1, float *mrow, float *
 /* Accumulate the keys [0, Tk) of x into the state of its queries [i0, i1); scratch: the thread's
  * (hk->scratch_forward tiles). Dead tiles are skipped. */
 static void exact_block_forward(const struct exact_hook *hk, const struct exact_rows *x,
-                                struct online_state o, long Tk, struct key_mask mk, int tile,
-                                long i0, long i1, float *scratch) {
-  const int d = x->d;
+                                struct online_state o, long Tk, struct key_mask mk, long i0,
+                                long i1, float *scratch) {
+  const int d = x->d, tile = x->tile;
   const long bi = i1 - i0;
   float *L = scratch; /* (heads, bi, bj) */
   long jlo, jhi;
@@ -117,7 +115,8 @@ static void softmax_tile_backward(const struct exact_hook *hk, const struct exac
  * +=; scratch: the thread's (hk->scratch_backward tiles). */
 static void exact_block_backward(const struct exact_hook *hk, const struct exact_rows *x,
                                  const struct exact_grads *g, long Tq, long Tk, struct key_mask mk,
-                                 int tile, float *scratch) {
+                                 float *scratch) {
+  const int tile = x->tile;
   float *P = scratch,
         *dP = scratch + (size_t)hk->heads * tile * tile; /* (heads, bi, bj), (bi, bj) */
   for (long i0 = 0; i0 < Tq; i0 += tile) {
@@ -178,6 +177,8 @@ static int exact_tile(const struct config *cfg, long band) {
   return tile < block ? tile : block;
 }
 
+/* One call of the op on this rank: the hook, the mask and tile, the unit layout, and what the
+ * paths and their steps share. */
 struct exact_op {
   const struct exact_hook *hk;
   struct key_mask mk;
@@ -250,7 +251,7 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
                                        .d = d,
                                        .tile = tile,
                                        .unit = u};
-          exact_block_forward(hk, &x, o, ks.len, op->mk, tile, i0, i1, scratch);
+          exact_block_forward(hk, &x, o, ks.len, op->mk, i0, i1, scratch);
         }
         for (long h = 0; last && h < nh; h++)
           for (long i = i0; i < i1; i++) {
@@ -300,7 +301,7 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
               dv + vg,       op->dpar ? op->dpar + u * hk->param_floats : NULL,
               dout + qr * d, op->lse + qr,
               D + qr,        op->head_scale ? op->head_scale + (u * nh) % op->H : NULL};
-          exact_block_backward(hk, &x, &g, qs.len, ks.len, op->mk, tile, scratch);
+          exact_block_backward(hk, &x, &g, qs.len, ks.len, op->mk, scratch);
         }
     mem_free(scratch);
   }

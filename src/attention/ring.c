@@ -149,39 +149,49 @@ static void step_point(const struct ring *rg, const struct ring_pass *ps, int t,
   if (part) tensors_point(&ps->travel, rg->T, part, s->dtravel);
 }
 
+/* The tensors of one ring_move, gathered as a pass names them. */
+struct ring_moves {
+  int n;
+  const float *src[2 * RING_MAX];
+  float *dst[2 * RING_MAX];
+  long rows[2 * RING_MAX], w[2 * RING_MAX];
+};
+
+static void moves_add(struct ring_moves *m, const struct ring_tensors *ts, int i, const float *src,
+                      float *dst) {
+  m->src[m->n] = src;
+  m->dst[m->n] = dst;
+  m->rows[m->n] = ts->rows[i];
+  m->w[m->n++] = ts->w[i];
+}
+
 /* Into the pass: my staying tensors and my outputs in the ring's layout (in a zeroed buffer,
  * returned, when it is the zigzag; the caller's own otherwise) and the travelling ones in cur,
  * with one alltoallv for everything that moves. */
 static float *ring_enter(const struct ring *rg, const struct ring_pass *ps, float *cur,
                          struct ring_step *s) {
   const bool zig = rg->pieces == 2;
-  const float *src[2 * RING_MAX];
-  float *dst[2 * RING_MAX];
-  long rows[2 * RING_MAX], w[2 * RING_MAX];
-  int nt = 0;
-  float *zbuf = NULL, *z = NULL, *c = cur;
+  struct ring_moves m = {0};
+  float *zbuf = NULL, *z = NULL;
   if (zig)
     z = zbuf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (tensors_floats(&ps->stay, rg->T) +
                                                          tensors_floats(&ps->out, rg->T)));
   for (int i = 0; i < ps->stay.n; i++) {
     s->stay[i] = zig ? z : ps->stay_in[i];
     if (!zig) continue;
-    src[nt] = ps->stay_in[i], dst[nt] = z, rows[nt] = ps->stay.rows[i], w[nt++] = ps->stay.w[i];
+    moves_add(&m, &ps->stay, i, ps->stay_in[i], z);
     z += tensor_floats(&ps->stay, i, rg->T);
   }
   for (int i = 0; i < ps->out.n; i++) {
     s->out[i] = zig ? z : ps->out_io[i];
     if (zig) z += tensor_floats(&ps->out, i, rg->T);
   }
-  for (int i = 0; i < ps->travel.n; i++) {
+  for (int i = 0; i < ps->travel.n; cur += tensor_floats(&ps->travel, i, rg->T), i++)
     if (zig)
-      src[nt] = ps->travel_in[i], dst[nt] = c, rows[nt] = ps->travel.rows[i],
-      w[nt++] = ps->travel.w[i];
+      moves_add(&m, &ps->travel, i, ps->travel_in[i], cur);
     else
-      ring_copy(c, ps->travel_in[i], tensor_floats(&ps->travel, i, rg->T));
-    c += tensor_floats(&ps->travel, i, rg->T);
-  }
-  if (zig) ring_move(rg, true, nt, src, dst, rows, w);
+      ring_copy(cur, ps->travel_in[i], tensor_floats(&ps->travel, i, rg->T));
+  if (zig) ring_move(rg, true, m.n, m.src, m.dst, m.rows, m.w);
   return zbuf;
 }
 
@@ -195,17 +205,15 @@ static void ring_leave(const struct ring *rg, const struct ring_pass *ps, const 
   if (rg->pieces == 2) {
     const size_t K = tensors_floats(&ps->travel, rg->T), O = tensors_floats(&ps->out, rg->T);
     if (O > K) error("ring outputs (%zu floats) exceed the travelling tensors (%zu)", O, K);
-    const float *src[2 * RING_MAX];
-    float *dst[2 * RING_MAX], *a = acc;
-    long rows[2 * RING_MAX], w[2 * RING_MAX];
-    int nt = 0;
+    struct ring_moves m = {0};
+    float *a = acc;
     for (int i = 0; i < ps->out.n; a += tensor_floats(&ps->out, i, rg->T), i++)
-      src[nt] = s->out[i], dst[nt] = outs[i] = a, rows[nt] = ps->out.rows[i],
-      w[nt++] = ps->out.w[i];
-    for (int i = 0; i < ps->travel.n; a += tensor_floats(&ps->travel, i, rg->T), i++)
-      src[nt] = home[i], dst[nt] = a, home[i] = a, rows[nt] = ps->travel.rows[i],
-      w[nt++] = ps->travel.w[i];
-    ring_move(rg, false, nt, src, dst, rows, w);
+      moves_add(&m, &ps->out, i, s->out[i], outs[i] = a);
+    for (int i = 0; i < ps->travel.n; a += tensor_floats(&ps->travel, i, rg->T), i++) {
+      moves_add(&m, &ps->travel, i, home[i], a);
+      home[i] = a;
+    }
+    ring_move(rg, false, m.n, m.src, m.dst, m.rows, m.w);
     for (int i = 0; i < ps->out.n; i++)
       ring_add(ps->out_io[i], outs[i], tensor_floats(&ps->out, i, rg->T));
   }

@@ -1,7 +1,7 @@
-/* The ring of exact attention under sequence parallelism (SPEC §7), written once for `full`,
- * `local`'s callers and FiSH heads: the layout (zigzag pieces when causal), the moves into it and
- * back, and the S steps of a pass, forward and backward. What a step computes is the caller's
- * callback; ring.c never looks inside a tensor. Internal to src/attention/. */
+/* The ring of exact attention under sequence parallelism (SPEC §7), written once for `full` and
+ * the FiSH heads on it: the layout (zigzag pieces when causal), the moves into it and back, and
+ * the S steps of a pass, forward and backward. What a step computes is the caller's callback;
+ * ring.c never looks inside a tensor. Internal to src/attention/. */
 #ifndef FMATTN_ATTENTION_RING_H
 #define FMATTN_ATTENTION_RING_H
 
