@@ -1,6 +1,7 @@
-/* Exact softmax attention over a band of keys: the tiled kernels behind `full` and `local`
- * (full.c), for a variant whose near field is a band of exact attention (fmmformer's Band, SPEC
- * §6.6). Internal to src/attention/; the model never sees it. The band rules are SPEC §6.2's. */
+/* Exact softmax attention over a band of keys (full.c): the op behind `full` and `local`, for a
+ * variant whose near field is a band of it (fmmformer's Band, SPEC §6.6), and the logits hook by
+ * which a variant on it (FiSH heads, fish.c) forms its own logits inside full.c's tile loops.
+ * Internal to src/attention/; the model never sees it. The band rules are SPEC §6.2's. */
 #ifndef FMATTN_ATTENTION_EXACT_H
 #define FMATTN_ATTENTION_EXACT_H
 
@@ -9,8 +10,8 @@
 
 #include "attention/attention.h"
 
-/* The band and causal rule as the tile kernels use it (full.c, and FiSH's kernels in fish.c). */
-/* Which keys a query may see: j ≤ i when causal; |i − j| < band when band > 0. */
+/* The band and causal rule as the tile loops use it. Which keys a query may see: j ≤ i when causal;
+ * |i − j| < band when band > 0. */
 struct key_mask {
   bool causal;
   long band;
@@ -59,6 +60,65 @@ void exact_attention_backward(struct attn_ctx *ctx, long band, const float *head
 bool exact_attention_allows(bool causal, long band, long i, long j);
 /* Forward model FLOPs of this rank's share: 4·d per allowed pair. */
 double exact_attention_flops(const struct attn_ctx *ctx, long band);
+
+/* ---------------------------------------------------------------------------------------------
+ * Logits hooks. The tile loops, the mask, the online softmax, P·V, the softmax backward
+ * (dV, dP, dS = P ∘ (dP − D)) and the three paths (one slab, the band's halo, the ring) are
+ * full.c's; a hook says only how one tile's logits are formed and how their gradient flows back.
+ * Tensors come in units of `heads` value heads that share one logits computation over `qk_heads`
+ * query/key heads: q, k (units·qk_heads, T, d); v, out, dout (units·heads, T, d); lse
+ * (units·heads, T). full: a unit is one (b, h); FiSH: one batch element's H heads over G. */
+
+/* Where one call reads: one unit's q (qk_heads, qstride, d) from global query qoff, and its k
+ * (qk_heads, kstride, d) and v (heads, kstride, d) from global key koff; and the loops' tile. */
+struct exact_rows {
+  const float *q, *k, *v;
+  long qstride, kstride, qoff, koff;
+  int d, tile;
+  long unit; /* which unit: b·H + h (full), b (FiSH) */
+};
+
+/* What one unit's backward adds to: dq, dk as q, k; dv as v; dpar the hook's parameter
+ * gradients of this unit (param_floats); dout, lse and D = scale·rowsum(dout ∘ out) as (heads,
+ * qstride[, d]); scale (heads) the output gradient's factor per head (NULL: 1). */
+struct exact_grads {
+  float *dq, *dk, *dv, *dpar;
+  const float *dout, *lse, *D, *scale;
+};
+
+struct exact_hook {
+  int heads, qk_heads;
+  /* One thread's scratch, in tiles of tile × tile floats, for the forward and the backward loop:
+   * the loop's own tiles come first (the heads' logits, and in backward one dP tile), a hook's
+   * own start at tile heads + 1. */
+  int scratch_forward, scratch_backward;
+  /* Where 1/√d enters the softmax backward: dS = P ∘ ((dP − D) · ds_scale). full: 1, its dq, dk
+   * GEMMs carry 1/√d as alpha; FiSH: 1/√d, before the mixing's transpose (the two orders round
+   * differently, and each keeps its own). */
+  float ds_scale;
+  size_t param_floats; /* parameter gradient floats per unit, summed in unit order; 0: none */
+  /* Keep the gathered halo keys until their gradients have gone home (FiSH) rather than freeing
+   * them first (full): no numerical effect, but it sets FiSH-local's memory high-water mark under
+   * sequence parallelism (diag.h5 /memory/peak_bytes), kept as it was. */
+  bool keep_halo;
+  /* L (heads, bi, bj): the logits, 1/√d applied, unmasked, of queries i0 … i0 + bi − 1 against
+   * keys j0 … j0 + bj − 1 of x (rows relative to x's q and k). */
+  void (*logits)(const struct exact_hook *hk, const struct exact_rows *x, long i0, long bi, long j0,
+                 long bj, float *L, float *scratch);
+  /* g's dq, dk, dpar += the gradients through the same tile's logits, from dS (heads, bi, bj). */
+  void (*grad)(const struct exact_hook *hk, const struct exact_rows *x, const struct exact_grads *g,
+               long i0, long bi, long j0, long bj, const float *dS, float *scratch);
+  const void *user;
+};
+
+/* exact_attention_forward / _backward with hk's logits; dparams (param_floats) += the hook's
+ * parameter gradients (may be NULL). */
+void exact_hooked_forward(struct attn_ctx *ctx, const struct exact_hook *hk, long band, float *out,
+                          float *lse, const float *q, const float *k, const float *v);
+void exact_hooked_backward(struct attn_ctx *ctx, const struct exact_hook *hk, long band,
+                           const float *head_scale, float *dq, float *dk, float *dv, float *dparams,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const float *out, const float *lse);
 
 /* Incremental decoding of a band (band 0: every earlier key) for generation: a cache of the keys
  * and values (a ring of the band's last `band` positions), and one position's step: its key and

@@ -1,15 +1,10 @@
-/* Exact softmax attention, whole or banded: `full` (SPEC §6.1), softmax(q kᵀ/√d + mask) v, and
- * `local` (SPEC §6.2), the same restricted to a band of keys. Computed tile by tile with an online
- * softmax (running max and sum per query row), so memory is O(n·d) and never O(n²); backward
- * recomputes score tiles from the saved log-sum-exp. The block kernels take the global offsets of
- * their query and key rows, so the sequence-parallel paths (SPEC §7) reuse them: `full` passes
- * key/value blocks round a ring (zigzag order when causal), `local` gathers the band's halo; they
- * must never hold the whole sequence's k, v on one rank (the ring holds two slabs' worth at a time,
- * `local` its band). `full` is the reference every variant is measured against. */
+/* Exact softmax attention, whole or banded: `full` (SPEC §6.1) and `local` (SPEC §6.2), tile by
+ * tile with an online softmax (memory O(n·d), never O(n²)); backward recomputes the tiles from the
+ * saved log-sum-exp. The tile loops take a logits hook (exact.h), so FiSH heads run on them too.
+ * Under sequence parallelism `local` gathers its band's halo and `full` runs the ring (ring.c): no
+ * rank may hold the whole sequence's k, v. `full` is the reference every variant is measured by. */
 #include <cblas.h>
-#include <limits.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,130 +14,297 @@
 #include "error.h"
 #include "halo.h"
 #include "memory.h"
-#include "vecmath.h"
+#include "vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
 
-/* Online-softmax state of a query slab: m (Tq) running max, l (Tq) running sum, acc (Tq, d). */
+/* ---------------------------------------------------------------------------------------------
+ * the tile loops: one unit (exact.h), a tile of queries against the live tiles of a key range */
+
+/* Online-softmax state of a unit's queries: m, l (heads, stride) the running max and sum, acc
+ * (heads, stride, d). */
 struct online_state {
   float *m, *l, *acc;
+  long stride;
 };
 
-/* Accumulate keys [koff, koff + Tk) into the state of queries [i0, i1) of a slab whose row 0 is
- * global query qoff, for one (b, h). S: (tile, tile) scratch. Dead tiles are skipped. */
-static void exact_block_forward(struct online_state st, const float *q, long qoff, const float *k,
-                                const float *v, long Tk, long koff, int d, struct key_mask mk,
-                                int tile, long i0, long i1, float *S) {
-  const float scale = 1.0f / sqrtf((float)d);
-  const long bi = i1 - i0;
-  long jlo, jhi;
-  live_keys(mk, qoff + i0, qoff + i1 - 1, koff, Tk, tile, &jlo, &jhi);
-  for (long j0 = jlo; j0 < jhi; j0 += tile) {
-    const long bj = Tk - j0 < tile ? Tk - j0 : tile;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, scale, q + i0 * d, d,
-                k + j0 * d, d, 0.0f, S, (int)bj);
-    for (long r = 0; r < bi; r++) {
-      float *s = S + r * bj;
-      long c0, c1;
-      tile_columns(mk, qoff + i0 + r, koff + j0, bj, &c0, &c1);
-      float *mrow = st.m + i0 + r, *lrow = st.l + i0 + r, *arow = st.acc + (i0 + r) * d;
-      if (c1 == c0) {
-        memset(s, 0, sizeof(float) * (size_t)bj);
-        continue;
-      }
-      for (long c = 0; c < c0; c++) s[c] = -INFINITY;
-      for (long c = c1; c < bj; c++) s[c] = -INFINITY;
-      float mx = *mrow;
-      for (long c = c0; c < c1; c++) mx = s[c] > mx ? s[c] : mx;
-      const float alpha = expf(*mrow - mx); /* exp(−inf) = 0 on the first live tile */
-      float sum = 0.0f;
+/* One row's update by a tile of logits s (bj): the columns [c0, c1) the mask allows join the
+ * running max and sum, s becomes the row's weights (0 where masked), acc is rescaled. */
+static void online_row(float *s, long bj, long c0, long c1, float *mrow, float *lrow, float *arow,
+                       int d) {
+  if (c1 == c0) {
+    memset(s, 0, sizeof(float) * (size_t)bj);
+    return;
+  }
+  for (long c = 0; c < c0; c++) s[c] = -INFINITY;
+  for (long c = c1; c < bj; c++) s[c] = -INFINITY;
+  float mx = *mrow;
+  for (long c = c0; c < c1; c++) mx = s[c] > mx ? s[c] : mx;
+  const float alpha = expf(*mrow - mx); /* exp(−inf) = 0 on the first live tile */
+  float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (long c = 0; c < bj; c++) {
-        s[c] = expf(s[c] - mx);
-        sum += s[c];
+  for (long c = 0; c < bj; c++) {
+    s[c] = expf(s[c] - mx);
+    sum += s[c];
+  }
+  *lrow = *lrow * alpha + sum;
+  *mrow = mx;
+  if (alpha != 1.0f)
+    for (int c = 0; c < d; c++) arow[c] *= alpha;
+}
+
+/* Accumulate the keys [0, Tk) of x into the state of its queries [i0, i1); scratch: the thread's
+ * (hk->scratch_forward tiles). Dead tiles are skipped. */
+static void exact_block_forward(const struct exact_hook *hk, const struct exact_rows *x,
+                                struct online_state o, long Tk, struct key_mask mk, long i0,
+                                long i1, float *scratch) {
+  const int d = x->d, tile = x->tile;
+  const long bi = i1 - i0;
+  float *L = scratch; /* (heads, bi, bj) */
+  long jlo, jhi;
+  live_keys(mk, x->qoff + i0, x->qoff + i1 - 1, x->koff, Tk, tile, &jlo, &jhi);
+  for (long j0 = jlo; j0 < jhi; j0 += tile) {
+    const long bj = Tk - j0 < tile ? Tk - j0 : tile, tt = bi * bj;
+    hk->logits(hk, x, i0, bi, j0, bj, L, scratch);
+    for (int h = 0; h < hk->heads; h++) {
+      float *S = L + h * tt;
+      for (long r = 0; r < bi; r++) {
+        const long row = h * o.stride + i0 + r;
+        long c0, c1;
+        tile_columns(mk, x->qoff + i0 + r, x->koff + j0, bj, &c0, &c1);
+        online_row(S + r * bj, bj, c0, c1, o.m + row, o.l + row, o.acc + row * d, d);
       }
-      *lrow = *lrow * alpha + sum;
-      *mrow = mx;
-      if (alpha != 1.0f)
-        for (int c = 0; c < d; c++) arow[c] *= alpha;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, 1.0f, S, (int)bj,
+                  x->v + (h * x->kstride + j0) * d, d, 1.0f, o.acc + (h * o.stride + i0) * d, d);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, 1.0f, S, (int)bj,
-                v + j0 * d, d, 1.0f, st.acc + i0 * d, d);
   }
 }
 
-/* Gradient contributions of keys [koff, koff + Tk) to queries [qoff, qoff + Tq) of one (b, h)
- * for the output gradient alpha·dout: dq (Tq, d) += …, dk, dv (Tk, d) += …; lse and D (Tq) as
- * saved and precomputed (D already scaled by alpha). */
-static void exact_block_backward(float *dq, float *dk, float *dv, const float *dout, float alpha,
-                                 const float *q, const float *lse, const float *D, long Tq,
-                                 long qoff, const float *k, const float *v, long Tk, long koff,
-                                 int d, struct key_mask mk, int tile, float *S, float *dP) {
-  const float scale = 1.0f / sqrtf((float)d);
+/* Head h's share of a backward tile, its logits in P (bi, bj): P = exp(L − lse) where the mask
+ * allows, dv += alpha·Pᵀ dO, dP = alpha·dO vᵀ, and dS = P ∘ ((dP − D) · ds_scale) over P. */
+static void softmax_tile_backward(const struct exact_hook *hk, const struct exact_rows *x,
+                                  const struct exact_grads *g, int h, long i0, long bi, long j0,
+                                  long bj, struct key_mask mk, float *P, float *dP) {
+  const int d = x->d;
+  const float alpha = g->scale ? g->scale[h] : 1.0f, f = hk->ds_scale;
+  const float *lse = g->lse + h * x->qstride + i0, *D = g->D + h * x->qstride + i0;
+  const float *dO = g->dout + (h * x->qstride + i0) * d;
+  for (long r = 0; r < bi; r++) {
+    float *s = P + r * bj;
+    const float L = lse[r];
+    long c0, c1;
+    tile_columns(mk, x->qoff + i0 + r, x->koff + j0, bj, &c0, &c1);
+#pragma omp simd
+    for (long c = 0; c < bj; c++) s[c] = expf(s[c] - L);
+    for (long c = 0; c < c0; c++) s[c] = 0.0f;
+    for (long c = c1; c < bj; c++) s[c] = 0.0f;
+  }
+  /* dv_j += Pᵀ dO_i */
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, alpha, P, (int)bj, dO,
+              d, 1.0f, g->dv + (h * x->kstride + j0) * d, d);
+  /* dP = dO_i v_jᵀ */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, alpha, dO, d,
+              x->v + (h * x->kstride + j0) * d, d, 0.0f, dP, (int)bj);
+  for (long r = 0; r < bi; r++) {
+    const float Di = D[r], *dp = dP + r * bj;
+    float *p = P + r * bj;
+#pragma omp simd
+    for (long c = 0; c < bj; c++) p[c] = p[c] * ((dp[c] - Di) * f);
+  }
+}
+
+/* Gradient contributions of the keys [0, Tk) of x to its queries [0, Tq): g's dq, dk, dv, dpar
+ * +=; scratch: the thread's (hk->scratch_backward tiles). */
+static void exact_block_backward(const struct exact_hook *hk, const struct exact_rows *x,
+                                 const struct exact_grads *g, long Tq, long Tk, struct key_mask mk,
+                                 float *scratch) {
+  const int tile = x->tile;
+  float *P = scratch,
+        *dP = scratch + (size_t)hk->heads * tile * tile; /* (heads, bi, bj), (bi, bj) */
   for (long i0 = 0; i0 < Tq; i0 += tile) {
     const long bi = Tq - i0 < tile ? Tq - i0 : tile;
     long jlo, jhi;
-    live_keys(mk, qoff + i0, qoff + i0 + bi - 1, koff, Tk, tile, &jlo, &jhi);
+    live_keys(mk, x->qoff + i0, x->qoff + i0 + bi - 1, x->koff, Tk, tile, &jlo, &jhi);
     for (long j0 = jlo; j0 < jhi; j0 += tile) {
       const long bj = Tk - j0 < tile ? Tk - j0 : tile;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, scale, q + i0 * d,
-                  d, k + j0 * d, d, 0.0f, S, (int)bj);
-      for (long r = 0; r < bi; r++) {
-        float *s = S + r * bj;
-        const float L = lse[i0 + r];
-        long c0, c1;
-        tile_columns(mk, qoff + i0 + r, koff + j0, bj, &c0, &c1);
-#pragma omp simd
-        for (long c = 0; c < bj; c++) s[c] = expf(s[c] - L);
-        for (long c = 0; c < c0; c++) s[c] = 0.0f;
-        for (long c = c1; c < bj; c++) s[c] = 0.0f;
-      }
-      /* dv_j += Pᵀ dO_i */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, alpha, S, (int)bj,
-                  dout + i0 * d, d, 1.0f, dv + j0 * d, d);
-      /* dP = dO_i v_jᵀ */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, alpha,
-                  dout + i0 * d, d, v + j0 * d, d, 0.0f, dP, (int)bj);
-      /* dS = P ∘ (dP − D_i), stored in dP */
-      for (long r = 0; r < bi; r++) {
-        const float Di = D[i0 + r];
-        const float *p = S + r * bj;
-        float *g = dP + r * bj;
-#pragma omp simd
-        for (long c = 0; c < bj; c++) g[c] = p[c] * (g[c] - Di);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, scale, dP,
-                  (int)bj, k + j0 * d, d, 1.0f, dq + i0 * d, d);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, scale, dP, (int)bj,
-                  q + i0 * d, d, 1.0f, dk + j0 * d, d);
+      hk->logits(hk, x, i0, bi, j0, bj, P, scratch);
+      for (int h = 0; h < hk->heads; h++)
+        softmax_tile_backward(hk, x, g, h, i0, bi, j0, bj, mk, P + h * bi * bj, dP);
+      hk->grad(hk, x, g, i0, bi, j0, bj, P, scratch);
     }
   }
 }
 
+/* full's hook: one head's scores q kᵀ/√d (1/√d as the GEMM's alpha), and back through them. */
+static void full_logits(const struct exact_hook *hk, const struct exact_rows *x, long i0, long bi,
+                        long j0, long bj, float *L, float *scratch) {
+  const int d = x->d;
+  const float scale = 1.0f / sqrtf((float)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, scale, x->q + i0 * d, d,
+              x->k + j0 * d, d, 0.0f, L, (int)bj);
+}
+
+static void full_grad(const struct exact_hook *hk, const struct exact_rows *x,
+                      const struct exact_grads *g, long i0, long bi, long j0, long bj,
+                      const float *dS, float *scratch) {
+  const int d = x->d;
+  const float scale = 1.0f / sqrtf((float)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, scale, dS, (int)bj,
+              x->k + j0 * d, d, 1.0f, g->dq + i0 * d, d);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, scale, dS, (int)bj,
+              x->q + i0 * d, d, 1.0f, g->dk + j0 * d, d);
+}
+
+static const struct exact_hook full_hook = {.heads = 1,
+                                            .qk_heads = 1,
+                                            .scratch_forward = 1,
+                                            .scratch_backward = 2,
+                                            .ds_scale = 1.0f,
+                                            .logits = full_logits,
+                                            .grad = full_grad};
+
 /* ---------------------------------------------------------------------------------------------
- * one slab of queries against one contiguous range of keys: the whole op on one rank, and `local`
- * against its halo-extended keys */
-
-extern struct attn_variant attention_local;
-extern struct attn_variant attention_fish_full, attention_fish_local;
-
-static struct key_mask mask_of(const struct attn_ctx *ctx, long band) {
-  return (struct key_mask){ctx->dims.causal, band};
-}
-
-/* The band of the two variants of this file: local.band for `local`, none for `full`. */
-static long variant_band(const struct attn_ctx *ctx) {
-  return ctx->variant == &attention_local ? ctx->cfg->attention.local_band : 0;
-}
+ * the op on this rank, and its step (my queries against one range of keys) that the three paths
+ * share: one slab, the band's halo, each step of the ring */
 
 /* Query/key tile: full.block, or for a band a tile of about half the band (at least 16): a query
  * tile then reads (tile + band − 1) keys rounded up to whole tiles, and a smaller tile wastes fewer
  * masked entries (band 64: 96 keys per query with tiles of 32, 128 with tiles of 64), which pays
  * for the smaller GEMMs (measured in bench, docs/kernelized.md). */
-static int exact_tile(const struct attn_ctx *ctx, struct key_mask mk) {
-  const int block = ctx->cfg->attention.full_block;
-  if (mk.band <= 0) return block;
+static int exact_tile(const struct config *cfg, long band) {
+  const int block = cfg->attention.full_block;
+  if (band <= 0) return block;
   int tile = 16;
-  while (tile < block && 2 * tile < mk.band) tile *= 2;
+  while (tile < block && 2 * tile < band) tile *= 2;
   return tile < block ? tile : block;
+}
+
+/* One call of the op on this rank: the hook, the mask and tile, the unit layout, and what the
+ * paths and their steps share. */
+struct exact_op {
+  const struct exact_hook *hk;
+  struct key_mask mk;
+  int d, tile;
+  long units, T, H;        /* units (exact.h), local tokens, model heads */
+  const float *head_scale; /* (H) the output gradient's factor per head, or NULL */
+  float *ml;               /* forward: m, l (units·heads, T) */
+  float *lse_out;          /* forward: (units·heads, T) */
+  const float *lse;        /* backward: as forward left it */
+  float *dpar, *dparams;   /* backward: (units, param_floats); the caller's += */
+};
+
+static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct exact_hook *hk,
+                                     long band, const float *head_scale) {
+  const struct attn_dims *dm = &ctx->dims;
+  return (struct exact_op){.hk = hk,
+                           .mk = {dm->causal, band},
+                           .d = (int)dm->d,
+                           .tile = exact_tile(ctx->cfg, band),
+                           .units = dm->B * dm->H / hk->heads,
+                           .T = dm->T,
+                           .H = dm->H,
+                           .head_scale = head_scale};
+}
+
+/* Where a step's query or key rows lie: `pieces` pieces of `len` tokens in rows of `stride`
+ * tokens, piece p from global token off[p]. */
+struct exact_span {
+  int pieces;
+  long len, stride, off[2];
+};
+
+static struct exact_span slab_span(long T, long off) { return (struct exact_span){1, T, T, {off}}; }
+
+/* Fold the keys k (units·qk_heads, ks.stride, d), v (units·heads, ks.stride, d) into the online
+ * state of the queries q (units·qk_heads, qs.stride, d) with output out (units·heads, qs.stride,
+ * d); first: start the state, last: finish it (out = acc / l, lse). One task per (unit, query
+ * piece and tile), so no updates race. */
+static void exact_fold(const struct exact_op *op, struct exact_span qs, const float *q, float *out,
+                       struct exact_span ks, const float *k, const float *v, bool first,
+                       bool last) {
+  const struct exact_hook *hk = op->hk;
+  const long nh = hk->heads, ng = hk->qk_heads, ntp = (qs.len + op->tile - 1) / op->tile;
+  const long lrows = op->units * nh * qs.stride; /* where l starts in ml */
+  const int d = op->d, tile = op->tile;
+#pragma omp parallel
+  {
+    float *scratch =
+        mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)hk->scratch_forward * tile * tile);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (long u = 0; u < op->units; u++)
+      for (long it = 0; it < qs.pieces * ntp; it++) {
+        const int p = (int)(it / ntp);
+        const long i0 = it % ntp * tile, i1 = i0 + tile < qs.len ? i0 + tile : qs.len;
+        const long qr = u * nh * qs.stride + p * qs.len; /* head 0's row in (units·heads, stride) */
+        const struct online_state o = {op->ml + qr, op->ml + lrows + qr, out + qr * d, qs.stride};
+        for (long h = 0; first && h < nh; h++) {
+          for (long i = i0; i < i1; i++)
+            o.m[h * o.stride + i] = -INFINITY, o.l[h * o.stride + i] = 0.0f;
+          memset(o.acc + (h * o.stride + i0) * d, 0, sizeof(float) * (size_t)((i1 - i0) * d));
+        }
+        for (int kp = 0; kp < ks.pieces; kp++) {
+          const struct exact_rows x = {.q = q + (u * ng * qs.stride + p * qs.len) * d,
+                                       .k = k + (u * ng * ks.stride + kp * ks.len) * d,
+                                       .v = v + (u * nh * ks.stride + kp * ks.len) * d,
+                                       .qstride = qs.stride,
+                                       .kstride = ks.stride,
+                                       .qoff = qs.off[p],
+                                       .koff = ks.off[kp],
+                                       .d = d,
+                                       .tile = tile,
+                                       .unit = u};
+          exact_block_forward(hk, &x, o, ks.len, op->mk, i0, i1, scratch);
+        }
+        for (long h = 0; last && h < nh; h++)
+          for (long i = i0; i < i1; i++) {
+            const long row = h * o.stride + i;
+            const float inv = 1.0f / o.l[row];
+            for (int c = 0; c < d; c++) o.acc[row * d + c] *= inv;
+            op->lse_out[qr + row] = o.m[row] + logf(o.l[row]);
+          }
+      }
+    mem_free(scratch);
+  }
+}
+
+/* Gradients of the queries q (as exact_fold's) against the keys k, v: dq (as q), dk, dv (as k, v)
+ * and the hook's parameters +=; dout, D (units·heads, qs.stride[, d]) as saved and formed. One task
+ * per unit, so no updates race. */
+static void exact_grad_step(const struct exact_op *op, struct exact_span qs, const float *q,
+                            const float *dout, const float *D, float *dq, struct exact_span ks,
+                            const float *k, const float *v, float *dk, float *dv) {
+  const struct exact_hook *hk = op->hk;
+  const long nh = hk->heads, ng = hk->qk_heads;
+  const int d = op->d, tile = op->tile;
+#pragma omp parallel
+  {
+    float *scratch =
+        mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)hk->scratch_backward * tile * tile);
+#pragma omp for schedule(dynamic, 1)
+    for (long u = 0; u < op->units; u++)
+      for (int p = 0; p < qs.pieces; p++)
+        for (int kp = 0; kp < ks.pieces; kp++) {
+          const long qr = u * nh * qs.stride + p * qs.len,
+                     qg = (u * ng * qs.stride + p * qs.len) * d;
+          const long kg = (u * ng * ks.stride + kp * ks.len) * d;
+          const long vg = (u * nh * ks.stride + kp * ks.len) * d;
+          const struct exact_rows x = {.q = q + qg,
+                                       .k = k + kg,
+                                       .v = v + vg,
+                                       .qstride = qs.stride,
+                                       .kstride = ks.stride,
+                                       .qoff = qs.off[p],
+                                       .koff = ks.off[kp],
+                                       .d = d,
+                                       .tile = tile,
+                                       .unit = u};
+          const struct exact_grads g = {
+              dq + qg,       dk + kg,
+              dv + vg,       op->dpar ? op->dpar + u * hk->param_floats : NULL,
+              dout + qr * d, op->lse + qr,
+              D + qr,        op->head_scale ? op->head_scale + (u * nh) % op->H : NULL};
+          exact_block_backward(hk, &x, &g, qs.len, ks.len, op->mk, scratch);
+        }
+    mem_free(scratch);
+  }
 }
 
 /* The scale of the output gradient of row block bh (rows of T tokens, heads cycling fastest
@@ -162,372 +324,230 @@ static void exact_rowdot(float *D, const float *dout, const float *out, long BH,
   }
 }
 
-/* out (B, H, T, d), lse (B, H, T) for queries at global qoff against keys k, v (B, H, Tk, d) at
- * global koff. */
-static void slab_forward(const struct attn_ctx *ctx, struct key_mask mk, float *out, float *lse,
-                         const float *q, long qoff, const float *k, const float *v, long Tk,
-                         long koff) {
-  const struct attn_dims *dm = &ctx->dims;
-  const long T = dm->T, BH = dm->B * dm->H;
-  const int d = (int)dm->d, tile = exact_tile(ctx, mk);
-  const long ntiles = (T + tile - 1) / tile;
-  float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l */
-#pragma omp parallel
-  {
-    float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)tile * tile);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (long bh = 0; bh < BH; bh++)
-      for (long it = 0; it < ntiles; it++) {
-        const long i0 = it * tile, i1 = i0 + tile < T ? i0 + tile : T;
-        const size_t off = (size_t)bh * T * d, koff_bh = (size_t)bh * Tk * d;
-        struct online_state st = {ml + bh * T, ml + BH * T + bh * T, out + off};
-        for (long i = i0; i < i1; i++) {
-          st.m[i] = -INFINITY;
-          st.l[i] = 0.0f;
-        }
-        memset(out + off + i0 * d, 0, sizeof(float) * (size_t)((i1 - i0) * d));
-        exact_block_forward(st, q + off, qoff, k + koff_bh, v + koff_bh, Tk, koff, d, mk, tile, i0,
-                            i1, S);
-        for (long i = i0; i < i1; i++) {
-          const float inv = 1.0f / st.l[i];
-          for (int c = 0; c < d; c++) st.acc[i * d + c] *= inv;
-          lse[bh * T + i] = st.m[i] + logf(st.l[i]);
-        }
-      }
-    mem_free(S);
-  }
-  mem_free(ml);
+/* What backward forms before its step: D (returned) and the hook's per-unit parameter gradients;
+ * grads_close adds those up in unit order and frees both. */
+static float *grads_open(struct exact_op *op, const float *dout, const float *out) {
+  const long rows = op->units * op->hk->heads;
+  float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(rows * op->T));
+  const size_t np = op->hk->param_floats;
+  if (np) op->dpar = mem_alloc(MEM_WORKSPACE, sizeof(float) * np * (size_t)op->units);
+  exact_rowdot(D, dout, out, rows, op->T, op->H, op->d, op->head_scale);
+  return D;
 }
 
-/* dq (B, H, T, d) and dk, dv (B, H, Tk, d) += the gradients of slab_forward's op. */
-static void slab_backward(const struct attn_ctx *ctx, struct key_mask mk, const float *head_scale,
-                          float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          long qoff, const float *k, const float *v, long Tk, long koff,
-                          const float *out, const float *lse) {
-  const struct attn_dims *dm = &ctx->dims;
-  const long T = dm->T, BH = dm->B * dm->H;
-  const int d = (int)dm->d, tile = exact_tile(ctx, mk);
-  float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
-  exact_rowdot(D, dout, out, BH, T, dm->H, d, head_scale);
-#pragma omp parallel
-  {
-    float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)tile * tile);
-#pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++) {
-      const size_t off = (size_t)bh * T * d, koff_bh = (size_t)bh * Tk * d;
-      exact_block_backward(dq + off, dk + koff_bh, dv + koff_bh, dout + off,
-                           head_alpha(head_scale, bh, dm->H), q + off, lse + bh * T, D + bh * T, T,
-                           qoff, k + koff_bh, v + koff_bh, Tk, koff, d, mk, tile, S,
-                           S + (size_t)tile * tile);
-    }
-    mem_free(S);
-  }
+static void grads_close(struct exact_op *op, float *D) {
+  const size_t np = op->hk->param_floats;
+  if (op->dpar && op->dparams)
+    for (long u = 0; u < op->units; u++)
+      for (size_t e = 0; e < np; e++) op->dparams[e] += op->dpar[u * np + e];
+  mem_free(op->dpar);
+  op->dpar = NULL;
   mem_free(D);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the paths: one slab of queries against one contiguous range of keys (the whole op on one rank,
+ * and `local` against its halo-extended keys), and `full`'s ring */
+
+/* out, lse for my queries at global qoff against keys k (units·qk_heads, Tk, d), v
+ * (units·heads, Tk, d) at global koff. */
+static void slab_forward(struct exact_op *op, float *out, const float *q, long qoff, const float *k,
+                         const float *v, long Tk, long koff) {
+  op->ml =
+      mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(op->units * op->hk->heads * op->T));
+  exact_fold(op, slab_span(op->T, qoff), q, out, slab_span(Tk, koff), k, v, true, true);
+  mem_free(op->ml);
+}
+
+/* dq and dk, dv (as k, v) += the gradients of slab_forward's op. */
+static void slab_backward(struct exact_op *op, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, long qoff, const float *k, const float *v, long Tk,
+                          long koff, const float *out) {
+  float *D = grads_open(op, dout, out);
+  exact_grad_step(op, slab_span(op->T, qoff), q, dout, D, dq, slab_span(Tk, koff), k, v, dk, dv);
+  grads_close(op, D);
 }
 
 /* `local` under sequence parallelism: the band's halo (band − 1 tokens before the slab, and after
  * it when bidirectional, clipped to [0, n), possibly from several ranks) gathered into extended
- * k, v (B, H, hi − lo, d); k and v travel stacked as 2·B·H rows so one alltoallv moves both. */
-static float *local_halo(const struct attn_ctx *ctx, long band, struct halo *h, const float *k,
-                         const float *v) {
+ * k (units·qk_heads, E, d) then v (units·heads, E, d), E = hi − lo; they travel stacked, so one
+ * alltoallv moves both. */
+static float *halo_keys(const struct attn_ctx *ctx, const struct exact_op *op, struct halo *h,
+                        const float *k, const float *v) {
   const struct attn_dims *dm = &ctx->dims;
-  const long BH = dm->B * dm->H, X = BH * dm->T * dm->d, reach = band - 1;
-  halo_plan(h, ctx->comm, dm->n, dm->T, reach, dm->causal ? 0 : reach);
-  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
-  memcpy(kv, k, sizeof(float) * (size_t)X);
-  memcpy(kv + X, v, sizeof(float) * (size_t)X);
-  float *ext = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * (h->hi - h->lo) * dm->d));
-  halo_gather(h, ctx->comm, ext, kv, 2 * BH, dm->d);
+  const long rk = op->units * op->hk->qk_heads, rv = op->units * op->hk->heads, d = dm->d;
+  const long T = dm->T, reach = op->mk.band - 1;
+  halo_plan(h, ctx->comm, dm->n, T, reach, dm->causal ? 0 : reach);
+  float *kv = mem_alloc(MEM_COMM, sizeof(float) * (size_t)((rk + rv) * T * d)); /* k then v */
+  memcpy(kv, k, sizeof(float) * (size_t)(rk * T * d));
+  memcpy(kv + rk * T * d, v, sizeof(float) * (size_t)(rv * T * d));
+  float *ext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)((rk + rv) * (h->hi - h->lo) * d));
+  halo_gather(h, ctx->comm, ext, kv, rk + rv, d);
   mem_free(kv);
-  return ext; /* (2, B, H, hi − lo, d) */
+  return ext;
 }
 
-static void local_forward(struct attn_ctx *ctx, long band, float *out, float *lse, const float *q,
+static void local_forward(struct attn_ctx *ctx, struct exact_op *op, float *out, const float *q,
                           const float *k, const float *v) {
-  const struct attn_dims *dm = &ctx->dims;
   struct halo h;
-  float *ext = local_halo(ctx, band, &h, k, v);
-  const long E = h.hi - h.lo;
-  slab_forward(ctx, mask_of(ctx, band), out, lse, q, dm->t0, ext, ext + dm->B * dm->H * E * dm->d,
-               E, h.lo);
+  float *ext = halo_keys(ctx, op, &h, k, v);
+  const long E = h.hi - h.lo, XK = op->units * op->hk->qk_heads * E * op->d;
+  slab_forward(op, out, q, ctx->dims.t0, ext, ext + XK, E, h.lo);
   mem_free(ext);
   halo_free(&h);
 }
 
 /* Backward gathers the halo again (saved holds only the log-sum-exp), forms dk, dv over the
  * extended range and sends the halo parts back to their owners. */
-static void local_backward(struct attn_ctx *ctx, long band, const float *head_scale, float *dq,
-                           float *dk, float *dv, const float *dout, const float *q, const float *k,
-                           const float *v, const float *out, const float *lse) {
-  const struct attn_dims *dm = &ctx->dims;
-  const long BH = dm->B * dm->H, X = BH * dm->T * dm->d;
+static void local_backward(struct attn_ctx *ctx, struct exact_op *op, float *dq, float *dk,
+                           float *dv, const float *dout, const float *q, const float *k,
+                           const float *v, const float *out) {
+  const long rk = op->units * op->hk->qk_heads, rv = op->units * op->hk->heads, d = op->d;
+  const long XK = rk * op->T * d, XV = rv * op->T * d;
   struct halo h;
-  float *ext = local_halo(ctx, band, &h, k, v);
-  const long E = h.hi - h.lo, XE = BH * E * dm->d;
-  float *dext = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)XE); /* (2, B, H, E, d) */
-  slab_backward(ctx, mask_of(ctx, band), head_scale, dq, dext, dext + XE, dout, q, dm->t0, ext,
-                ext + XE, E, h.lo, out, lse);
-  mem_free(ext);
-  float *dkv = mem_alloc(MEM_COMM, sizeof(float) * 2 * (size_t)X); /* (2, B, H, T, d) */
-  halo_scatter_add(&h, ctx->comm, dkv, dext, 2 * BH, dm->d);
-#pragma omp parallel for schedule(static)
-  for (long i = 0; i < X; i++) {
-    dk[i] += dkv[i];
-    dv[i] += dkv[X + i];
+  float *ext = halo_keys(ctx, op, &h, k, v);
+  const long E = h.hi - h.lo;
+  float *dext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)((rk + rv) * E * d)); /* as ext */
+  slab_backward(op, dq, dext, dext + rk * E * d, dout, q, ctx->dims.t0, ext, ext + rk * E * d, E,
+                h.lo, out);
+  if (!op->hk->keep_halo) {
+    mem_free(ext);
+    ext = NULL;
   }
+  float *dkv = mem_alloc(MEM_COMM, sizeof(float) * (size_t)(XK + XV)); /* dk then dv */
+  halo_scatter_add(&h, ctx->comm, dkv, dext, rk + rv, d);
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < XK; i++) dk[i] += dkv[i];
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < XV; i++) dv[i] += dkv[XK + i];
   mem_free(dkv);
   mem_free(dext);
+  mem_free(ext);
   halo_free(&h);
 }
 
-/* ---------------------------------------------------------------------------------------------
- * `full` under sequence parallelism: a ring of S steps. At step t rank z holds the k, v of rank
- * z − t and folds them into the online softmax of its queries, while sending them on to z + 1 and
- * receiving those of z − t − 1 (double buffering, so the transfer overlaps the block GEMMs).
- *
- * Causal: the sequence is cut into 2S chunks of c = T/2 tokens and, inside the op only, rank z
- * works on chunks z and 2S−1−z (zigzag), so every rank has the same share of the causal triangle;
- * one alltoallv moves the inputs from the model's contiguous slabs (rank s: chunks 2s, 2s+1) and
- * one moves the results back. When T is odd the causal ring runs on the contiguous slabs instead
- * (exact, but rank S − 1 then does about twice the average work). Bidirectional: contiguous. */
-
-/* The ring's layout and what exact attention adds to it. */
-struct exact_ring {
-  struct ring lay;
-  long BH, H;
-  int d, tile;
-  struct key_mask mk;
-};
-
-static struct exact_ring exact_ring_plan(const struct attn_ctx *ctx) {
-  const struct attn_dims *dm = &ctx->dims;
-  struct exact_ring rg = {.lay = ring_plan(ctx->comm, dm->T, dm->causal)};
-  rg.BH = dm->B * dm->H;
-  rg.H = dm->H;
-  rg.d = (int)dm->d;
-  rg.mk = mask_of(ctx, 0);
-  rg.tile = exact_tile(ctx, rg.mk);
-  return rg;
+/* `full` under sequence parallelism: the ring (ring.c) carries k and v round the sequence group
+ * (zigzag pieces when causal, SPEC §7) and calls these at each step; m, l and lse stay in the
+ * ring's layout (saved so: backward runs the same ring). */
+static struct exact_span ring_span(const struct ring *rg, int r) {
+  return (struct exact_span){rg->pieces,
+                             rg->L,
+                             rg->T,
+                             {ring_offset(rg, r, 0), rg->pieces == 2 ? ring_offset(rg, r, 1) : 0}};
 }
 
-/* Fold the keys kv (k then v, each (BH, T, d), of rank src) into the online state of my queries
- * q (BH, T, d); OpenMP over (b, h, query piece and tile). */
-static void ring_forward_step(const struct exact_ring *rg, struct online_state st, const float *q,
-                              const float *kv, int src) {
-  const long L = rg->lay.L, T = rg->lay.T, ntp = (L + rg->tile - 1) / rg->tile,
-             X = rg->BH * T * rg->d;
-  const int d = rg->d;
-#pragma omp parallel
-  {
-    float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)rg->tile * rg->tile);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (long bh = 0; bh < rg->BH; bh++)
-      for (long it = 0; it < rg->lay.pieces * ntp; it++) {
-        const int p = (int)(it / ntp);
-        const long i0 = it % ntp * rg->tile, i1 = i0 + rg->tile < L ? i0 + rg->tile : L;
-        const long qo = bh * T + p * L;
-        struct online_state s = {st.m + qo, st.l + qo, st.acc + qo * d};
-        for (int kp = 0; kp < rg->lay.pieces; kp++) {
-          const long ko = (bh * T + kp * L) * d;
-          exact_block_forward(s, q + qo * d, ring_offset(&rg->lay, rg->lay.me, p), kv + ko,
-                              kv + X + ko, L, ring_offset(&rg->lay, src, kp), d, rg->mk, rg->tile,
-                              i0, i1, S);
-        }
-      }
-    mem_free(S);
-  }
+static void ring_fold(const struct ring_step *s, void *user) {
+  const struct ring *rg = s->rg;
+  exact_fold(user, ring_span(rg, rg->me), s->stay[0], s->out[0], ring_span(rg, s->src),
+             s->travel[0], s->travel[1], s->t == 0, s->t == rg->S - 1);
 }
 
-static void ring_forward(struct attn_ctx *ctx, float *out, float *lse, const float *q,
-                         const float *k, const float *v) {
-  const struct exact_ring rg = exact_ring_plan(ctx);
-  const bool zig = rg.lay.pieces == 2;
-  const long BH = rg.BH, T = rg.lay.T, X = BH * T * rg.d;
-  const int d = rg.d;
-  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 4 * (size_t)X); /* 2 × (k, v) (BH, T, d) */
-  float *cur = kv, *nxt = kv + 2 * X;
-  float *ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(BH * T)); /* m, l (BH, T) */
-  float *qz = (float *)q, *oz = out; /* my queries and their output, in the ring's layout */
-  if (zig) {
-    qz = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
-    oz = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)X);
-    const long w[3] = {d, d, d}, rows[3] = {BH, BH, BH};
-    ring_move(&rg.lay, true, 3, (const float *[]){q, k, v}, (float *[]){qz, cur, cur + X}, rows, w);
-  } else {
-    memcpy(cur, k, sizeof(float) * (size_t)X);
-    memcpy(cur + X, v, sizeof(float) * (size_t)X);
-    memset(out, 0, sizeof(float) * (size_t)X);
-  }
-  for (long i = 0; i < BH * T; i++) ml[i] = -INFINITY;
-  const struct online_state st = {ml, ml + BH * T, oz};
-  for (int t = 0; t < rg.lay.S; t++) {
-    struct ring_xfer x = {0};
-    if (t < rg.lay.S - 1) ring_start(&rg.lay, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &x);
-    ring_forward_step(&rg, st, qz, cur, (rg.lay.me - t + rg.lay.S) % rg.lay.S);
-    if (t < rg.lay.S - 1) {
-      ring_finish(&x);
-      float *tmp = cur;
-      cur = nxt;
-      nxt = tmp;
-    }
-  }
-#pragma omp parallel for schedule(static)
-  for (long i = 0; i < BH * T; i++) {
-    const float inv = 1.0f / st.l[i];
-    for (int c = 0; c < d; c++) oz[i * d + c] *= inv;
-    lse[i] = st.m[i] + logf(st.l[i]); /* saved in the ring's layout */
-  }
-  mem_free(kv);
-  mem_free(ml);
-  if (zig) {
-    ring_move(&rg.lay, false, 1, (const float *[]){oz}, (float *[]){out}, (const long[]){BH},
-              (const long[]){d});
-    mem_free(qz);
-    mem_free(oz);
-  }
+static void ring_grad(const struct ring_step *s, void *user) {
+  const struct ring *rg = s->rg;
+  exact_grad_step(user, ring_span(rg, rg->me), s->stay[0], s->stay[1], s->stay[2], s->out[0],
+                  ring_span(rg, s->src), s->travel[0], s->travel[1], s->dtravel[0], s->dtravel[1]);
 }
 
-/* Gradients of my queries against the keys kv of rank src: dq (BH, T, d) and dkv (dk then dv,
- * each (BH, T, d), src's accumulators) +=; OpenMP over (b, h) as in slab_backward. */
-static void ring_backward_step(const struct exact_ring *rg, const float *head_scale, float *dq,
-                               float *dkv, const float *dout, const float *q, const float *lse,
-                               const float *D, const float *kv, int src) {
-  const long L = rg->lay.L, T = rg->lay.T, X = rg->BH * T * rg->d;
-  const int d = rg->d, tile = rg->tile;
-#pragma omp parallel
-  {
-    float *S = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)tile * tile);
-#pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < rg->BH; bh++)
-      for (int p = 0; p < rg->lay.pieces; p++)
-        for (int kp = 0; kp < rg->lay.pieces; kp++) {
-          const long qo = bh * T + p * L, ko = (bh * T + kp * L) * d;
-          exact_block_backward(dq + qo * d, dkv + ko, dkv + X + ko, dout + qo * d,
-                               head_alpha(head_scale, bh, rg->H), q + qo * d, lse + qo, D + qo, L,
-                               ring_offset(&rg->lay, rg->lay.me, p), kv + ko, kv + X + ko, L,
-                               ring_offset(&rg->lay, src, kp), d, rg->mk, tile, S,
-                               S + (size_t)tile * tile);
-        }
-    mem_free(S);
-  }
+static void full_ring_forward(struct attn_ctx *ctx, struct exact_op *op, float *out, const float *q,
+                              const float *k, const float *v) {
+  const struct ring rg = ring_plan(ctx->comm, op->T, ctx->dims.causal);
+  const long nq = op->units * op->hk->qk_heads, nv = op->units * op->hk->heads, d = op->d;
+  op->ml = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(nv * op->T));
+  const struct ring_pass ps = {.stay = {1, {nq}, {d}},
+                               .travel = {2, {nq, nv}, {d, d}},
+                               .out = {1, {nv}, {d}},
+                               .stay_in = {q},
+                               .travel_in = {k, v},
+                               .out_io = {out},
+                               .step = ring_fold,
+                               .user = op};
+  ring_forward(&rg, &ps);
+  mem_free(op->ml);
 }
 
-/* The ring again, with each rank's dk, dv accumulators following its k, v one step behind: at
- * step t a rank forms the contributions of its queries in a fresh buffer while the accumulator of
- * the same keys arrives from the previous rank and the one it completed at step t − 1 leaves for
- * the next, so both transfers overlap the GEMMs; after the S steps one last pass takes every
- * accumulator home. */
-static void ring_backward(struct attn_ctx *ctx, const float *head_scale, float *dq, float *dk,
-                          float *dv, const float *dout, const float *q, const float *k,
-                          const float *v, const float *out, const float *lse) {
-  const struct exact_ring rg = exact_ring_plan(ctx);
-  const bool zig = rg.lay.pieces == 2;
-  const long BH = rg.BH, T = rg.lay.T, X = BH * T * rg.d;
-  const int d = rg.d;
-  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 4 * (size_t)X); /* 2 × (k, v) (BH, T, d) */
-  float *cur = kv, *nxt = kv + 2 * X;
-  float *acc = mem_alloc(MEM_COMM, sizeof(float) * 6 * (size_t)X); /* 3 × (dk, dv) (BH, T, d) */
-  float *part = acc, *done = acc + 2 * X, *in = acc + 4 * X;
-  float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T)); /* (BH, T) */
-  /* per row, so formed before the move: 1/d the traffic */
-  exact_rowdot(D, dout, out, BH, T, rg.H, d, head_scale);
-  const float *qz = q, *doz = dout, *Dz = D;
-  float *dqz = dq; /* contiguous: dq accumulates in place */
-  float *zbuf = NULL;
-  if (zig) {
-    zbuf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(3 * X + BH * T));
-    float *qw = zbuf, *dow = zbuf + X, *Dw = zbuf + 3 * X;
-    dqz = zbuf + 2 * X; /* zeroed */
-    const long w[5] = {d, d, d, d, 1}, rows[5] = {BH, BH, BH, BH, BH};
-    ring_move(&rg.lay, true, 5, (const float *[]){q, k, v, dout, D},
-              (float *[]){qw, cur, cur + X, dow, Dw}, rows, w);
-    qz = qw, doz = dow, Dz = Dw;
-  } else {
-    memcpy(cur, k, sizeof(float) * (size_t)X);
-    memcpy(cur + X, v, sizeof(float) * (size_t)X);
-  }
-  for (int t = 0; t < rg.lay.S; t++) {
-    struct ring_xfer xkv = {0}, xacc = {0};
-    if (t < rg.lay.S - 1) ring_start(&rg.lay, cur, nxt, 2 * (size_t)X, RING_TAG_KV, &xkv);
-    if (t > 0) ring_start(&rg.lay, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc);
-    memset(part, 0, sizeof(float) * 2 * (size_t)X);
-    ring_backward_step(&rg, head_scale, dqz, part, doz, qz, lse, Dz, cur,
-                       (rg.lay.me - t + rg.lay.S) % rg.lay.S);
-    if (t > 0) {
-      ring_finish(&xacc);
-#pragma omp parallel for schedule(static)
-      for (long i = 0; i < 2 * X; i++) part[i] += in[i];
-    }
-    if (t < rg.lay.S - 1) {
-      ring_finish(&xkv);
-      float *tmp = cur;
-      cur = nxt;
-      nxt = tmp;
-    }
-    float *tmp = done;
-    done = part;
-    part = tmp;
-  }
-  struct ring_xfer xacc;
-  ring_start(&rg.lay, done, in, 2 * (size_t)X, RING_TAG_ACC, &xacc); /* home: my dk, dv in `in` */
-  ring_finish(&xacc);
-  mem_free(kv);
-  mem_free(D);
-  const float *hq = NULL, *hk = in, *hv = in + X; /* what to add into the caller's dq, dk, dv */
-  if (zig) { /* back to the contiguous slab, into acc[0, 3X), free by now (`in` is acc + 4X) */
-    const long w[3] = {d, d, d}, rows[3] = {BH, BH, BH};
-    ring_move(&rg.lay, false, 3, (const float *[]){dqz, in, in + X},
-              (float *[]){acc, acc + X, acc + 2 * X}, rows, w);
-    hq = acc, hk = acc + X, hv = acc + 2 * X;
-    mem_free(zbuf);
-  }
-#pragma omp parallel for schedule(static)
-  for (long i = 0; i < X; i++) {
-    if (hq) dq[i] += hq[i];
-    dk[i] += hk[i];
-    dv[i] += hv[i];
-  }
-  mem_free(acc);
+static void full_ring_backward(struct attn_ctx *ctx, struct exact_op *op, float *dq, float *dk,
+                               float *dv, const float *dout, const float *q, const float *k,
+                               const float *v, const float *out) {
+  const struct ring rg = ring_plan(ctx->comm, op->T, ctx->dims.causal);
+  const long nq = op->units * op->hk->qk_heads, nv = op->units * op->hk->heads, d = op->d;
+  float *D = grads_open(op, dout, out); /* per row, so formed before the move: 1/d the traffic */
+  const struct ring_pass ps = {.stay = {3, {nq, nv, nv}, {d, d, 1}},
+                               .travel = {2, {nq, nv}, {d, d}},
+                               .out = {1, {nq}, {d}},
+                               .stay_in = {q, dout, D},
+                               .travel_in = {k, v},
+                               .out_io = {dq},
+                               .dtravel = {dk, dv},
+                               .step = ring_grad,
+                               .user = op};
+  ring_backward(&rg, &ps);
+  grads_close(op, D);
 }
 
 /* ---------------------------------------------------------------------------------------------
- * the two variants */
-
-static size_t exact_saved_floats(const struct attn_ctx *ctx) {
-  /* log-sum-exp per query row; in the ring's (zigzag) order when the causal ring ran */
-  return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T);
-}
+ * the entry points */
 
 static bool exact_distributed(const struct attn_ctx *ctx) { return ctx->comm && ctx->comm->S > 1; }
 
+void exact_hooked_forward(struct attn_ctx *ctx, const struct exact_hook *hk, long band, float *out,
+                          float *lse, const float *q, const float *k, const float *v) {
+  struct exact_op op = exact_op_make(ctx, hk, band, NULL);
+  op.lse_out = lse;
+  if (!exact_distributed(ctx))
+    slab_forward(&op, out, q, ctx->dims.t0, k, v, ctx->dims.T, ctx->dims.t0);
+  else if (band > 0)
+    local_forward(ctx, &op, out, q, k, v);
+  else
+    full_ring_forward(ctx, &op, out, q, k, v);
+}
+
+void exact_hooked_backward(struct attn_ctx *ctx, const struct exact_hook *hk, long band,
+                           const float *head_scale, float *dq, float *dk, float *dv, float *dparams,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const float *out, const float *lse) {
+  struct exact_op op = exact_op_make(ctx, hk, band, head_scale);
+  op.lse = lse;
+  op.dparams = dparams;
+  if (!exact_distributed(ctx))
+    slab_backward(&op, dq, dk, dv, dout, q, ctx->dims.t0, k, v, ctx->dims.T, ctx->dims.t0, out);
+  else if (band > 0)
+    local_backward(ctx, &op, dq, dk, dv, dout, q, k, v, out);
+  else
+    full_ring_backward(ctx, &op, dq, dk, dv, dout, q, k, v, out);
+}
+
 void exact_attention_forward(struct attn_ctx *ctx, long band, float *out, float *lse,
                              const float *q, const float *k, const float *v) {
-  const struct attn_dims *dm = &ctx->dims;
-  if (!exact_distributed(ctx))
-    slab_forward(ctx, mask_of(ctx, band), out, lse, q, dm->t0, k, v, dm->T, dm->t0);
-  else if (band > 0)
-    local_forward(ctx, band, out, lse, q, k, v);
-  else
-    ring_forward(ctx, out, lse, q, k, v);
+  exact_hooked_forward(ctx, &full_hook, band, out, lse, q, k, v);
 }
 
 void exact_attention_backward(struct attn_ctx *ctx, long band, const float *head_scale, float *dq,
                               float *dk, float *dv, const float *dout, const float *q,
                               const float *k, const float *v, const float *out, const float *lse) {
-  const struct attn_dims *dm = &ctx->dims;
-  if (!exact_distributed(ctx))
-    slab_backward(ctx, mask_of(ctx, band), head_scale, dq, dk, dv, dout, q, dm->t0, k, v, dm->T,
-                  dm->t0, out, lse);
-  else if (band > 0)
-    local_backward(ctx, band, head_scale, dq, dk, dv, dout, q, k, v, out, lse);
-  else
-    ring_backward(ctx, head_scale, dq, dk, dv, dout, q, k, v, out, lse);
+  exact_hooked_backward(ctx, &full_hook, band, head_scale, dq, dk, dv, NULL, dout, q, k, v, out,
+                        lse);
 }
 
 bool exact_attention_allows(bool causal, long band, long i, long j) {
   long lo, hi;
   key_range((struct key_mask){causal, band}, i, &lo, &hi);
   return j >= lo && j <= hi;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the two variants */
+
+extern struct attn_variant attention_local;
+extern struct attn_variant attention_fish_full, attention_fish_local;
+
+/* The band of the two variants of this file: local.band for `local`, none for `full`. */
+static long variant_band(const struct attn_ctx *ctx) {
+  return ctx->variant == &attention_local ? ctx->cfg->attention.local_band : 0;
+}
+
+static size_t exact_saved_floats(const struct attn_ctx *ctx) {
+  /* log-sum-exp per query row; in the ring's (zigzag) order when the causal ring ran */
+  return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T);
 }
 
 /* Forward FLOPs: 4·d per allowed (query, key) pair (scores and values), over the local share. */
