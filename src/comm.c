@@ -165,7 +165,10 @@ static void mpi_wait(struct comm_request *r) {
   MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE));
 }
 
-static float *host_alloc(size_t floats) { return mem_alloc(MEM_COMM, sizeof(float) * floats); }
+static float *host_alloc(enum mem_label label, size_t floats) {
+  return mem_alloc(label, sizeof(float) * floats);
+}
+static void host_zero(float *p, size_t floats) { memset(p, 0, sizeof(float) * floats); }
 static void host_free(float *p) { mem_free(p); }
 
 static void host_copy_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
@@ -176,6 +179,11 @@ static void host_copy_rows(float *dst, size_t dst_stride, const float *src, size
 
 static void host_add_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
                           size_t rows, size_t len) {
+  if (rows == 1) { /* one long row (a ring's accumulators): split over the threads */
+#pragma omp parallel for schedule(static) if (len > 65536)
+    for (size_t i = 0; i < len; i++) dst[i] += src[i];
+    return;
+  }
   for (size_t r = 0; r < rows; r++) {
     float *out = dst + r * dst_stride;
     const float *in = src + r * src_stride;
@@ -194,6 +202,7 @@ const struct comm_transport comm_mpi_transport = {
     .wait = mpi_wait,
     .alloc = host_alloc,
     .free = host_free,
+    .zero = host_zero,
     .copy_rows = host_copy_rows,
     .add_rows = host_add_rows,
 };
@@ -202,7 +211,13 @@ static const struct comm_transport *via(const struct comm *c) {
   return c ? c->transport : &comm_mpi_transport;
 }
 
-float *comm_alloc(const struct comm *c, size_t floats) { return via(c)->alloc(floats); }
+float *comm_alloc(const struct comm *c, enum mem_label label, size_t floats) {
+  return via(c)->alloc(label, floats);
+}
+
+void comm_zero(const struct comm *c, float *p, size_t floats) {
+  if (floats) via(c)->zero(p, floats);
+}
 
 void comm_free_buffer(const struct comm *c, float *p) {
   if (p) via(c)->free(p);

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memory.h"
+
 enum comm_scope { COMM_WORLD, COMM_SEQ, COMM_DATA };
 
 struct comm_transport;
@@ -80,10 +82,12 @@ struct comm_transport {
   void (*isendrecv_float)(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r);
   void (*wait)(struct comm_request *r);
-  /* Buffers of the transport's memory (host for MPI, device for NCCL), and the packing that
-   * exchanges do on them: rows of len floats between strided layouts, copied or added. */
-  float *(*alloc)(size_t floats);
+  /* Buffers of the transport's memory (host for MPI, device for NCCL; zeroed, labelled as
+   * memory.c's), and the packing that exchanges do on them: rows of len floats between strided
+   * layouts, copied or added, and zeroing. */
+  float *(*alloc)(enum mem_label label, size_t floats);
   void (*free)(float *p);
+  void (*zero)(float *p, size_t floats);
   void (*copy_rows)(float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t rows,
                     size_t len);
   void (*add_rows)(float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t rows,
@@ -93,8 +97,9 @@ extern const struct comm_transport comm_mpi_transport;
 
 /* The transport's buffers and packing (c may be NULL: one rank, host memory). A halo, a ring or
  * a tree exchange written with these works on whichever memory its transport moves. */
-float *comm_alloc(const struct comm *c, size_t floats);
+float *comm_alloc(const struct comm *c, enum mem_label label, size_t floats);
 void comm_free_buffer(const struct comm *c, float *p);
+void comm_zero(const struct comm *c, float *p, size_t floats);
 void comm_copy_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
                     size_t src_stride, size_t rows, size_t len);
 void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,

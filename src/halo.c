@@ -78,8 +78,8 @@ static void exchange(const struct halo *h, struct comm *c, float *dst, struct si
          *rd = sc + 3 * S;
   layout(S, from, rows, d, sc, sd);
   layout(S, to, rows, d, rc, rd);
-  float *sbuf = comm_alloc(c, sd[S - 1] + sc[S - 1] + 1);
-  float *rbuf = comm_alloc(c, rd[S - 1] + rc[S - 1] + 1);
+  float *sbuf = comm_alloc(c, MEM_COMM, sd[S - 1] + sc[S - 1] + 1);
+  float *rbuf = comm_alloc(c, MEM_COMM, rd[S - 1] + rc[S - 1] + 1);
   for (int r = 0; r < S; r++) {
     const long len = from.b[r] - from.a[r];
     if (len > 0)

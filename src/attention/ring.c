@@ -57,15 +57,15 @@ void ring_move(const struct ring *rg, bool to_zig, int nt, const float *const *s
   }
   memcpy(sfill, sd, sizeof(size_t) * (size_t)S);
   memcpy(rfill, rd, sizeof(size_t) * (size_t)S);
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * 2 * chunk); /* every rank holds two chunks */
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * 2 * chunk);
+  float *sbuf = comm_alloc(rg->cm, MEM_COMM, 2 * chunk); /* every rank holds two chunks */
+  float *rbuf = comm_alloc(rg->cm, MEM_COMM, 2 * chunk);
   for (long j = 0; j < 2L * S; j++) {
     if (chunk_rank(S, j, !to_zig) != me) continue;
     const long p = chunk_place(S, j, !to_zig);
     float *m = sbuf + sfill[chunk_rank(S, j, to_zig)];
-    for (int i = 0; i < nt; i++)
-      for (long row = 0; row < rows[i]; row++, m += c * w[i])
-        memcpy(m, src[i] + (row * 2 * c + p * c) * w[i], sizeof(float) * (size_t)(c * w[i]));
+    for (int i = 0; i < nt; m += rows[i] * c * w[i], i++)
+      comm_copy_rows(rg->cm, m, (size_t)(c * w[i]), src[i] + p * c * w[i], (size_t)(2 * c * w[i]),
+                     (size_t)rows[i], (size_t)(c * w[i]));
     sfill[chunk_rank(S, j, to_zig)] += chunk;
   }
   comm_alltoallv_float(rg->cm, sbuf, sc, sd, rbuf, rc, rd);
@@ -73,13 +73,13 @@ void ring_move(const struct ring *rg, bool to_zig, int nt, const float *const *s
     if (chunk_rank(S, j, to_zig) != me) continue;
     const long p = chunk_place(S, j, to_zig);
     const float *m = rbuf + rfill[chunk_rank(S, j, !to_zig)];
-    for (int i = 0; i < nt; i++)
-      for (long row = 0; row < rows[i]; row++, m += c * w[i])
-        memcpy(dst[i] + (row * 2 * c + p * c) * w[i], m, sizeof(float) * (size_t)(c * w[i]));
+    for (int i = 0; i < nt; m += rows[i] * c * w[i], i++)
+      comm_copy_rows(rg->cm, dst[i] + p * c * w[i], (size_t)(2 * c * w[i]), m, (size_t)(c * w[i]),
+                     (size_t)rows[i], (size_t)(c * w[i]));
     rfill[chunk_rank(S, j, !to_zig)] += chunk;
   }
-  mem_free(sbuf);
-  mem_free(rbuf);
+  comm_free_buffer(rg->cm, sbuf);
+  comm_free_buffer(rg->cm, rbuf);
   free(sc);
 }
 
@@ -109,15 +109,14 @@ static void ring_finish(struct ring_xfer *x) {
   free(x->req);
 }
 
-/* The host-side buffer work of a pass, in one place (a device back end replaces these three):
- * copy, zero, and a += b over n floats. */
-static void ring_copy(float *dst, const float *src, size_t n) {
-  memcpy(dst, src, sizeof(float) * n);
+/* The buffer work of a pass, on the transport's memory (host or device): copy, zero, and
+ * a += b over n floats. */
+static void ring_copy(const struct ring *rg, float *dst, const float *src, size_t n) {
+  comm_copy_rows(rg->cm, dst, n, src, n, 1, n);
 }
-static void ring_zero(float *a, size_t n) { memset(a, 0, sizeof(float) * n); }
-static void ring_add(float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; i++) a[i] += b[i];
+static void ring_zero(const struct ring *rg, float *a, size_t n) { comm_zero(rg->cm, a, n); }
+static void ring_add(const struct ring *rg, float *a, const float *b, size_t n) {
+  comm_add_rows(rg->cm, a, n, b, n, 1, n);
 }
 
 static size_t tensor_floats(const struct ring_tensors *ts, int i, long T) {
@@ -174,8 +173,8 @@ static float *ring_enter(const struct ring *rg, const struct ring_pass *ps, floa
   struct ring_moves m = {0};
   float *zbuf = NULL, *z = NULL;
   if (zig)
-    z = zbuf = mem_alloc(MEM_WORKSPACE, sizeof(float) * (tensors_floats(&ps->stay, rg->T) +
-                                                         tensors_floats(&ps->out, rg->T)));
+    z = zbuf = comm_alloc(rg->cm, MEM_WORKSPACE,
+                          tensors_floats(&ps->stay, rg->T) + tensors_floats(&ps->out, rg->T));
   for (int i = 0; i < ps->stay.n; i++) {
     s->stay[i] = zig ? z : ps->stay_in[i];
     if (!zig) continue;
@@ -190,7 +189,7 @@ static float *ring_enter(const struct ring *rg, const struct ring_pass *ps, floa
     if (zig)
       moves_add(&m, &ps->travel, i, ps->travel_in[i], cur);
     else
-      ring_copy(cur, ps->travel_in[i], tensor_floats(&ps->travel, i, rg->T));
+      ring_copy(rg, cur, ps->travel_in[i], tensor_floats(&ps->travel, i, rg->T));
   if (zig) ring_move(rg, true, m.n, m.src, m.dst, m.rows, m.w);
   return zbuf;
 }
@@ -215,17 +214,17 @@ static void ring_leave(const struct ring *rg, const struct ring_pass *ps, const 
     }
     ring_move(rg, false, m.n, m.src, m.dst, m.rows, m.w);
     for (int i = 0; i < ps->out.n; i++)
-      ring_add(ps->out_io[i], outs[i], tensor_floats(&ps->out, i, rg->T));
+      ring_add(rg, ps->out_io[i], outs[i], tensor_floats(&ps->out, i, rg->T));
   }
   for (int i = 0; i < ps->travel.n; i++)
-    ring_add(ps->dtravel[i], home[i], tensor_floats(&ps->travel, i, rg->T));
+    ring_add(rg, ps->dtravel[i], home[i], tensor_floats(&ps->travel, i, rg->T));
 }
 
 /* At step t rank z folds the travelling tensors of rank z − t in while sending them on to z + 1
  * and receiving those of z − t − 1 (double buffering, so the transfer overlaps the step). */
 void ring_forward(const struct ring *rg, const struct ring_pass *ps) {
   const size_t K = tensors_floats(&ps->travel, rg->T);
-  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 2 * K), *cur = kv, *nxt = kv + K;
+  float *kv = comm_alloc(rg->cm, MEM_COMM, 2 * K), *cur = kv, *nxt = kv + K;
   struct ring_step s = {.rg = rg};
   float *zbuf = ring_enter(rg, ps, cur, &s);
   for (int t = 0; t < rg->S; t++) {
@@ -240,11 +239,11 @@ void ring_forward(const struct ring *rg, const struct ring_pass *ps) {
       nxt = tmp;
     }
   }
-  mem_free(kv);
+  comm_free_buffer(rg->cm, kv);
   if (zbuf) {
     ring_move(rg, false, ps->out.n, (const float *const *)s.out, ps->out_io, ps->out.rows,
               ps->out.w);
-    mem_free(zbuf);
+    comm_free_buffer(rg->cm, zbuf);
   }
 }
 
@@ -255,8 +254,8 @@ void ring_forward(const struct ring *rg, const struct ring_pass *ps) {
  * steps one last pass takes every accumulator home. */
 void ring_backward(const struct ring *rg, const struct ring_pass *ps) {
   const size_t K = tensors_floats(&ps->travel, rg->T);
-  float *kv = mem_alloc(MEM_COMM, sizeof(float) * 2 * K), *cur = kv, *nxt = kv + K;
-  float *acc = mem_alloc(MEM_COMM, sizeof(float) * 3 * K);
+  float *kv = comm_alloc(rg->cm, MEM_COMM, 2 * K), *cur = kv, *nxt = kv + K;
+  float *acc = comm_alloc(rg->cm, MEM_COMM, 3 * K);
   float *part = acc, *done = acc + K, *in = acc + 2 * K;
   struct ring_step s = {.rg = rg};
   float *zbuf = ring_enter(rg, ps, cur, &s);
@@ -264,12 +263,12 @@ void ring_backward(const struct ring *rg, const struct ring_pass *ps) {
     struct ring_xfer xkv = {0}, xacc = {0};
     if (t < rg->S - 1) ring_start(rg, cur, nxt, K, RING_TAG_KV, &xkv);
     if (t > 0) ring_start(rg, done, in, K, RING_TAG_ACC, &xacc);
-    ring_zero(part, K);
+    ring_zero(rg, part, K);
     step_point(rg, ps, t, cur, part, &s);
     ps->step(&s, ps->user);
     if (t > 0) {
       ring_finish(&xacc);
-      ring_add(part, in, K);
+      ring_add(rg, part, in, K);
     }
     if (t < rg->S - 1) {
       ring_finish(&xkv);
@@ -284,8 +283,8 @@ void ring_backward(const struct ring *rg, const struct ring_pass *ps) {
   struct ring_xfer xacc;
   ring_start(rg, done, in, K, RING_TAG_ACC, &xacc); /* home: my travel's gradients in `in` */
   ring_finish(&xacc);
-  mem_free(kv);
+  comm_free_buffer(rg->cm, kv);
   ring_leave(rg, ps, &s, acc, in);
-  mem_free(zbuf);
-  mem_free(acc);
+  comm_free_buffer(rg->cm, zbuf);
+  comm_free_buffer(rg->cm, acc);
 }
