@@ -1,8 +1,11 @@
 // Emulated device memory: one reserved arena, every cudaMalloc its own pages ending at a 64 KiB
-// PROT_NONE gap (the data right-aligned, so one element past the end faults), NaN-filled when
-// fresh, never reused once freed (a use after free faults), and PROT_NONE whenever host code
-// runs: only kernels, copies and library calls open it (device_enter). The SIGSEGV handler turns
-// a fault into a message naming the violation. Memory the code under test owns is never touched.
+// guard gap (the data right-aligned, so one element past the end faults), NaN-filled when fresh,
+// never reused once freed (a use after free faults), and PROT_NONE whenever host code runs: only
+// kernels, copies and library calls open it (device_enter). Where the kernel has guard markers
+// (MADV_GUARD_INSTALL, Linux 6.13) the gaps and freed ranges carry them, so opening and closing
+// is one mprotect of the whole arena; elsewhere one per live allocation. The SIGSEGV handler
+// turns a fault into a message naming the violation. Memory the code under test owns is never
+// touched.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,6 +22,7 @@ namespace {
 
 constexpr size_t kGap = 64 << 10;     // PROT_NONE bytes between allocations
 constexpr unsigned char kCanary = 0xcd;  // fills the bytes before base on its first page
+constexpr int kGuardInstall = 102;       // MADV_GUARD_INSTALL, which older headers lack
 
 char *arena = nullptr;
 size_t arena_bytes = 0;
@@ -29,6 +33,7 @@ std::map<uintptr_t, size_t> pinned;  // cudaMallocHost blocks: base -> size
 size_t in_use = 0, peak = 0;
 unsigned long serial = 0;
 int depth = 0;
+bool guard_markers = false;  // gaps and freed ranges fault even inside an opened range
 
 size_t page() {
   static const size_t p = (size_t)sysconf(_SC_PAGESIZE);
@@ -44,6 +49,8 @@ void reserve_arena() {
       arena = static_cast<char *>(m);
       arena_bytes = bytes;
       next_free = (uintptr_t)arena + kGap;
+      const char *g = getenv("CUDAEMU_GUARD_MARKERS");  // 0: per-allocation mprotect (measuring)
+      guard_markers = !(g && !strcmp(g, "0")) && madvise(arena, kGap, kGuardInstall) == 0;
       return;
     }
   }
@@ -81,6 +88,8 @@ void *device_alloc(size_t bytes) {
   a.size = bytes;
   a.serial = ++serial;
   next_free = a.data_end + kGap;
+  if (guard_markers && madvise(reinterpret_cast<void *>(a.data_end), kGap, kGuardInstall))
+    fatal("MADV_GUARD_INSTALL failed: %s", strerror(errno));
   protect(a.data_begin, a.data_end, PROT_READ | PROT_WRITE);
   std::memset(reinterpret_cast<void *>(a.data_begin), kCanary, a.base - a.data_begin);
   std::memset(reinterpret_cast<void *>(a.base), 0xff, bytes);  // NaN as float and double
@@ -107,8 +116,11 @@ cudaError_t device_free(void *p) {
       fatal("cudaFree(%p): the %zu bytes before allocation #%lu (%zu bytes) were written: a "
             "device write %zu bytes before its start",
             p, (size_t)(a.base - a.data_begin), a.serial, a.size, (size_t)(a.base - b));
-  protect(a.data_begin, a.data_end, PROT_NONE);
-  madvise(reinterpret_cast<void *>(a.data_begin), a.data_end - a.data_begin, MADV_DONTNEED);
+  if (depth == 0 || !guard_markers) protect(a.data_begin, a.data_end, PROT_NONE);
+  // the pages go back to the system; with guard markers they fault even while device memory is
+  // open (cudaFree inside a drain, or CUDAEMU_HOSTCHECK=0)
+  madvise(reinterpret_cast<void *>(a.data_begin), a.data_end - a.data_begin,
+          guard_markers ? kGuardInstall : MADV_DONTNEED);
   a.freed = true;
   live.erase(a.data_begin);
   in_use -= a.size;
@@ -164,8 +176,12 @@ std::string describe_address(const void *p) {
 }
 
 void device_enter() {
-  if (depth++ > 0 || !config().host_check) return;
-  for (auto &kv : live) protect(kv.second->data_begin, kv.second->data_end, PROT_READ | PROT_WRITE);
+  if (depth++ > 0) return;
+  install_fault_handler();
+  if (!config().host_check || !arena) return;
+  if (guard_markers) protect((uintptr_t)arena, next_free, PROT_READ | PROT_WRITE);
+  else
+    for (auto &kv : live) protect(kv.second->data_begin, kv.second->data_end, PROT_READ | PROT_WRITE);
 }
 
 void device_exit() {
@@ -241,16 +257,19 @@ void install_fault_handler() {
     if (!ss.ss_sp || sigaltstack(&ss, nullptr)) fatal("sigaltstack failed");
     altstack = true;
   }
-  static bool installed = false;
-  if (installed) return;
-  struct sigaction sa;
+  // Checked at every entry, not once: a test framework may put its own handler back between
+  // calls (cmocka does, per test), and a fault in device work must reach this one. The handler
+  // found is the one chained to for faults that are not the emulation's.
+  struct sigaction cur, sa;
+  if (sigaction(SIGSEGV, nullptr, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+      cur.sa_sigaction == on_fault)
+    return;
   std::memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_fault;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &previous_segv);
   sigaction(SIGBUS, &sa, &previous_bus);
-  installed = true;
 }
 
 }  // namespace cudaemu

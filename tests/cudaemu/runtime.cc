@@ -15,14 +15,10 @@ namespace cudaemu {
 namespace {
 
 int device = 0;
-bool started = false;
 
 // Every entry point begins here: the fault handler in place, the device count known.
 cudaError_t start() {
-  if (!started) {
-    install_fault_handler();
-    started = true;
-  }
+  install_fault_handler();  // again at every call: see install_fault_handler
   return config().devices > 0 ? cudaSuccess : cudaErrorNoDevice;
 }
 

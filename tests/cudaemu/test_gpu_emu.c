@@ -1,4 +1,4 @@
-/* tests/test_gpu.c, unchanged, run under the CUDA emulation: linked against gpu/*.cu compiled
+/* tests/test_gpu.c, unchanged, run under the CUDA emulation: linked against the gpu/ sources compiled
  * through cu2cc.py and libcudaemu.a instead of nvcc's objects. main() is the one of testutil.h
  * plus a test filter (CUDAEMU_TEST_FILTER, for the mutation check) and a device-memory leak
  * check at the end. It must not change what a test checks. */
@@ -10,6 +10,9 @@ size_t cudaemu_bytes_in_use(void);
 #define TU_MAIN(tests)                                                                      \
   int main(int argc, char **argv) {                                                         \
     MPI_Init(&argc, &argv);                                                                 \
+    int rank_ = 0;                                                                          \
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);                                                  \
+    if (rank_ != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* one TAP stream */    \
     cmocka_set_message_output(CM_OUTPUT_TAP);                                               \
     const char *filter = getenv("CUDAEMU_TEST_FILTER");                                     \
     if (filter && *filter) cmocka_set_test_filter(filter);                                  \
