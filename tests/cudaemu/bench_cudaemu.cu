@@ -77,8 +77,8 @@ int main() {
     for (int i = 0; i < 200; i++) nothing<<<1, 32>>>(d);
     cudaDeviceSynchronize();
     t = now() - t;
-    printf("launch with %5d live allocations: %.1f us (opening and closing device memory)\n",
-           count, t / 200 * 1e6);
+    printf("launch with %5d live allocations: %.1f us (opening and closing device memory)\n", count,
+           t / 200 * 1e6);
   }
   for (void *p : live) cudaFree(p);
   const size_t n = 1 << 22;

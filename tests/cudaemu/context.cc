@@ -99,8 +99,8 @@ void context_init(context *c, int stack, void (*entry)()) {
   // after a call, above a zero return address it must never use.
   uintptr_t top = (uintptr_t)(s.map + page_size() + s.bytes) & ~(uintptr_t)15;
   uint64_t *sp = reinterpret_cast<uint64_t *>(top);
-  *--sp = 0;                    // entry's return address: entry never returns
-  *--sp = (uint64_t)entry;      // cudaemu_switch's ret goes here
+  *--sp = 0;                              // entry's return address: entry never returns
+  *--sp = (uint64_t)entry;                // cudaemu_switch's ret goes here
   for (int r = 0; r < 6; r++) *--sp = 0;  // rbp rbx r12 r13 r14 r15
   uint32_t mxcsr;
   uint16_t fpucw;

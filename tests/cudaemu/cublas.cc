@@ -48,8 +48,8 @@ cublasStatus_t check_shape(const char *fn, cublasHandle_t h, cublasOperation_t t
       (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T && tb != CUBLAS_OP_C))
     return invalid("%s: transa %d, transb %d are no cublasOperation_t", fn, (int)ta, (int)tb);
   if (m < 0 || n < 0 || k < 0 || batch < 0)
-    return invalid("%s: m = %d, n = %d, k = %d, batchCount = %d: none may be negative", fn, m, n,
-                   k, batch);
+    return invalid("%s: m = %d, n = %d, k = %d, batchCount = %d: none may be negative", fn, m, n, k,
+                   batch);
   const int rows_a = ta == CUBLAS_OP_N ? m : k, rows_b = tb == CUBLAS_OP_N ? k : n;
   if (lda < (rows_a > 1 ? rows_a : 1))
     return invalid("%s: lda = %d < max(1, %d), the rows of A as stored (%s)", fn, lda, rows_a,
@@ -70,9 +70,12 @@ gemm_round input_rounding(cublasHandle_t h, cublasComputeType_t ct, bool ex) {
 }
 
 bool elem_of(cudaDataType t, gemm_elem *e) {
-  if (t == CUDA_R_32F) *e = gemm_elem::f32;
-  else if (t == CUDA_R_16BF) *e = gemm_elem::bf16;
-  else return false;
+  if (t == CUDA_R_32F)
+    *e = gemm_elem::f32;
+  else if (t == CUDA_R_16BF)
+    *e = gemm_elem::bf16;
+  else
+    return false;
   return true;
 }
 
@@ -126,7 +129,7 @@ cublasStatus_t cublasCreate(cublasHandle_t *handle) {
 
 cublasStatus_t cublasDestroy(cublasHandle_t h) {
   if (!live(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  drain_all();  // cublasDestroy synchronises the device
+  drain_all();          // cublasDestroy synchronises the device
   h->destroyed = true;  // kept: a later use reports NOT_INITIALIZED instead of reading freed memory
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -177,10 +180,9 @@ cublasStatus_t cublasGetPointerMode(cublasHandle_t h, cublasPointerMode_t *mode)
 
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          cublasOperation_t tb, int m, int n, int k,
-                                         const float *alpha, const float *A, int lda,
-                                         long long sa, const float *B, int ldb, long long sb,
-                                         const float *beta, float *C, int ldc, long long sc,
-                                         int batch) {
+                                         const float *alpha, const float *A, int lda, long long sa,
+                                         const float *B, int ldb, long long sb, const float *beta,
+                                         float *C, int ldc, long long sc, int batch) {
   const char *fn = "cublasSgemmStridedBatched";
   if (cublasStatus_t s = check_shape(fn, h, ta, tb, m, n, k, lda, ldb, ldc, batch)) return s;
   gemm_call g = make_call(ta, tb, m, n, k);
@@ -205,20 +207,23 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
   return enqueue(fn, h, g, alpha, beta);
 }
 
-cublasStatus_t cublasGemmStridedBatchedEx(
-    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-    const void *alpha, const void *A, cudaDataType at, int lda, long long sa, const void *B,
-    cudaDataType bt, int ldb, long long sb, const void *beta, void *C, cudaDataType ct, int ldc,
-    long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t) {
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta,
+                                          cublasOperation_t tb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType at,
+                                          int lda, long long sa, const void *B, cudaDataType bt,
+                                          int ldb, long long sb, const void *beta, void *C,
+                                          cudaDataType ct, int ldc, long long sc, int batch,
+                                          cublasComputeType_t compute, cublasGemmAlgo_t) {
   const char *fn = "cublasGemmEx";
   if (cublasStatus_t s = check_shape(fn, h, ta, tb, m, n, k, lda, ldb, ldc, batch)) return s;
   gemm_elem ea, eb, ec;
   if (compute == CUBLAS_COMPUTE_32F_FAST_16F || compute < CUBLAS_COMPUTE_32F ||
       compute > CUBLAS_COMPUTE_32F_FAST_TF32 || !elem_of(at, &ea) || !elem_of(bt, &eb) ||
       !elem_of(ct, &ec) || ea != eb) {
-    note("%s: types A %d, B %d, C %d with compute type %d are not emulated (fp32 or bf16 "
-         "operands, fp32 compute): CUBLAS_STATUS_NOT_SUPPORTED", fn, (int)at, (int)bt, (int)ct,
-         (int)compute);
+    note(
+        "%s: types A %d, B %d, C %d with compute type %d are not emulated (fp32 or bf16 "
+        "operands, fp32 compute): CUBLAS_STATUS_NOT_SUPPORTED",
+        fn, (int)at, (int)bt, (int)ct, (int)compute);
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   gemm_call g = make_call(ta, tb, m, n, k);
@@ -243,9 +248,8 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
                                    int m, int n, int k, const void *alpha,
                                    const void *const Aarray[], cudaDataType at, int lda,
                                    const void *const Barray[], cudaDataType bt, int ldb,
-                                   const void *beta, void *const Carray[], cudaDataType ct,
-                                   int ldc, int batch, cublasComputeType_t compute,
-                                   cublasGemmAlgo_t) {
+                                   const void *beta, void *const Carray[], cudaDataType ct, int ldc,
+                                   int batch, cublasComputeType_t compute, cublasGemmAlgo_t) {
   const char *fn = "cublasGemmBatchedEx";
   if (cublasStatus_t s = check_shape(fn, h, ta, tb, m, n, k, lda, ldb, ldc, batch)) return s;
   gemm_elem ea, eb, ec;
@@ -271,7 +275,8 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
 const char *cublasGetStatusName(cublasStatus_t s) {
   switch (s) {
 #define NAME(x) \
-  case x: return #x;
+  case x:       \
+    return #x;
     NAME(CUBLAS_STATUS_SUCCESS)
     NAME(CUBLAS_STATUS_NOT_INITIALIZED)
     NAME(CUBLAS_STATUS_ALLOC_FAILED)
@@ -289,16 +294,26 @@ const char *cublasGetStatusName(cublasStatus_t s) {
 
 const char *cublasGetStatusString(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "success";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "error detected trying to check the license";
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "an absent device architectural feature is required";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "an access to GPU memory space failed";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "error detected trying to check the license";
   }
   return "unknown error";
 }

@@ -36,7 +36,8 @@ namespace {
 
 cublasStatus_t refuse(cublasStatus_t s, const char *what) {
   note("cublasLt: %s: %s", what,
-       s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED" : "CUBLAS_STATUS_INVALID_VALUE");
+       s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED"
+                                        : "CUBLAS_STATUS_INVALID_VALUE");
   return s;
 }
 
@@ -48,9 +49,12 @@ bool read_attr(const void *buf, size_t size, T *out) {
 }
 
 bool elem(cudaDataType t, gemm_elem *e) {
-  if (t == CUDA_R_32F) *e = gemm_elem::f32;
-  else if (t == CUDA_R_16BF) *e = gemm_elem::bf16;
-  else return false;
+  if (t == CUDA_R_32F)
+    *e = gemm_elem::f32;
+  else if (t == CUDA_R_16BF)
+    *e = gemm_elem::bf16;
+  else
+    return false;
   return true;
 }
 
@@ -59,13 +63,16 @@ cublasStatus_t check_shapes(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
                             cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
                             cublasLtMatrixLayout_t D) {
   const uint64_t m = D->rows, n = D->cols;
-  const uint64_t am = d->ta == CUBLAS_OP_N ? A->rows : A->cols, ak = d->ta == CUBLAS_OP_N ? A->cols : A->rows;
-  const uint64_t bk = d->tb == CUBLAS_OP_N ? B->rows : B->cols, bn = d->tb == CUBLAS_OP_N ? B->cols : B->rows;
+  const uint64_t am = d->ta == CUBLAS_OP_N ? A->rows : A->cols,
+                 ak = d->ta == CUBLAS_OP_N ? A->cols : A->rows;
+  const uint64_t bk = d->tb == CUBLAS_OP_N ? B->rows : B->cols,
+                 bn = d->tb == CUBLAS_OP_N ? B->cols : B->rows;
   if (am != m || bn != n || ak != bk || C->rows != m || C->cols != n)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: the layouts' shapes do not agree");
   for (cublasLtMatrixLayout_t l : {A, B, C, D})
     if (l->ld < (int64_t)(l->rows > 1 ? l->rows : 1) || l->rows > INT32_MAX || l->cols > INT32_MAX)
-      return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: a leading dimension below the rows");
+      return refuse(CUBLAS_STATUS_INVALID_VALUE,
+                    "cublasLtMatmul: a leading dimension below the rows");
   if (A->batch != D->batch || B->batch != D->batch || C->batch != D->batch || D->batch < 1)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: batch counts differ");
   return CUBLAS_STATUS_SUCCESS;
@@ -114,8 +121,8 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
-                                              cublasLtMatmulDescAttributes_t attr,
-                                              const void *buf, size_t size) {
+                                              cublasLtMatmulDescAttributes_t attr, const void *buf,
+                                              size_t size) {
   if (!d) return CUBLAS_STATUS_INVALID_VALUE;
   int32_t i32 = 0;
   uint32_t u32 = 0;
@@ -184,8 +191,9 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
                  : refuse(CUBLAS_STATUS_INVALID_VALUE, "STRIDED_BATCH_OFFSET");
     case CUBLASLT_MATRIX_LAYOUT_ORDER:
       if (!read_attr(buf, size, &i32)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "ORDER");
-      return i32 == CUBLASLT_ORDER_COL ? CUBLAS_STATUS_SUCCESS
-                                       : refuse(CUBLAS_STATUS_NOT_SUPPORTED, "ORDER other than COL");
+      return i32 == CUBLASLT_ORDER_COL
+                 ? CUBLAS_STATUS_SUCCESS
+                 : refuse(CUBLAS_STATUS_NOT_SUPPORTED, "ORDER other than COL");
     case CUBLASLT_MATRIX_LAYOUT_LD:
       return read_attr(buf, size, &l->ld) ? CUBLAS_STATUS_SUCCESS
                                           : refuse(CUBLAS_STATUS_INVALID_VALUE, "LD");
@@ -217,7 +225,8 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void *buf, size_t size) {
-  if (!p || attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || !read_attr(buf, size, &p->workspace))
+  if (!p || attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ||
+      !read_attr(buf, size, &p->workspace))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceSetAttribute");
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -267,9 +276,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
   g.d = {D, ed, (int)Dl->ld, Dl->stride};
   std::memcpy(&g.alpha, alpha, 4);
   std::memcpy(&g.beta, beta, 4);
-  g.round = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? gemm_round::tf32
+  g.round = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32   ? gemm_round::tf32
             : d->compute == CUBLAS_COMPUTE_32F_FAST_16BF ? gemm_round::bf16
-                                                          : gemm_round::none;
+                                                         : gemm_round::none;
   if (ea != gemm_elem::f32) g.round = gemm_round::none;
   if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) g.bias = d->bias, g.bias_type = ebias;
   gemm_check_extents(g);

@@ -22,10 +22,10 @@ extern "C" {  // cmocka 1.1's header declares C functions without saying so
 extern "C" size_t cudaemu_bytes_in_use(void);
 extern "C" size_t cudaemu_bytes_peak(void);
 
-#define CUDA_OK(call)                                                                    \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) fail_msg("%s failed: %s", #call, cudaGetErrorString(e_));     \
+#define CUDA_OK(call)                                                                \
+  do {                                                                               \
+    const cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) fail_msg("%s failed: %s", #call, cudaGetErrorString(e_)); \
   } while (0)
 
 // A fresh device array of n elements (NaN-filled by the emulation).
@@ -62,9 +62,9 @@ inline const char *env_or(const char *name, const char *dflt) {
   return v && *v ? v : dflt;
 }
 
-#define EMU_MAIN(tests)                                   \
-  int main(void) {                                        \
-    cmocka_set_message_output(CM_OUTPUT_TAP);             \
+#define EMU_MAIN(tests)                                     \
+  int main(void) {                                          \
+    cmocka_set_message_output(CM_OUTPUT_TAP);               \
     return cmocka_run_group_tests(tests, nullptr, nullptr); \
   }
 

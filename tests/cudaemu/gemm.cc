@@ -54,14 +54,15 @@ void check_one(const char *fn, const char *what, const void *p, gemm_elem e, int
   const char *first = offset(p, e, lo);
   const size_t bytes = (size_t)(hi - lo) * elem_size(e);
   if (!device_range(first, bytes, true))
-    fatal("%s: %s (%d x %d, ld %d%s) spans %zu bytes from %p, which is not inside one device "
-          "allocation: %s. On the GPU the GEMM faults (cudaErrorIllegalAddress)",
-          fn, what, rows, cols, ld, batch > 1 ? ", batched" : "", bytes, (const void *)first,
-          describe_address(first + bytes - 1).c_str());
+    fatal(
+        "%s: %s (%d x %d, ld %d%s) spans %zu bytes from %p, which is not inside one device "
+        "allocation: %s. On the GPU the GEMM faults (cudaErrorIllegalAddress)",
+        fn, what, rows, cols, ld, batch > 1 ? ", batched" : "", bytes, (const void *)first,
+        describe_address(first + bytes - 1).c_str());
 }
 
-void one_gemm(const gemm_call &g, const void *A, const void *B, const void *C, void *D,
-              float alpha, float beta) {
+void one_gemm(const gemm_call &g, const void *A, const void *B, const void *C, void *D, float alpha,
+              float beta) {
   const int m = g.m, n = g.n, k = g.k;
   const gemm_matrix &dm = g.d.p ? g.d : g.c;
   const bool direct = !g.d.p && g.c.type == gemm_elem::f32 && !g.bias;
@@ -100,8 +101,10 @@ void one_gemm(const gemm_call &g, const void *A, const void *B, const void *C, v
       float x = W[(size_t)j * m + i];
       if (g.bias) x += load(g.bias, g.bias_type, (size_t)i);
       const size_t at = (size_t)j * dm.ld + i;
-      if (dm.type == gemm_elem::f32) static_cast<float *>(D)[at] = x;
-      else static_cast<uint16_t *>(D)[at] = float_to_bf16_rn(x);
+      if (dm.type == gemm_elem::f32)
+        static_cast<float *>(D)[at] = x;
+      else
+        static_cast<uint16_t *>(D)[at] = float_to_bf16_rn(x);
     }
 }
 

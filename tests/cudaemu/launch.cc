@@ -21,8 +21,8 @@ cudaError_t check_config(const launch_site &site, const void *func, const launch
   if (b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024)
     return fail(cudaErrorInvalidConfiguration,
                 "launch of %s at %s:%d: block (%u,%u,%u) exceeds sm_90's 1024 threads per block "
-                "(dimensions at most 1024, 1024, 64)", site.name, site.file, site.line, b.x, b.y,
-                b.z);
+                "(dimensions at most 1024, 1024, 64)",
+                site.name, site.file, site.line, b.x, b.y, b.z);
   if (g.x > 2147483647u || g.y > 65535 || g.z > 65535)
     return fail(cudaErrorInvalidConfiguration,
                 "launch of %s at %s:%d: grid (%u,%u,%u) exceeds (2^31 - 1, 65535, 65535)",
@@ -33,7 +33,8 @@ cudaError_t check_config(const launch_site &site, const void *func, const launch
   if (c.smem > limit || c.smem + stat > kOptinSmemMax)
     return fail(cudaErrorInvalidValue,
                 "launch of %s at %s:%d: %zu bytes of dynamic shared memory (with %zu static) "
-                "exceed the %zu allowed%s", site.name, site.file, site.line, c.smem, stat, limit,
+                "exceed the %zu allowed%s",
+                site.name, site.file, site.line, c.smem, stat, limit,
                 attr >= 0 ? "" : " without cudaFuncAttributeMaxDynamicSharedMemorySize");
   if (!valid_stream(c.stream))
     return fail(cudaErrorInvalidResourceHandle, "launch of %s at %s:%d: no such stream %p",
@@ -48,14 +49,22 @@ void check_pointers(const launch_site &site, const void *const *ptrs, const bool
     switch (classify(ptrs[i])) {
       case ptr_kind::null:
       case ptr_kind::device:
-      case ptr_kind::pinned: continue;
-      case ptr_kind::device_freed: why = "points into freed device memory"; break;
-      case ptr_kind::device_gap: why = "points outside every device allocation"; break;
-      case ptr_kind::host: why = "is a host pointer"; break;
+      case ptr_kind::pinned:
+        continue;
+      case ptr_kind::device_freed:
+        why = "points into freed device memory";
+        break;
+      case ptr_kind::device_gap:
+        why = "points outside every device allocation";
+        break;
+      case ptr_kind::host:
+        why = "is a host pointer";
+        break;
     }
-    fatal("launch of %s at %s:%d: argument %d %s (%s); on the GPU the kernel faults with "
-          "cudaErrorIllegalAddress", site.name, site.file, site.line, i + 1, why,
-          describe_address(ptrs[i]).c_str());
+    fatal(
+        "launch of %s at %s:%d: argument %d %s (%s); on the GPU the kernel faults with "
+        "cudaErrorIllegalAddress",
+        site.name, site.file, site.line, i + 1, why, describe_address(ptrs[i]).c_str());
   }
 }
 

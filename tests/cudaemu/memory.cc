@@ -20,7 +20,7 @@
 namespace cudaemu {
 namespace {
 
-constexpr size_t kGap = 64 << 10;     // PROT_NONE bytes between allocations
+constexpr size_t kGap = 64 << 10;        // PROT_NONE bytes between allocations
 constexpr unsigned char kCanary = 0xcd;  // fills the bytes before base on its first page
 constexpr int kGuardInstall = 102;       // MADV_GUARD_INSTALL, which older headers lack
 
@@ -113,9 +113,10 @@ cudaError_t device_free(void *p) {
   if (depth == 0 && config().host_check) protect(a.data_begin, a.data_end, PROT_READ);
   for (uintptr_t b = a.data_begin; b < a.base; b++)
     if (*reinterpret_cast<const unsigned char *>(b) != kCanary)
-      fatal("cudaFree(%p): the %zu bytes before allocation #%lu (%zu bytes) were written: a "
-            "device write %zu bytes before its start",
-            p, (size_t)(a.base - a.data_begin), a.serial, a.size, (size_t)(a.base - b));
+      fatal(
+          "cudaFree(%p): the %zu bytes before allocation #%lu (%zu bytes) were written: a "
+          "device write %zu bytes before its start",
+          p, (size_t)(a.base - a.data_begin), a.serial, a.size, (size_t)(a.base - b));
   if (depth == 0 || !guard_markers) protect(a.data_begin, a.data_end, PROT_NONE);
   // the pages go back to the system; with guard markers they fault even while device memory is
   // open (cudaFree inside a drain, or CUDAEMU_HOSTCHECK=0)
@@ -143,9 +144,12 @@ ptr_kind classify(const void *p, const allocation **out) {
 bool device_range(const void *p, size_t n, bool pinned_ok) {
   const allocation *a = nullptr;
   switch (classify(p, &a)) {
-    case ptr_kind::device: return (uintptr_t)p + n <= a->base + a->size;
-    case ptr_kind::pinned: return pinned_ok && is_pinned(p, n);
-    default: return false;
+    case ptr_kind::device:
+      return (uintptr_t)p + n <= a->base + a->size;
+    case ptr_kind::pinned:
+      return pinned_ok && is_pinned(p, n);
+    default:
+      return false;
   }
 }
 
@@ -161,12 +165,15 @@ std::string describe_address(const void *p) {
   } else {
     const char *state = a->freed ? "freed " : "";
     if (u < a->base)
-      snprintf(buf, sizeof buf, "%p is %zu bytes before the start of %sallocation #%lu (%zu "
-               "bytes at %p)", p, (size_t)(a->base - u), state, a->serial, a->size,
-               (void *)a->base);
+      snprintf(buf, sizeof buf,
+               "%p is %zu bytes before the start of %sallocation #%lu (%zu "
+               "bytes at %p)",
+               p, (size_t)(a->base - u), state, a->serial, a->size, (void *)a->base);
     else if (u >= a->base + a->size)
-      snprintf(buf, sizeof buf, "%p is byte %zu of %sallocation #%lu (%zu bytes at %p): past its "
-               "end", p, (size_t)(u - a->base), state, a->serial, a->size, (void *)a->base);
+      snprintf(buf, sizeof buf,
+               "%p is byte %zu of %sallocation #%lu (%zu bytes at %p): past its "
+               "end",
+               p, (size_t)(u - a->base), state, a->serial, a->size, (void *)a->base);
     else
       snprintf(buf, sizeof buf, "%p is byte %zu of %sallocation #%lu (%zu bytes at %p)%s", p,
                (size_t)(u - a->base), state, a->serial, a->size, (void *)a->base,
@@ -179,9 +186,11 @@ void device_enter() {
   if (depth++ > 0) return;
   install_fault_handler();
   if (!config().host_check || !arena) return;
-  if (guard_markers) protect((uintptr_t)arena, next_free, PROT_READ | PROT_WRITE);
+  if (guard_markers)
+    protect((uintptr_t)arena, next_free, PROT_READ | PROT_WRITE);
   else
-    for (auto &kv : live) protect(kv.second->data_begin, kv.second->data_end, PROT_READ | PROT_WRITE);
+    for (auto &kv : live)
+      protect(kv.second->data_begin, kv.second->data_end, PROT_READ | PROT_WRITE);
 }
 
 void device_exit() {
@@ -234,8 +243,10 @@ void on_fault(int sig, siginfo_t *si, void *) {
   if (describe_shared(p, where, sizeof where)) fatal("%s in %s", where, kernel_label().c_str());
   if (in_arena(p)) {
     if (!device_running())
-      fatal("host code accessed device memory: %s. Device memory is open only to kernels, "
-            "copies and library calls", describe_address(p).c_str());
+      fatal(
+          "host code accessed device memory: %s. Device memory is open only to kernels, "
+          "copies and library calls",
+          describe_address(p).c_str());
     fatal("illegal device memory access in %s: %s", activity(), describe_address(p).c_str());
   }
   if (device_running() && kernel_running())

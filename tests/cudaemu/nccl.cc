@@ -28,7 +28,7 @@ namespace cudaemu {
 namespace {
 
 constexpr uint64_t kMagic = 0x4e43434c454d5531ull;  // "NCCLEMU1"
-constexpr int kTagBase = 32000;                      // MPI guarantees tags up to 32767
+constexpr int kTagBase = 32000;                     // MPI guarantees tags up to 32767
 
 struct id_contents {
   uint64_t magic;
@@ -75,26 +75,46 @@ ncclResult_t error(ncclResult_t r, ncclComm_t comm, const char *fmt, ...) {
 
 size_t type_size(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
   }
   return 0;
 }
 
 MPI_Datatype mpi_type(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: return MPI_INT8_T;
-    case ncclUint8: return MPI_UINT8_T;
-    case ncclInt32: return MPI_INT32_T;
-    case ncclUint32: return MPI_UINT32_T;
-    case ncclInt64: return MPI_INT64_T;
-    case ncclUint64: return MPI_UINT64_T;
-    case ncclFloat32: return MPI_FLOAT;
-    case ncclFloat64: return MPI_DOUBLE;
-    case ncclBfloat16: return MPI_UINT16_T;
-    default: return MPI_DATATYPE_NULL;
+    case ncclInt8:
+      return MPI_INT8_T;
+    case ncclUint8:
+      return MPI_UINT8_T;
+    case ncclInt32:
+      return MPI_INT32_T;
+    case ncclUint32:
+      return MPI_UINT32_T;
+    case ncclInt64:
+      return MPI_INT64_T;
+    case ncclUint64:
+      return MPI_UINT64_T;
+    case ncclFloat32:
+      return MPI_FLOAT;
+    case ncclFloat64:
+      return MPI_DOUBLE;
+    case ncclBfloat16:
+      return MPI_UINT16_T;
+    default:
+      return MPI_DATATYPE_NULL;
   }
 }
 
@@ -121,30 +141,52 @@ MPI_Op mpi_op(ncclRedOp_t r, ncclDataType_t t) {
     return ops[i];
   }
   switch (r) {
-    case ncclSum: case ncclAvg: return MPI_SUM;
-    case ncclProd: return MPI_PROD;
-    case ncclMax: return MPI_MAX;
-    case ncclMin: return MPI_MIN;
+    case ncclSum:
+    case ncclAvg:
+      return MPI_SUM;
+    case ncclProd:
+      return MPI_PROD;
+    case ncclMax:
+      return MPI_MAX;
+    case ncclMin:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
 
 void divide(void *buf, size_t count, ncclDataType_t t, int n) {
   for (size_t i = 0; i < count; i++) switch (t) {
-      case ncclFloat32: static_cast<float *>(buf)[i] /= (float)n; break;
-      case ncclFloat64: static_cast<double *>(buf)[i] /= n; break;
-      case ncclInt32: static_cast<int32_t *>(buf)[i] /= n; break;
-      case ncclUint32: static_cast<uint32_t *>(buf)[i] /= (uint32_t)n; break;
-      case ncclInt64: static_cast<int64_t *>(buf)[i] /= n; break;
-      case ncclUint64: static_cast<uint64_t *>(buf)[i] /= (uint64_t)n; break;
-      case ncclInt8: static_cast<int8_t *>(buf)[i] /= n; break;
-      case ncclUint8: static_cast<uint8_t *>(buf)[i] /= n; break;
+      case ncclFloat32:
+        static_cast<float *>(buf)[i] /= (float)n;
+        break;
+      case ncclFloat64:
+        static_cast<double *>(buf)[i] /= n;
+        break;
+      case ncclInt32:
+        static_cast<int32_t *>(buf)[i] /= n;
+        break;
+      case ncclUint32:
+        static_cast<uint32_t *>(buf)[i] /= (uint32_t)n;
+        break;
+      case ncclInt64:
+        static_cast<int64_t *>(buf)[i] /= n;
+        break;
+      case ncclUint64:
+        static_cast<uint64_t *>(buf)[i] /= (uint64_t)n;
+        break;
+      case ncclInt8:
+        static_cast<int8_t *>(buf)[i] /= n;
+        break;
+      case ncclUint8:
+        static_cast<uint8_t *>(buf)[i] /= n;
+        break;
       case ncclBfloat16: {
         uint16_t *h = static_cast<uint16_t *>(buf);
         h[i] = float_to_bf16_rn(bf16_to_float(h[i]) / (float)n);
         break;
       }
-      default: break;
+      default:
+        break;
     }
 }
 
@@ -169,11 +211,13 @@ void run_collective(const op &o) {
       }
       break;
     case op::broadcast:
-      if (me == o.peer && o.send_buf != o.recv_buf) std::memcpy(o.recv_buf, o.send_buf, o.count * sz);
+      if (me == o.peer && o.send_buf != o.recv_buf)
+        std::memcpy(o.recv_buf, o.send_buf, o.count * sz);
       MPI_Bcast(o.recv_buf, cnt, t, o.peer, c);
       break;
     case op::allgather: {
-      const bool in_place = o.send_buf == static_cast<char *>(o.recv_buf) + (size_t)me * o.count * sz;
+      const bool in_place =
+          o.send_buf == static_cast<char *>(o.recv_buf) + (size_t)me * o.count * sz;
       MPI_Allgather(in_place ? MPI_IN_PLACE : o.send_buf, cnt, t, o.recv_buf, cnt, t, c);
       break;
     }
@@ -185,7 +229,8 @@ void run_collective(const op &o) {
       if (o.red == ncclAvg) divide(o.recv_buf, o.count, o.type, n);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -196,8 +241,10 @@ void run_ops(const std::vector<op> &ops) {
     if (o.kind != op::send && o.kind != op::recv) continue;
     MPI_Request r;
     const int cnt = (int)(o.count * type_size(o.type));
-    if (o.kind == op::send) MPI_Isend(o.send_buf, cnt, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
-    else MPI_Irecv(o.recv_buf, cnt, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
+    if (o.kind == op::send)
+      MPI_Isend(o.send_buf, cnt, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
+    else
+      MPI_Irecv(o.recv_buf, cnt, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
     reqs.push_back(r);
   }
   for (const op &o : ops)
@@ -206,8 +253,8 @@ void run_ops(const std::vector<op> &ops) {
 }
 
 const char *op_name(op::kind_t k) {
-  static const char *names[] = {"ncclAllReduce", "ncclReduce", "ncclBroadcast", "ncclAllGather",
-                                "ncclReduceScatter", "ncclSend", "ncclRecv"};
+  static const char *names[] = {"ncclAllReduce",     "ncclReduce", "ncclBroadcast", "ncclAllGather",
+                                "ncclReduceScatter", "ncclSend",   "ncclRecv"};
   return names[k];
 }
 
@@ -232,7 +279,8 @@ ncclResult_t check_and_queue(const op &o, size_t send_elems, size_t recv_elems) 
   if ((unsigned)o.red > ncclAvg)
     return error(ncclInvalidArgument, o.comm, "%s: reduction %d", fn, (int)o.red);
   if ((o.kind == op::reduce || o.kind == op::broadcast || o.kind == op::send ||
-       o.kind == op::recv) && (o.peer < 0 || o.peer >= o.comm->nranks))
+       o.kind == op::recv) &&
+      (o.peer < 0 || o.peer >= o.comm->nranks))
     return error(ncclInvalidArgument, o.comm, "%s: rank %d outside the communicator of %d", fn,
                  o.peer, o.comm->nranks);
   if (!valid_stream(o.stream))
@@ -243,11 +291,15 @@ ncclResult_t check_and_queue(const op &o, size_t send_elems, size_t recv_elems) 
                  "%s: a buffer is not device memory of the size the call needs (%s; %s)", fn,
                  describe_address(o.send_buf).c_str(), describe_address(o.recv_buf).c_str());
   if (o.count > (size_t)INT32_MAX)
-    return error(ncclInvalidArgument, o.comm, "%s: count %zu exceeds what the emulation's MPI "
-                 "calls take", fn, o.count);
+    return error(ncclInvalidArgument, o.comm,
+                 "%s: count %zu exceeds what the emulation's MPI "
+                 "calls take",
+                 fn, o.count);
   trace("%s count=%zu", fn, o.count);
-  if (group_depth > 0) group_ops.push_back(o);
-  else enqueue({o});
+  if (group_depth > 0)
+    group_ops.push_back(o);
+  else
+    enqueue({o});
   return ncclSuccess;
 }
 
@@ -278,11 +330,13 @@ std::vector<int> root_gather(const member &me, int nranks, int tag) {
   }
   for (int a = 0; a < nranks && !reply[0]; a++)
     for (int b = 0; b < a && !reply[0]; b++)
-      if (all[(size_t)a].device == all[(size_t)b].device && !strcmp(all[(size_t)a].host, all[(size_t)b].host))
+      if (all[(size_t)a].device == all[(size_t)b].device &&
+          !strcmp(all[(size_t)a].host, all[(size_t)b].host))
         reply[0] = 1, reply[1] = a, reply[2] = b;
   for (int r = 0; r < nranks; r++) reply[(size_t)r + 3] = all[(size_t)r].world;
   for (int w : from)
-    if (w != me.world) MPI_Send(reply.data(), (int)reply.size(), MPI_INT, w, tag + 1, MPI_COMM_WORLD);
+    if (w != me.world)
+      MPI_Send(reply.data(), (int)reply.size(), MPI_INT, w, tag + 1, MPI_COMM_WORLD);
   return reply;
 }
 
@@ -384,15 +438,24 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device) {
 
 const char *ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -400,8 +463,8 @@ const char *ncclGetLastError(ncclComm_t comm) {
   return comm ? comm->last_error.c_str() : cudaemu::last_error.c_str();
 }
 
-ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t t,
-                           ncclRedOp_t red, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t red,
+                           ncclComm_t comm, cudaStream_t stream) {
   return check_and_queue({op::allreduce, comm, s, r, count, t, red, 0, stream}, count, count);
 }
 
@@ -419,8 +482,8 @@ ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, ncclDataType_t 
                          at_root ? count : 0, count);
 }
 
-ncclResult_t ncclAllGather(const void *s, void *r, size_t count, ncclDataType_t t,
-                           ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAllGather(const void *s, void *r, size_t count, ncclDataType_t t, ncclComm_t comm,
+                           cudaStream_t stream) {
   const size_t n = comm ? (size_t)comm->nranks : 0;
   return check_and_queue({op::allgather, comm, s, r, count, t, ncclSum, 0, stream}, count,
                          count * n);

@@ -49,24 +49,34 @@ long parse_long(const char *var, long lo, long hi, long dflt) {
 settings read_settings() {
   settings s;
   if (const char *v = getenv("CUDAEMU_ORDER"); v && *v) {
-    if (!strcmp(v, "index")) s.order = order_kind::index;
-    else if (!strcmp(v, "reverse")) s.order = order_kind::reverse;
-    else if (parse_seeded(v, "shuffle", &s.seed)) s.order = order_kind::shuffle;
-    else bad_setting("CUDAEMU_ORDER", v, "index, reverse or shuffle[:SEED]");
+    if (!strcmp(v, "index"))
+      s.order = order_kind::index;
+    else if (!strcmp(v, "reverse"))
+      s.order = order_kind::reverse;
+    else if (parse_seeded(v, "shuffle", &s.seed))
+      s.order = order_kind::shuffle;
+    else
+      bad_setting("CUDAEMU_ORDER", v, "index, reverse or shuffle[:SEED]");
   }
   if (const char *v = getenv("CUDAEMU_DEFER"); v && *v) {
-    if (!strcmp(v, "0")) s.defer = defer_kind::immediate;
-    else if (!strcmp(v, "1") || !strcmp(v, "last")) s.defer = defer_kind::last_first;
-    else if (parse_seeded(v, "shuffle", &s.defer_seed)) s.defer = defer_kind::shuffle;
-    else bad_setting("CUDAEMU_DEFER", v, "0, 1 (= last) or shuffle[:SEED]");
+    if (!strcmp(v, "0"))
+      s.defer = defer_kind::immediate;
+    else if (!strcmp(v, "1") || !strcmp(v, "last"))
+      s.defer = defer_kind::last_first;
+    else if (parse_seeded(v, "shuffle", &s.defer_seed))
+      s.defer = defer_kind::shuffle;
+    else
+      bad_setting("CUDAEMU_DEFER", v, "0, 1 (= last) or shuffle[:SEED]");
   }
   s.devices = (int)parse_long("CUDAEMU_DEVICES", 0, 64, 1);
   s.stack_bytes = (size_t)parse_long("CUDAEMU_STACK_KB", 16, 1 << 20, 256) << 10;
   s.host_check = parse_long("CUDAEMU_HOSTCHECK", 0, 1, 1) != 0;
   s.trace = parse_long("CUDAEMU_TRACE", 0, 1, 0) != 0;
   if (const char *v = getenv("CUDAEMU_PAGEABLE"); v && *v) {
-    if (!strcmp(v, "pinned")) s.pinned_all = true;
-    else if (strcmp(v, "pageable")) bad_setting("CUDAEMU_PAGEABLE", v, "pageable or pinned");
+    if (!strcmp(v, "pinned"))
+      s.pinned_all = true;
+    else if (strcmp(v, "pageable"))
+      bad_setting("CUDAEMU_PAGEABLE", v, "pageable or pinned");
   }
   // an H100 has 80 GB; the emulation gives at most half the machine's memory
   struct sysinfo si;
@@ -88,8 +98,10 @@ void vprint(const char *fmt, va_list ap) {
   const char *rank = getenv("OMPI_COMM_WORLD_RANK");
   if (!rank) rank = getenv("PMI_RANK");
   const char *size = getenv("OMPI_COMM_WORLD_SIZE");
-  if (rank && size && strcmp(size, "1") != 0) fprintf(stderr, "cudaemu (rank %s): %s\n", rank, msg);
-  else fprintf(stderr, "cudaemu: %s\n", msg);
+  if (rank && size && strcmp(size, "1") != 0)
+    fprintf(stderr, "cudaemu (rank %s): %s\n", rank, msg);
+  else
+    fprintf(stderr, "cudaemu: %s\n", msg);
   fflush(stderr);
 }
 
@@ -102,9 +114,12 @@ const settings &config() {
 
 const char *order_name() {
   switch (config().order) {
-    case order_kind::index: return "index";
-    case order_kind::reverse: return "reverse";
-    case order_kind::shuffle: return "shuffle";
+    case order_kind::index:
+      return "index";
+    case order_kind::reverse:
+      return "reverse";
+    case order_kind::shuffle:
+      return "shuffle";
   }
   return "?";
 }

@@ -22,13 +22,13 @@ cudaError_t start() {
   return config().devices > 0 ? cudaSuccess : cudaErrorNoDevice;
 }
 
-#define START()                                        \
-  do {                                                 \
-    const cudaError_t s_ = start();                    \
-    if (s_ != cudaSuccess) {                           \
-      set_last_error(s_);                              \
-      return s_;                                       \
-    }                                                  \
+#define START()                     \
+  do {                              \
+    const cudaError_t s_ = start(); \
+    if (s_ != cudaSuccess) {        \
+      set_last_error(s_);           \
+      return s_;                    \
+    }                               \
   } while (0)
 
 bool host_side(const void *p) {
@@ -37,8 +37,7 @@ bool host_side(const void *p) {
 }
 
 // The direction of a copy, checked against where the pointers point (UVA, as CUDA does).
-cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind *kind,
-                       const char *fn) {
+cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind *kind, const char *fn) {
   if (*kind == cudaMemcpyDefault)
     *kind = host_side(src) ? (host_side(dst) ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                            : (host_side(dst) ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
@@ -103,8 +102,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
   if (d < 0 || d >= config().devices)
     return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties(%d): no such device", d);
   std::memset(p, 0, sizeof *p);
-  snprintf(p->name, sizeof p->name, "cudaemu H100 (emulated on the CPU, %s order)",
-           order_name());
+  snprintf(p->name, sizeof p->name, "cudaemu H100 (emulated on the CPU, %s order)", order_name());
   p->totalGlobalMem = config().capacity;
   p->sharedMemPerBlock = kDefaultSmemMax;
   p->sharedMemPerBlockOptin = kOptinSmemMax;
@@ -141,7 +139,8 @@ cudaError_t cudaMalloc(void **p, size_t size) {
   if (!*p)
     return fail(cudaErrorMemoryAllocation,
                 "cudaMalloc(%zu): out of emulated device memory (%zu of %zu bytes in use; "
-                "CUDAEMU_MEMORY_GB)", size, bytes_in_use(), config().capacity);
+                "CUDAEMU_MEMORY_GB)",
+                size, bytes_in_use(), config().capacity);
   trace("cudaMalloc(%zu) = %p", size, *p);
   return cudaSuccess;
 }
@@ -241,7 +240,8 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
   if (value < 0 || (size_t)value + stat > kOptinSmemMax)
     return fail(cudaErrorInvalidValue,
                 "cudaFuncSetAttribute: %d bytes of dynamic shared memory (+ %zu static) exceed "
-                "sm_90's %zu", value, stat, kOptinSmemMax);
+                "sm_90's %zu",
+                value, stat, kOptinSmemMax);
   set_max_dynamic_smem(func, value);
   return cudaSuccess;
 }
@@ -249,7 +249,8 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
 const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
 #define NAME(x) \
-  case x: return #x;
+  case x:       \
+    return #x;
     NAME(cudaSuccess)
     NAME(cudaErrorInvalidValue)
     NAME(cudaErrorMemoryAllocation)
@@ -274,23 +275,40 @@ const char *cudaGetErrorName(cudaError_t e) {
 
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorNotSupported: return "operation not supported";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInitializationError:
+      return "initialization error";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    default:
+      return "unknown error";
   }
 }
 

@@ -99,17 +99,30 @@ std::string who_waits() {
     const thread_rec &t = B.threads[(size_t)i];
     std::string where;
     switch (t.state) {
-      case tstate::exited: where = "exited"; break;
-      case tstate::barrier: where = "wait at __syncthreads " + site(t.file, t.line); break;
-      case tstate::warp: where = "wait at a warp primitive " + site(t.file, t.line); break;
-      case tstate::runnable: where = "are runnable"; break;
+      case tstate::exited:
+        where = "exited";
+        break;
+      case tstate::barrier:
+        where = "wait at __syncthreads " + site(t.file, t.line);
+        break;
+      case tstate::warp:
+        where = "wait at a warp primitive " + site(t.file, t.line);
+        break;
+      case tstate::runnable:
+        where = "are runnable";
+        break;
     }
     auto g = std::find_if(groups.begin(), groups.end(), [&](auto &p) { return p.first == where; });
-    if (g == groups.end()) groups.push_back({where, {t.tid}});
-    else g->second.push_back(t.tid);
+    if (g == groups.end())
+      groups.push_back({where, {t.tid}});
+    else
+      g->second.push_back(t.tid);
   }
   std::string s;
-  for (auto &g : groups) s += (s.empty() ? "threads " : "; threads ") + ranges(g.second) + " " + g.first;
+  for (auto &g : groups)
+    s += std::string(s.empty() ? "" : "; ") + (g.second.size() == 1 ? "thread " : "threads ") +
+         ranges(g.second) + " " +
+         (g.second.size() == 1 && g.first == "are runnable" ? "is runnable" : g.first);
   return s;
 }
 
@@ -188,8 +201,9 @@ int block_barrier(int kind, int pred, const char *file, int line) {
   t.bpred = pred;
   B.at_barrier++;
   if (B.exited > 0)
-    thread_fatal("divergent barrier: thread %d reached __syncthreads at %s after others exited (%s)",
-                 t.tid, site(file, line).c_str(), who_waits().c_str());
+    thread_fatal(
+        "divergent barrier: thread %d reached __syncthreads at %s after others exited (%s)", t.tid,
+        site(file, line).c_str(), who_waits().c_str());
   if (B.at_barrier == B.n) release_barrier();
   yield();
   return t.bresult;
@@ -207,16 +221,20 @@ uint64_t warp_result(int base, int lane, unsigned mask) {
   };
   uint64_t acc = 0;
   switch (t.wkind) {
-    case warp_kind::shfl: return value_of(seg + (t.warg & (w - 1)));
-    case warp_kind::shfl_up: return lane - t.warg >= seg ? value_of(lane - t.warg) : t.wvalue;
+    case warp_kind::shfl:
+      return value_of(seg + (t.warg & (w - 1)));
+    case warp_kind::shfl_up:
+      return lane - t.warg >= seg ? value_of(lane - t.warg) : t.wvalue;
     case warp_kind::shfl_down:
       return lane + t.warg < seg + w ? value_of(lane + t.warg) : t.wvalue;
     case warp_kind::shfl_xor: {
       const int src = lane ^ t.warg;
       return src >= seg && src < seg + w ? value_of(src) : t.wvalue;
     }
-    case warp_kind::syncwarp: return 0;
-    default: break;
+    case warp_kind::syncwarp:
+      return 0;
+    default:
+      break;
   }
   bool first = true;
   for (int l = 0; l < 32; l++) {
@@ -224,19 +242,42 @@ uint64_t warp_result(int base, int lane, unsigned mask) {
     const uint64_t v = B.threads[(size_t)(base + l)].wvalue;
     const int32_t iv = (int32_t)(uint32_t)v, ia = (int32_t)(uint32_t)acc;
     switch (t.wkind) {
-      case warp_kind::ballot: acc |= v ? 1ull << l : 0; break;
-      case warp_kind::any: acc |= v != 0; break;
-      case warp_kind::all: acc = (first || acc) && v != 0; break;
+      case warp_kind::ballot:
+        acc |= v ? 1ull << l : 0;
+        break;
+      case warp_kind::any:
+        acc |= v != 0;
+        break;
+      case warp_kind::all:
+        acc = (first || acc) && v != 0;
+        break;
       case warp_kind::reduce_add_u:
-      case warp_kind::reduce_add_i: acc = (uint32_t)(acc + v); break;
-      case warp_kind::reduce_min_u: acc = first || v < acc ? v : acc; break;
-      case warp_kind::reduce_max_u: acc = first || v > acc ? v : acc; break;
-      case warp_kind::reduce_min_i: acc = first || iv < ia ? v : acc; break;
-      case warp_kind::reduce_max_i: acc = first || iv > ia ? v : acc; break;
-      case warp_kind::reduce_and: acc = first ? v : (acc & v); break;
-      case warp_kind::reduce_or: acc |= v; break;
-      case warp_kind::reduce_xor: acc ^= v; break;
-      default: break;
+      case warp_kind::reduce_add_i:
+        acc = (uint32_t)(acc + v);
+        break;
+      case warp_kind::reduce_min_u:
+        acc = first || v < acc ? v : acc;
+        break;
+      case warp_kind::reduce_max_u:
+        acc = first || v > acc ? v : acc;
+        break;
+      case warp_kind::reduce_min_i:
+        acc = first || iv < ia ? v : acc;
+        break;
+      case warp_kind::reduce_max_i:
+        acc = first || iv > ia ? v : acc;
+        break;
+      case warp_kind::reduce_and:
+        acc = first ? v : (acc & v);
+        break;
+      case warp_kind::reduce_or:
+        acc |= v;
+        break;
+      case warp_kind::reduce_xor:
+        acc ^= v;
+        break;
+      default:
+        break;
     }
     first = false;
   }
@@ -261,8 +302,10 @@ uint64_t warp_sync_op(warp_kind kind, unsigned mask, uint64_t value, int arg, in
     thread_fatal("warp primitive at %s: the calling lane %d is not in its mask 0x%08x",
                  site(file, line).c_str(), lane, mask);
   if (lanes < 32 && (mask >> lanes) != 0)
-    thread_fatal("warp primitive at %s: mask 0x%08x names lanes %d-31, which this block of %d "
-                 "threads does not have", site(file, line).c_str(), mask, lanes, B.n);
+    thread_fatal(
+        "warp primitive at %s: mask 0x%08x names lanes %d-31, which this block of %d "
+        "threads does not have",
+        site(file, line).c_str(), mask, lanes, B.n);
   if (width < 1 || width > 32 || (width & (width - 1)))
     thread_fatal("warp shuffle at %s: width %d is not a power of two in [1, 32]",
                  site(file, line).c_str(), width);
@@ -301,8 +344,8 @@ void run_block(int n) {
   for (int t = 0; t < n; t++) {
     thread_rec &r = B.threads[(size_t)t];
     r.tid = t;
-    r.idx = uint3{t % g_blockDim.x, t / g_blockDim.x % g_blockDim.y,
-                  t / (g_blockDim.x * g_blockDim.y)};
+    r.idx =
+        uint3{t % g_blockDim.x, t / g_blockDim.x % g_blockDim.y, t / (g_blockDim.x * g_blockDim.y)};
     r.file = nullptr;
     r.line = 0;
     context_init(&r.ctx, t, thread_entry);
@@ -344,7 +387,10 @@ struct block_order {
 void run_kernel(const kernel_run &k) {
   B.k = &k;
   B.pretty = nullptr;
-  B.rng = config().seed * 0x2545f4914f6cdd1dull + 0x632be59bd9b4e019ull;
+  // a fresh stream of shuffles for every launch, reproducible from the seed
+  static uint64_t launches = 0;
+  uint64_t mix = config().seed * 0x2545f4914f6cdd1dull + ++launches;
+  B.rng = splitmix(&mix);
   g_gridDim = k.grid;
   g_blockDim = k.block;
   const int n = (int)(k.block.x * k.block.y * k.block.z);

@@ -10,9 +10,9 @@
 namespace cudaemu {
 
 // sm_90 (H100) limits
-constexpr size_t kStaticSmemMax = 48 << 10;    // static shared memory per block
-constexpr size_t kDefaultSmemMax = 48 << 10;   // static + dynamic without the attribute
-constexpr size_t kOptinSmemMax = 227 << 10;    // sharedMemPerBlockOptin
+constexpr size_t kStaticSmemMax = 48 << 10;   // static shared memory per block
+constexpr size_t kDefaultSmemMax = 48 << 10;  // static + dynamic without the attribute
+constexpr size_t kOptinSmemMax = 227 << 10;   // sharedMemPerBlockOptin
 
 // "kernel exact_fwd<64> (launched at attention.cu:212), block (1,0,0), thread (3,0,0)"
 std::string kernel_label();

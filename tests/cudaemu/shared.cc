@@ -40,8 +40,8 @@ size_t page() {
 
 void ensure_arena() {
   if (arena) return;
-  void *m = mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void *m =
+      mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) fatal("cannot reserve the shared-memory arena");
   arena = static_cast<char *>(m);
 }
@@ -69,15 +69,17 @@ size_t limit_for(const void *func) {
 
 void check_limits(const char *file, int line) {
   if (static_bytes > kStaticSmemMax)
-    fatal("%s uses %zu bytes of static shared memory (at %s:%d and before): sm_90 allows %zu; "
-          "ptxas refuses such a kernel",
-          kernel_label().c_str(), static_bytes, file, line, kStaticSmemMax);
+    fatal(
+        "%s uses %zu bytes of static shared memory (at %s:%d and before): sm_90 allows %zu; "
+        "ptxas refuses such a kernel",
+        kernel_label().c_str(), static_bytes, file, line, kStaticSmemMax);
   const size_t total = static_bytes + cur->dynamic_smem, limit = limit_for(cur->func);
   if (total > limit)
-    fatal("%s uses %zu bytes of static + %zu bytes of dynamic shared memory: more than the %zu "
-          "bytes a block may have%s; on the GPU the launch fails (cudaErrorInvalidValue)",
-          kernel_label().c_str(), static_bytes, cur->dynamic_smem, limit,
-          limit == kDefaultSmemMax ? " without cudaFuncAttributeMaxDynamicSharedMemorySize" : "");
+    fatal(
+        "%s uses %zu bytes of static + %zu bytes of dynamic shared memory: more than the %zu "
+        "bytes a block may have%s; on the GPU the launch fails (cudaErrorInvalidValue)",
+        kernel_label().c_str(), static_bytes, cur->dynamic_smem, limit,
+        limit == kDefaultSmemMax ? " without cudaFuncAttributeMaxDynamicSharedMemorySize" : "");
 }
 
 }  // namespace
@@ -100,8 +102,8 @@ void shared_end_launch(const kernel_run &k) {
   cur = nullptr;
 }
 
-void *shared_place(shared_slot *slot, size_t size, size_t align, const char *name,
-                   const char *file, int line) {
+void *shared_place(shared_slot *slot, size_t size, size_t align, const char *name, const char *file,
+                   int line) {
   if (!cur) fatal("__shared__ %s (%s:%d) used outside a kernel", name, file, line);
   if (slot->launch != launch_serial) {
     static_bytes += size;
@@ -124,8 +126,8 @@ void *dynamic_shared(size_t align, const char *file, int line) {
     s.launch = launch_serial;
   }
   if ((uintptr_t)s.ptr % a)
-    fatal("extern __shared__ at %s:%d asks for %zu-byte alignment; the emulation gives 16",
-          file, line, align);
+    fatal("extern __shared__ at %s:%d asks for %zu-byte alignment; the emulation gives 16", file,
+          line, align);
   if (s.block != g_block_serial) {
     std::memset(s.ptr, 0xff, cur->dynamic_smem);
     s.block = g_block_serial;
@@ -154,9 +156,10 @@ bool describe_shared(const void *p, char *out, size_t len) {
   const uintptr_t a = (uintptr_t)p;
   for (const object &o : objects) {
     if (a >= o.region_end && a < o.region_end + page()) {
-      snprintf(out, len, "shared memory: byte %zu of the %zu-byte __shared__ %s (declared at "
-               "%s:%d), past its end", (size_t)(a - o.begin), (size_t)(o.end - o.begin), o.name,
-               o.file, o.line);
+      snprintf(out, len,
+               "shared memory: byte %zu of the %zu-byte __shared__ %s (declared at "
+               "%s:%d), past its end",
+               (size_t)(a - o.begin), (size_t)(o.end - o.begin), o.name, o.file, o.line);
       return true;
     }
     if (a + page() >= o.region_begin && a < o.region_begin) {

@@ -139,7 +139,8 @@ void drain_all() {
   order.push_back(&legacy);
   if (config().defer == defer_kind::shuffle) {
     if (!drain_rng) drain_rng = config().defer_seed * 0x9e3779b97f4a7c15ull + 1;
-    for (size_t i = order.size(); i > 1; i--) std::swap(order[i - 1], order[splitmix(&drain_rng) % i]);
+    for (size_t i = order.size(); i > 1; i--)
+      std::swap(order[i - 1], order[splitmix(&drain_rng) % i]);
   } else {
     // the stream given work last runs first: work queued later elsewhere, that should have
     // waited for it, runs before it
@@ -166,7 +167,8 @@ using namespace cudaemu;
 extern "C" {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
-  if (!stream || (flags & ~1u)) return fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: bad arguments");
+  if (!stream || (flags & ~1u))
+    return fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: bad arguments");
   CUstream_st *s = new CUstream_st;
   s->blocking = !(flags & cudaStreamNonBlocking);
   streams.push_back(s);
@@ -213,7 +215,8 @@ cudaError_t cudaDeviceSynchronize(void) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-  if (!event || (flags & ~7u)) return fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags: bad arguments");
+  if (!event || (flags & ~7u))
+    return fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags: bad arguments");
   *event = new CUevent_st;
   (*event)->flags = flags;
   return cudaSuccess;
@@ -282,7 +285,9 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
   if ((start->flags | end->flags) & cudaEventDisableTiming)
     return fail(cudaErrorInvalidResourceHandle,
                 "cudaEventElapsedTime: an event was created with cudaEventDisableTiming");
-  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
+  if (!start->recorded || !end->recorded)
+    return fail(cudaErrorInvalidResourceHandle,
+                "cudaEventElapsedTime: an event was never recorded");
   if (!start->done || !end->done) return cudaErrorNotReady;
   *ms = (float)(end->ms - start->ms);
   return cudaSuccess;

@@ -12,7 +12,8 @@
 // Deterministic values with short significands, so fp32 sums of products are nearly exact.
 static std::vector<float> values(size_t n, int seed) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = (float)((int)((i * 7919 + (size_t)seed * 104729) % 17) - 8) / 4.0f;
+  for (size_t i = 0; i < n; i++)
+    v[i] = (float)((int)((i * 7919 + (size_t)seed * 104729) % 17) - 8) / 4.0f;
   return v;
 }
 
@@ -71,20 +72,24 @@ static void test_sgemm_transposes(void **) {
         std::vector<float> A = values((size_t)lda * ca, 1), B = values((size_t)ldb * cb, 2),
                            C = values((size_t)ldc * n, 3);
         float *dA = upload(A), *dB = upload(B), *dC = dev_alloc<float>(C.size());
-        if (beta != 0.0f) CUDA_OK(cudaMemcpy(dC, C.data(), 4 * C.size(), cudaMemcpyHostToDevice));
-        else for (float &c : C) c = NAN;  // dC is NaN-filled and must not be read
+        if (beta != 0.0f)
+          CUDA_OK(cudaMemcpy(dC, C.data(), 4 * C.size(), cudaMemcpyHostToDevice));
+        else
+          for (float &c : C) c = NAN;  // dC is NaN-filled and must not be read
         const float alpha = 1.5f;
-        assert_int_equal(cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     m, n, k, &alpha, dA, lda, dB, ldb, &beta, dC, ldc),
-                         CUBLAS_STATUS_SUCCESS);
+        assert_int_equal(
+            cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                        &alpha, dA, lda, dB, ldb, &beta, dC, ldc),
+            CUBLAS_STATUS_SUCCESS);
         const std::vector<float> got = download(dC, C.size());
-        const std::vector<double> want =
-            reference(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, [](float x) { return x; });
+        const std::vector<double> want = reference(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C,
+                                                   ldc, [](float x) { return x; });
         double err = 0;
         for (int j = 0; j < n; j++)
           for (int i = 0; i < ldc; i++) {
             const size_t at = (size_t)j * ldc + i;
-            if (i < m) err = std::fmax(err, std::fabs(got[at] - want[at]) + (std::isnan(got[at]) ? 1 : 0));
+            if (i < m)
+              err = std::fmax(err, std::fabs(got[at] - want[at]) + (std::isnan(got[at]) ? 1 : 0));
             else if (!(std::isnan(C[at]) ? std::isnan(got[at]) : got[at] == C[at]))
               fail_msg("the padding row %d of C was written", i);
           }
@@ -110,7 +115,8 @@ static void test_batched(void **) {
   std::vector<float> got = download(dC, C.size());
   for (int e = 0; e < batch; e++) {
     std::vector<float> a(A.begin() + sa * e, A.begin() + sa * e + m * k),
-        b(B.begin() + sb * e, B.begin() + sb * e + k * n), c(C.begin() + sc * e, C.begin() + sc * e + m * n);
+        b(B.begin() + sb * e, B.begin() + sb * e + k * n),
+        c(C.begin() + sc * e, C.begin() + sc * e + m * n);
     const std::vector<double> want =
         reference(false, false, m, n, k, alpha, a, m, b, k, beta, c, m, [](float x) { return x; });
     std::vector<float> g(got.begin() + sc * e, got.begin() + sc * e + m * n);
@@ -121,12 +127,13 @@ static void test_batched(void **) {
   CUDA_OK(cudaMemcpy(dC, C.data(), 4 * C.size(), cudaMemcpyHostToDevice));
   std::vector<const void *> pa, pb;
   std::vector<void *> pc;
-  for (int e = 0; e < batch; e++) pa.push_back(dA + sa * e), pb.push_back(dB + sb * e), pc.push_back(dC + sc * e);
+  for (int e = 0; e < batch; e++)
+    pa.push_back(dA + sa * e), pb.push_back(dB + sb * e), pc.push_back(dC + sc * e);
   const void **dpa = upload(pa), **dpb = upload(pb);
   void **dpc = upload(pc);
   assert_int_equal(cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, dpa,
-                                       CUDA_R_32F, m, dpb, CUDA_R_32F, k, &beta, dpc, CUDA_R_32F,
-                                       m, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                       CUDA_R_32F, m, dpb, CUDA_R_32F, k, &beta, dpc, CUDA_R_32F, m,
+                                       batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    CUBLAS_STATUS_SUCCESS);
   assert_true(download(dC, C.size()) == got);
   for (void *p : {(void *)dA, (void *)dB, (void *)dC, (void *)dpa, (void *)dpb, (void *)dpc})
@@ -161,14 +168,15 @@ static void test_gemm_ex_bf16(void **) {
     assert_int_equal(gb[i].__x, __float2bfloat16(got[i]).__x);
   // fp32 operands rounded to bf16 (FAST_16BF) and to TF32 (the math mode) before the product
   float *fA = upload(Af), *fB = upload(Bf);
-  assert_int_equal(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, fA, CUDA_R_32F, k,
-                                fB, CUDA_R_32F, k, &beta, dCf, CUDA_R_32F, m,
-                                CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-                   CUBLAS_STATUS_SUCCESS);
+  assert_int_equal(
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, fA, CUDA_R_32F, k, fB, CUDA_R_32F,
+                   k, &beta, dCf, CUDA_R_32F, m, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_SUCCESS);
   assert_true(max_err(download(dCf, (size_t)m * n), want) < 1e-4);
   assert_int_equal(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
-  assert_int_equal(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, fA, k, fB, k, &beta,
-                               dCf, m), CUBLAS_STATUS_SUCCESS);
+  assert_int_equal(
+      cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, fA, k, fB, k, &beta, dCf, m),
+      CUBLAS_STATUS_SUCCESS);
   const std::vector<double> want_tf32 = reference(true, false, m, n, k, alpha, Af, k, Bf, k, beta,
                                                   none, m, [](float x) { return tf32(x); });
   assert_true(max_err(download(dCf, (size_t)m * n), want_tf32) < 1e-4);
@@ -185,7 +193,8 @@ static void test_pointer_mode_and_k0(void **) {
   assert_int_equal(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
   // k = 0: C = beta C, A and B never read (null is fine)
   assert_int_equal(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 4, 0, scal, nullptr, 3, nullptr, 1,
-                               scal + 1, dC, 3), CUBLAS_STATUS_SUCCESS);
+                               scal + 1, dC, 3),
+                   CUBLAS_STATUS_SUCCESS);
   const std::vector<float> got = download(dC, 12);
   for (size_t i = 0; i < 12; i++) assert_true(got[i] == 3.0f * C[i]);
   cublasDestroy(h);
@@ -216,10 +225,11 @@ static void test_argument_checks(void **) {
                    CUBLAS_STATUS_INVALID_VALUE);
   assert_int_equal(cublasSgemm(h, N, N, 0, 0, 0, &one, d, 1, d, 1, &one, d, 1),
                    CUBLAS_STATUS_SUCCESS);  // empty: nothing to do
-  assert_int_equal(cublasGemmEx(h, N, N, 4, 4, 4, &one, d, CUDA_R_16F, 4, d, CUDA_R_16F, 4, &one,
-                                d, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  assert_int_equal(cublasGemmEx(h, N, N, 4, 4, 4, &one, d, CUDA_R_16F, 4, d, CUDA_R_16F, 4, &one, d,
+                                CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    CUBLAS_STATUS_NOT_SUPPORTED);
-  assert_string_equal(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+  assert_string_equal(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE),
+                      "CUBLAS_STATUS_INVALID_VALUE");
   assert_non_null(strstr(cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE), "invalid"));
   assert_int_equal(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
   assert_int_equal(cublasSgemm(h, N, N, 4, 4, 4, &one, d, 4, d, 4, &one, d, 4),
@@ -238,7 +248,8 @@ static void test_cublaslt(void **) {
   __nv_bfloat16 *dA = upload(A), *dB = upload(B), *dD = dev_alloc<__nv_bfloat16>(Cf.size());
   float *dC = upload(Cf), *dbias = upload(bias);
   cublasLtMatmulDesc_t desc;
-  assert_int_equal(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  assert_int_equal(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                   CUBLAS_STATUS_SUCCESS);
   const int32_t trans = CUBLAS_OP_T;
   const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
   const int32_t bias_type = CUDA_R_32F;
@@ -246,7 +257,8 @@ static void test_cublaslt(void **) {
   cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
   const void *bp = dbias;
   cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                 sizeof bias_type);
   cublasLtMatrixLayout_t la, lb, lc, ld;
   cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
   cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
@@ -257,36 +269,44 @@ static void test_cublaslt(void **) {
   cublasLtMatrixLayout_t ls[4] = {la, lb, lc, ld};
   for (int i = 0; i < 4; i++) {
     cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b);
-    cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]);
+    cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                     &strides[i], sizeof strides[i]);
   }
   // C is fp32 and D bf16: refused (C and D share a type)
   const float alpha = 1.0f, beta = 1.0f;
   assert_int_equal(cublasLtMatmul(lt, desc, &alpha, dA, la, dB, lb, &beta, dC, lc, dD, ld, nullptr,
-                                  nullptr, 0, 0), CUBLAS_STATUS_NOT_SUPPORTED);
+                                  nullptr, 0, 0),
+                   CUBLAS_STATUS_NOT_SUPPORTED);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, m);
   cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b);
-  cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[2], sizeof strides[2]);
+  cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[2],
+                                   sizeof strides[2]);
   std::vector<__nv_bfloat16> C(Cf.begin(), Cf.end());
   __nv_bfloat16 *dCb = upload(C);
   assert_int_equal(cublasLtMatmul(lt, desc, &alpha, dA, la, dB, lb, &beta, dCb, lc, dD, ld, nullptr,
-                                  nullptr, 0, 0), CUBLAS_STATUS_SUCCESS);
+                                  nullptr, 0, 0),
+                   CUBLAS_STATUS_SUCCESS);
   const std::vector<__nv_bfloat16> got = download(dD, Cf.size());
   for (int e = 0; e < batch; e++) {
-    std::vector<float> a(Af.begin() + k * m * e, Af.begin() + k * m * (e + 1)), bb(Bf.begin() + k * n * e, Bf.begin() + k * n * (e + 1)),
+    std::vector<float> a(Af.begin() + k * m * e, Af.begin() + k * m * (e + 1)),
+        bb(Bf.begin() + k * n * e, Bf.begin() + k * n * (e + 1)),
         c(C.begin() + m * n * e, C.begin() + m * n * (e + 1));
-    const std::vector<double> want = reference(true, false, m, n, k, alpha, a, k, bb, k, beta, c, m,
-                                               [](float x) { return __bfloat162float(__float2bfloat16(x)); });
+    const std::vector<double> want =
+        reference(true, false, m, n, k, alpha, a, k, bb, k, beta, c, m,
+                  [](float x) { return __bfloat162float(__float2bfloat16(x)); });
     for (int j = 0; j < n; j++)
       for (int i = 0; i < m; i++)
-        assert_int_equal(got[(size_t)(m * n * e + j * m + i)].__x,
-                         __float2bfloat16((float)(want[(size_t)(j * m + i)] + bias[(size_t)i])).__x);
+        assert_int_equal(
+            got[(size_t)(m * n * e + j * m + i)].__x,
+            __float2bfloat16((float)(want[(size_t)(j * m + i)] + bias[(size_t)i])).__x);
   }
   // shapes that do not agree
   cublasLtMatrixLayout_t bad;
   cublasLtMatrixLayoutCreate(&bad, CUDA_R_16BF, k + 1, n, k + 1);
-  assert_int_equal(cublasLtMatmul(lt, desc, &alpha, dA, la, dB, bad, &beta, dCb, lc, dD, ld, nullptr,
-                                  nullptr, 0, 0), CUBLAS_STATUS_INVALID_VALUE);
+  assert_int_equal(cublasLtMatmul(lt, desc, &alpha, dA, la, dB, bad, &beta, dCb, lc, dD, ld,
+                                  nullptr, nullptr, 0, 0),
+                   CUBLAS_STATUS_INVALID_VALUE);
   for (cublasLtMatrixLayout_t l : {la, lb, lc, ld, bad}) cublasLtMatrixLayoutDestroy(l);
   cublasLtMatmulDescDestroy(desc);
   cublasLtDestroy(lt);
@@ -347,9 +367,12 @@ static void test_bf16(void **) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_sgemm_transposes), cmocka_unit_test(test_batched),
-    cmocka_unit_test(test_gemm_ex_bf16),     cmocka_unit_test(test_pointer_mode_and_k0),
-    cmocka_unit_test(test_argument_checks),  cmocka_unit_test(test_cublaslt),
+    cmocka_unit_test(test_sgemm_transposes),
+    cmocka_unit_test(test_batched),
+    cmocka_unit_test(test_gemm_ex_bf16),
+    cmocka_unit_test(test_pointer_mode_and_k0),
+    cmocka_unit_test(test_argument_checks),
+    cmocka_unit_test(test_cublaslt),
     cmocka_unit_test(test_bf16),
 };
 

@@ -9,13 +9,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    const cudaError_t e_ = (call);                                               \
-    if (e_ != cudaSuccess) {                                                     \
-      fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));         \
-      exit(3);                                                                   \
-    }                                                                            \
+#define CHECK(call)                                                      \
+  do {                                                                   \
+    const cudaError_t e_ = (call);                                       \
+    if (e_ != cudaSuccess) {                                             \
+      fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      exit(3);                                                           \
+    }                                                                    \
   } while (0)
 
 static float *dev(size_t n) {
@@ -56,7 +56,9 @@ __global__ void missing_lanes(float *p) {
 }
 
 // every lane calls with a mask naming lanes 0-15 only
-__global__ void lane_outside_mask(float *p) { p[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1); }
+__global__ void lane_outside_mask(float *p) {
+  p[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1);
+}
 
 // lane 0 waits at a barrier while lanes 1-31 wait for it at a shuffle: neither can go on
 __global__ void warp_vs_barrier(float *p) {

@@ -19,10 +19,11 @@ static std::string failure_;
 
 // A check on this rank; every test ends by agreeing over all ranks (a cmocka failure on one rank
 // alone would leave the others waiting in a collective).
-#define EXPECT(cond)                                                                      \
-  do {                                                                                    \
-    if (!(cond) && failure_.empty())                                                      \
-      failure_ = "rank " + std::to_string(rank_) + ": " #cond " (line " + std::to_string(__LINE__) + ")"; \
+#define EXPECT(cond)                                                                               \
+  do {                                                                                             \
+    if (!(cond) && failure_.empty())                                                               \
+      failure_ =                                                                                   \
+          "rank " + std::to_string(rank_) + ": " #cond " (line " + std::to_string(__LINE__) + ")"; \
   } while (0)
 
 static void agree() {
@@ -37,7 +38,8 @@ static void agree() {
 
 static std::vector<float> mine(size_t n, int salt) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = (float)((int)((i * 31 + (size_t)rank_ * 7 + (size_t)salt) % 23) - 11) / 8.0f;
+  for (size_t i = 0; i < n; i++)
+    v[i] = (float)((int)((i * 31 + (size_t)rank_ * 7 + (size_t)salt) % 23) - 11) / 8.0f;
   return v;
 }
 
@@ -101,7 +103,8 @@ static void test_gather_scatter(void **) {
   std::vector<float> all(n * (size_t)size_), part(n), full = mine(n * (size_t)size_, 4);
   MPI_Allgather(x.data(), (int)n, MPI_FLOAT, all.data(), (int)n, MPI_FLOAT, MPI_COMM_WORLD);
   MPI_Reduce_scatter_block(full.data(), part.data(), (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  float *d = upload(x), *g = dev_alloc<float>(all.size()), *f = upload(full), *p = dev_alloc<float>(n);
+  float *d = upload(x), *g = dev_alloc<float>(all.size()), *f = upload(full),
+        *p = dev_alloc<float>(n);
   NCCL_OK(ncclAllGather(d, g, n, ncclFloat, comm_, 0));
   EXPECT(download(g, all.size()) == all);
   CUDA_OK(cudaMemcpy(g + (size_t)rank_ * n, x.data(), 4 * n, cudaMemcpyHostToDevice));
@@ -109,7 +112,8 @@ static void test_gather_scatter(void **) {
   EXPECT(download(g, all.size()) == all);
   NCCL_OK(ncclReduceScatter(f, p, n, ncclFloat, ncclSum, comm_, 0));
   EXPECT(download(p, n) == part);
-  NCCL_OK(ncclReduceScatter(f, f + (size_t)rank_ * n, n, ncclFloat, ncclSum, comm_, 0));  // in place
+  NCCL_OK(
+      ncclReduceScatter(f, f + (size_t)rank_ * n, n, ncclFloat, ncclSum, comm_, 0));  // in place
   EXPECT(download(f + (size_t)rank_ * n, n) == part);
   for (void *q : {(void *)d, (void *)g, (void *)f, (void *)p}) CUDA_OK(cudaFree(q));
   agree();
@@ -171,7 +175,7 @@ static void test_queries(void **) {
   EXPECT(ncclAllReduce(host, host, 4, ncclFloat, ncclSum, comm_, 0) == ncclInvalidArgument);
   EXPECT(ncclAllReduce(d, d, 5, ncclFloat, ncclSum, comm_, 0) == ncclInvalidArgument);  // too long
   EXPECT(ncclAllReduce(d, d, 4, ncclFloat, ncclSum, nullptr, 0) == ncclInvalidArgument);
-  EXPECT(ncclBroadcast(d, d, 4, ncclFloat, size_, comm_, 0) == ncclInvalidArgument);  // root
+  EXPECT(ncclBroadcast(d, d, 4, ncclFloat, size_, comm_, 0) == ncclInvalidArgument);   // root
   EXPECT(ncclAllReduce(d, d, 4, ncclHalf, ncclSum, comm_, 0) == ncclInvalidArgument);  // fp16
   EXPECT(std::string(ncclGetErrorString(ncclInvalidUsage)) == "invalid usage");
   CUDA_OK(cudaFree(d));
@@ -179,9 +183,9 @@ static void test_queries(void **) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_allreduce), cmocka_unit_test(test_rooted),
+    cmocka_unit_test(test_allreduce),      cmocka_unit_test(test_rooted),
     cmocka_unit_test(test_gather_scatter), cmocka_unit_test(test_send_recv),
-    cmocka_unit_test(test_subset), cmocka_unit_test(test_queries),
+    cmocka_unit_test(test_subset),         cmocka_unit_test(test_queries),
 };
 
 // Every rank on device 0: ncclCommInitRank must fail with ncclInvalidUsage on every rank.
@@ -195,7 +199,8 @@ static int refuse() {
   const bool refused = r == ncclInvalidUsage && strstr(ncclGetLastError(nullptr), "Duplicate GPU");
   int ok = refused, all = 0;
   MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (rank_ == 0) printf("%s: %s\n", all ? "refused on every rank" : "NOT refused", ncclGetLastError(nullptr));
+  if (rank_ == 0)
+    printf("%s: %s\n", all ? "refused on every rank" : "NOT refused", ncclGetLastError(nullptr));
   return all ? 0 : 1;
 }
 

@@ -32,7 +32,8 @@ static void test_barrier(void **) {
   CUDA_OK(cudaGetLastError());
   std::vector<int> h = download(d, 512);
   for (int b = 0; b < 2; b++)
-    for (int t = 0; t < 256; t++) assert_int_equal(h[b * 256 + t], 2 * ((t + 1) % 256) + 1 + 1000 * b);
+    for (int t = 0; t < 256; t++)
+      assert_int_equal(h[b * 256 + t], 2 * ((t + 1) % 256) + 1 + 1000 * b);
   barrier_votes<<<1, 256>>>(d);
   h = download(d, 4);
   assert_int_equal(h[0], 86);  // multiples of 3 in [0, 256)
@@ -77,8 +78,10 @@ static void test_shuffles(void **) {
     assert_int_equal(o[4], 1);
     assert_int_equal(o[5], lane % 2 == 0 ? lane ^ 2 : -1);
     // lanes 15 and 16 read a lane outside their mask: undefined on a GPU, all ones here
-    if (lane < 16) assert_int_equal(o[6], lane < 15 ? lane + 1 : -1);
-    else assert_int_equal(o[6], lane > 16 ? lane - 1 : -1);
+    if (lane < 16)
+      assert_int_equal(o[6], lane < 15 ? lane + 1 : -1);
+    else
+      assert_int_equal(o[6], lane > 16 ? lane - 1 : -1);
     assert_int_equal(o[7], 3);
   }
   CUDA_OK(cudaFree(d));
@@ -287,8 +290,8 @@ __global__ void indices(int *out) {
   const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const int g = b * blockDim.x * blockDim.y * blockDim.z + t;
-  out[g] = blockIdx.x | blockIdx.y << 4 | blockIdx.z << 8 | threadIdx.x << 12 |
-           threadIdx.y << 16 | threadIdx.z << 20;
+  out[g] = blockIdx.x | blockIdx.y << 4 | blockIdx.z << 8 | threadIdx.x << 12 | threadIdx.y << 16 |
+           threadIdx.z << 20;
 }
 
 __global__ void intrinsics(float *f, int *i) {
@@ -318,7 +321,8 @@ static void test_indices_intrinsics(void **) {
           for (int ty = 0; ty < 3; ty++)
             for (int tx = 0; tx < 4; tx++) {
               const int g = ((bz * 2 + by) * 3 + bx) * 24 + (tz * 3 + ty) * 4 + tx;
-              assert_int_equal(h[(size_t)g], bx | by << 4 | bz << 8 | tx << 12 | ty << 16 | tz << 20);
+              assert_int_equal(h[(size_t)g],
+                               bx | by << 4 | bz << 8 | tx << 12 | ty << 16 | tz << 20);
             }
   float *f = dev_alloc<float>(5);
   int *i = dev_alloc<int>(7);
@@ -376,11 +380,12 @@ static void test_launch_limits(void **) {
   expect_launch_error(cudaErrorInvalidResourceHandle);
   dynamic_user<<<1, 32, 49 << 10>>>(d);  // over 48 KiB without the attribute
   expect_launch_error(cudaErrorInvalidValue);
-  assert_int_equal(cudaFuncSetAttribute(dynamic_user, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        228 << 10),
-                   cudaErrorInvalidValue);  // beyond sm_90's 227 KiB
+  assert_int_equal(
+      cudaFuncSetAttribute(dynamic_user, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 << 10),
+      cudaErrorInvalidValue);  // beyond sm_90's 227 KiB
   (void)cudaGetLastError();
-  CUDA_OK(cudaFuncSetAttribute(dynamic_user, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 << 10));
+  CUDA_OK(
+      cudaFuncSetAttribute(dynamic_user, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 << 10));
   dynamic_user<<<1, 32, 100 << 10>>>(d);
   CUDA_OK(cudaGetLastError());
   dynamic_user<<<1, 32, 101 << 10>>>(d);  // over the raised limit
@@ -405,7 +410,7 @@ static void test_memory_api(void **) {
   std::vector<float> h(1001, 3.0f);
   assert_int_equal(cudaMemcpy(a, h.data(), 4004, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
   assert_int_equal(cudaMemcpy(h.data(), h.data() + 1, 4, cudaMemcpyDeviceToHost),
-                   cudaErrorInvalidValue);  // the source is no device memory
+                   cudaErrorInvalidValue);                    // the source is no device memory
   CUDA_OK(cudaMemcpy(a, h.data(), 4000, cudaMemcpyDefault));  // direction from the pointers
   float *b = dev_alloc<float>(1000);
   CUDA_OK(cudaMemcpy(b, a, 4000, cudaMemcpyDeviceToDevice));

@@ -114,8 +114,10 @@ static void test_legacy_stream(void **) {
   assert_true(h == 4.0f);
   fill<<<kBlocks, 256, 0, sn>>>(z, kN, 6.0f);
   CUDA_OK(cudaMemcpy(&h, z, sizeof h, cudaMemcpyDeviceToHost));
-  if (deferred()) assert_true(std::isnan(h));
-  else assert_true(h == 6.0f);
+  if (deferred())
+    assert_true(std::isnan(h));
+  else
+    assert_true(h == 6.0f);
   CUDA_OK(cudaStreamDestroy(sb));
   CUDA_OK(cudaStreamDestroy(sn));
   CUDA_OK(cudaFree(x));

@@ -73,11 +73,11 @@ inline float __low2float(__nv_bfloat162 v) { return __bfloat162float(v.x); }
 inline float __high2float(__nv_bfloat162 v) { return __bfloat162float(v.y); }
 
 // Arithmetic: each operation rounds its float result to bf16, as the hardware's do.
-#define CUDAEMU_BF16_OP(op, fn)                                                          \
-  inline __nv_bfloat16 operator op(__nv_bfloat16 a, __nv_bfloat16 b) {                   \
-    return __nv_bfloat16(__bfloat162float(a) op __bfloat162float(b));                    \
-  }                                                                                      \
-  inline __nv_bfloat16 fn(__nv_bfloat16 a, __nv_bfloat16 b) { return a op b; }           \
+#define CUDAEMU_BF16_OP(op, fn)                                                \
+  inline __nv_bfloat16 operator op(__nv_bfloat16 a, __nv_bfloat16 b) {         \
+    return __nv_bfloat16(__bfloat162float(a) op __bfloat162float(b));          \
+  }                                                                            \
+  inline __nv_bfloat16 fn(__nv_bfloat16 a, __nv_bfloat16 b) { return a op b; } \
   inline __nv_bfloat16 &operator op##=(__nv_bfloat16 &a, __nv_bfloat16 b) { return a = a op b; }
 CUDAEMU_BF16_OP(+, __hadd)
 CUDAEMU_BF16_OP(-, __hsub)
@@ -91,11 +91,12 @@ inline __nv_bfloat16 __hneg(__nv_bfloat16 a) { return -a; }
 inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
   // a·b is exact in float (8-bit significands); the sum is rounded to float and then to bf16,
   // a double rounding the hardware avoids (it can differ in the last bit, rarely)
-  return __nv_bfloat16(__builtin_fmaf(__bfloat162float(a), __bfloat162float(b), __bfloat162float(c)));
+  return __nv_bfloat16(
+      __builtin_fmaf(__bfloat162float(a), __bfloat162float(b), __bfloat162float(c)));
 }
-#define CUDAEMU_BF16_CMP(op)                                        \
-  inline bool operator op(__nv_bfloat16 a, __nv_bfloat16 b) {       \
-    return __bfloat162float(a) op __bfloat162float(b);              \
+#define CUDAEMU_BF16_CMP(op)                                  \
+  inline bool operator op(__nv_bfloat16 a, __nv_bfloat16 b) { \
+    return __bfloat162float(a) op __bfloat162float(b);        \
   }
 CUDAEMU_BF16_CMP(==)
 CUDAEMU_BF16_CMP(!=)

@@ -51,17 +51,17 @@ struct CUstream_st;
 struct CUevent_st;
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
-#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamLegacy    ((cudaStream_t)0x1)
 #define cudaStreamPerThread ((cudaStream_t)0x2)
 
-#define cudaStreamDefault 0x00
-#define cudaStreamNonBlocking 0x01
-#define cudaEventDefault 0x00
-#define cudaEventBlockingSync 0x01
-#define cudaEventDisableTiming 0x02
-#define cudaHostAllocDefault 0x00
-#define cudaHostAllocPortable 0x01
-#define cudaHostAllocMapped 0x02
+#define cudaStreamDefault          0x00
+#define cudaStreamNonBlocking      0x01
+#define cudaEventDefault           0x00
+#define cudaEventBlockingSync      0x01
+#define cudaEventDisableTiming     0x02
+#define cudaHostAllocDefault       0x00
+#define cudaHostAllocPortable      0x01
+#define cudaHostAllocMapped        0x02
 #define cudaHostAllocWriteCombined 0x04
 
 struct uint3 {

@@ -19,9 +19,9 @@
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // cu2cc.py rewrites every __shared__ declaration it understands; one left over is an error.
-#define __shared__ _Pragma("GCC error \"__shared__ that cu2cc.py did not rewrite\"")
+#define __shared__   _Pragma("GCC error \"__shared__ that cu2cc.py did not rewrite\"")
 #define __constant__ _Pragma("GCC error \"__constant__ memory is not emulated\"")
-#define __managed__ _Pragma("GCC error \"__managed__ memory is not emulated\"")
+#define __managed__  _Pragma("GCC error \"__managed__ memory is not emulated\"")
 
 namespace cudaemu {
 // The running CUDA thread's coordinates, set by the scheduler before every switch into it.
@@ -29,8 +29,23 @@ extern uint3 g_threadIdx, g_blockIdx;
 extern dim3 g_blockDim, g_gridDim;
 
 enum class warp_kind {
-  shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, reduce_add_u, reduce_add_i,
-  reduce_min_u, reduce_min_i, reduce_max_u, reduce_max_i, reduce_and, reduce_or, reduce_xor
+  shfl,
+  shfl_up,
+  shfl_down,
+  shfl_xor,
+  ballot,
+  any,
+  all,
+  syncwarp,
+  reduce_add_u,
+  reduce_add_i,
+  reduce_min_u,
+  reduce_min_i,
+  reduce_max_u,
+  reduce_max_i,
+  reduce_and,
+  reduce_or,
+  reduce_xor
 };
 // One lane's part in a warp-synchronous operation over the lanes of `mask`: blocks until every
 // lane of the mask arrived at an operation of the same kind, then returns this lane's result.
@@ -59,9 +74,9 @@ inline T from_bits(uint64_t b) {
 }  // namespace cudaemu
 
 #define threadIdx (static_cast<const uint3 &>(::cudaemu::g_threadIdx))
-#define blockIdx (static_cast<const uint3 &>(::cudaemu::g_blockIdx))
-#define blockDim (static_cast<const dim3 &>(::cudaemu::g_blockDim))
-#define gridDim (static_cast<const dim3 &>(::cudaemu::g_gridDim))
+#define blockIdx  (static_cast<const uint3 &>(::cudaemu::g_blockIdx))
+#define blockDim  (static_cast<const dim3 &>(::cudaemu::g_blockDim))
+#define gridDim   (static_cast<const dim3 &>(::cudaemu::g_gridDim))
 constexpr int warpSize = 32;
 
 // Injected by cu2cc.py at the top of every __global__ body: the kernel's full name (template
@@ -94,13 +109,12 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, const char *file = __builtin
                        int line = __builtin_LINE()) {
   cudaemu::warp_sync_op(cudaemu::warp_kind::syncwarp, mask, 0, 0, 32, file, line);
 }
-#define CUDAEMU_SHFL(fn, kind)                                                                \
-  template <class T>                                                                          \
-  inline T fn(unsigned mask, T var, int arg, int width = 32,                                  \
-              const char *file = __builtin_FILE(), int line = __builtin_LINE()) {             \
-    return cudaemu::from_bits<T>(cudaemu::warp_sync_op(cudaemu::warp_kind::kind, mask,        \
-                                                       cudaemu::to_bits(var), arg, width,     \
-                                                       file, line));                          \
+#define CUDAEMU_SHFL(fn, kind)                                                                    \
+  template <class T>                                                                              \
+  inline T fn(unsigned mask, T var, int arg, int width = 32, const char *file = __builtin_FILE(), \
+              int line = __builtin_LINE()) {                                                      \
+    return cudaemu::from_bits<T>(cudaemu::warp_sync_op(                                           \
+        cudaemu::warp_kind::kind, mask, cudaemu::to_bits(var), arg, width, file, line));          \
   }
 CUDAEMU_SHFL(__shfl_sync, shfl)
 CUDAEMU_SHFL(__shfl_up_sync, shfl_up)
@@ -121,11 +135,11 @@ inline int __all_sync(unsigned mask, int pred, const char *file = __builtin_FILE
                       int line = __builtin_LINE()) {
   return (int)cudaemu::warp_sync_op(cudaemu::warp_kind::all, mask, pred != 0, 0, 32, file, line);
 }
-#define CUDAEMU_REDUCE(fn, T, kind)                                                             \
-  inline T fn(unsigned mask, T v, const char *file = __builtin_FILE(),                          \
-              int line = __builtin_LINE()) {                                                    \
-    return (T)cudaemu::warp_sync_op(cudaemu::warp_kind::kind, mask, (uint64_t)(uint32_t)v, 0, \
-                                    32, file, line);                                            \
+#define CUDAEMU_REDUCE(fn, T, kind)                                                               \
+  inline T fn(unsigned mask, T v, const char *file = __builtin_FILE(),                            \
+              int line = __builtin_LINE()) {                                                      \
+    return (T)cudaemu::warp_sync_op(cudaemu::warp_kind::kind, mask, (uint64_t)(uint32_t)v, 0, 32, \
+                                    file, line);                                                  \
   }
 CUDAEMU_REDUCE(__reduce_add_sync, unsigned, reduce_add_u)
 CUDAEMU_REDUCE(__reduce_add_sync, int, reduce_add_i)
@@ -139,16 +153,16 @@ CUDAEMU_REDUCE(__reduce_xor_sync, unsigned, reduce_xor)
 #undef CUDAEMU_REDUCE
 
 // ---- atomics: a read-modify-write is atomic because coroutines never overlap ----
-#define CUDAEMU_ATOMIC(fn, T, expr)                      \
-  inline T fn(T *address, T val) {                       \
-    cudaemu::check_atomic(address, #fn);                 \
-    const T old = *address;                              \
-    *address = (expr);                                   \
-    return old;                                          \
+#define CUDAEMU_ATOMIC(fn, T, expr)      \
+  inline T fn(T *address, T val) {       \
+    cudaemu::check_atomic(address, #fn); \
+    const T old = *address;              \
+    *address = (expr);                   \
+    return old;                          \
   }
-#define CUDAEMU_ATOMIC_INT(fn, expr)                      \
-  CUDAEMU_ATOMIC(fn, int, expr)                           \
-  CUDAEMU_ATOMIC(fn, unsigned int, expr)                  \
+#define CUDAEMU_ATOMIC_INT(fn, expr)     \
+  CUDAEMU_ATOMIC(fn, int, expr)          \
+  CUDAEMU_ATOMIC(fn, unsigned int, expr) \
   CUDAEMU_ATOMIC(fn, unsigned long long int, expr)
 CUDAEMU_ATOMIC_INT(atomicAdd, old + val)
 CUDAEMU_ATOMIC(atomicAdd, float, old + val)
@@ -161,19 +175,19 @@ CUDAEMU_ATOMIC_INT(atomicMin, val < old ? val : old)
 CUDAEMU_ATOMIC(atomicMin, long long int, val < old ? val : old)
 CUDAEMU_ATOMIC_INT(atomicMax, val > old ? val : old)
 CUDAEMU_ATOMIC(atomicMax, long long int, val > old ? val : old)
-CUDAEMU_ATOMIC_INT(atomicAnd, old & val)
+CUDAEMU_ATOMIC_INT(atomicAnd, old &val)
 CUDAEMU_ATOMIC_INT(atomicOr, old | val)
 CUDAEMU_ATOMIC_INT(atomicXor, old ^ val)
 CUDAEMU_ATOMIC(atomicInc, unsigned int, old >= val ? 0u : old + 1u)
 CUDAEMU_ATOMIC(atomicDec, unsigned int, (old == 0u || old > val) ? val : old - 1u)
 #undef CUDAEMU_ATOMIC_INT
 #undef CUDAEMU_ATOMIC
-#define CUDAEMU_CAS(T)                                  \
-  inline T atomicCAS(T *address, T compare, T val) {    \
-    cudaemu::check_atomic(address, "atomicCAS");        \
-    const T old = *address;                             \
-    if (old == compare) *address = val;                 \
-    return old;                                         \
+#define CUDAEMU_CAS(T)                               \
+  inline T atomicCAS(T *address, T compare, T val) { \
+    cudaemu::check_atomic(address, "atomicCAS");     \
+    const T old = *address;                          \
+    if (old == compare) *address = val;              \
+    return old;                                      \
   }
 CUDAEMU_CAS(int)
 CUDAEMU_CAS(unsigned int)
@@ -182,8 +196,8 @@ CUDAEMU_CAS(unsigned short int)
 #undef CUDAEMU_CAS
 
 // ---- math: CUDA's device functions beyond the C library ----
-#define CUDAEMU_MINMAX(T)                                    \
-  inline T min(T a, T b) { return b < a ? b : a; }           \
+#define CUDAEMU_MINMAX(T)                          \
+  inline T min(T a, T b) { return b < a ? b : a; } \
   inline T max(T a, T b) { return a < b ? b : a; }
 CUDAEMU_MINMAX(int)
 CUDAEMU_MINMAX(unsigned int)

@@ -45,16 +45,14 @@ inline const void *pointer_of(const T &v, bool *is_ptr) {
 }
 
 template <class Tuple, size_t... I>
-inline void pointers_of(const Tuple &t, const void **out, bool *is_ptr,
-                        std::index_sequence<I...>) {
+inline void pointers_of(const Tuple &t, const void **out, bool *is_ptr, std::index_sequence<I...>) {
   ((out[I] = pointer_of(std::get<I>(t), &is_ptr[I])), ...);
 }
 
 // Kernel parameters are copied once at launch (converted to the parameter types, as CUDA does)
 // and again into every CUDA thread's by-value parameters.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), const launch_site &site, const launch_config &cfg,
-            A &&...args) {
+void launch(void (*kernel)(P...), const launch_site &site, const launch_config &cfg, A &&...args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
   using params_t = std::tuple<std::remove_cv_t<std::remove_reference_t<P>>...>;
   auto params = std::make_shared<params_t>(std::forward<A>(args)...);
@@ -75,8 +73,8 @@ struct shared_slot {
   void *ptr = nullptr;
 };
 extern unsigned long long g_block_serial;
-void *shared_place(shared_slot *slot, size_t size, size_t align, const char *name,
-                   const char *file, int line);
+void *shared_place(shared_slot *slot, size_t size, size_t align, const char *name, const char *file,
+                   int line);
 template <class T>
 inline T &shared(shared_slot &slot, size_t align, const char *name, const char *file, int line) {
   if (slot.block != g_block_serial)
