@@ -103,13 +103,13 @@ std::string who_waits() {
         where = "exited";
         break;
       case tstate::barrier:
-        where = "wait at __syncthreads " + site(t.file, t.line);
+        where = "at __syncthreads " + site(t.file, t.line);
         break;
       case tstate::warp:
-        where = "wait at a warp primitive " + site(t.file, t.line);
+        where = "at a warp primitive " + site(t.file, t.line);
         break;
       case tstate::runnable:
-        where = "are runnable";
+        where = "runnable";
         break;
     }
     auto g = std::find_if(groups.begin(), groups.end(), [&](auto &p) { return p.first == where; });
@@ -119,10 +119,12 @@ std::string who_waits() {
       g->second.push_back(t.tid);
   }
   std::string s;
-  for (auto &g : groups)
-    s += std::string(s.empty() ? "" : "; ") + (g.second.size() == 1 ? "thread " : "threads ") +
-         ranges(g.second) + " " +
-         (g.second.size() == 1 && g.first == "are runnable" ? "is runnable" : g.first);
+  for (auto &g : groups) {
+    const bool one = g.second.size() == 1;
+    const char *verb = g.first == "exited" ? "" : one ? "is " : "are ";
+    s += std::string(s.empty() ? "" : "; ") + (one ? "thread " : "threads ") + ranges(g.second) +
+         " " + verb + g.first;
+  }
   return s;
 }
 
