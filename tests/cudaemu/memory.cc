@@ -1,11 +1,8 @@
-// Emulated device memory: one reserved arena, every cudaMalloc its own pages ending at a 64 KiB
-// guard gap (the data right-aligned, so one element past the end faults), NaN-filled when fresh,
-// never reused once freed (a use after free faults), and PROT_NONE whenever host code runs: only
-// kernels, copies and library calls open it (device_enter). Where the kernel has guard markers
-// (MADV_GUARD_INSTALL, Linux 6.13) the gaps and freed ranges carry them, so opening and closing
-// is one mprotect of the whole arena; elsewhere one per live allocation. The SIGSEGV handler
-// turns a fault into a message naming the violation. Memory the code under test owns is never
-// touched.
+// Emulated device memory: every cudaMalloc its own pages in one arena, right-aligned against a
+// 64 KiB guard gap (one element past the end faults), NaN-filled, never reused (a use after free
+// faults), PROT_NONE while host code runs and opened only for device work (device_enter) — one
+// mprotect where guard markers (MADV_GUARD_INSTALL) keep gaps faulting. The SIGSEGV handler names
+// each violation. Memory the code under test owns is never touched.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -1,9 +1,8 @@
-// Streams and events. Immediate mode runs device work when it is queued. Deferred mode
-// (CUDAEMU_DEFER) keeps it queued per stream and runs it only at synchronisation points, the
-// streams drained in an order chosen to expose missing cross-stream ordering (the stream that
-// was given work last runs first, or a seeded shuffle) while honouring cudaStreamWaitEvent and
-// the legacy default stream's implicit ordering with blocking streams. It must never run work
-// earlier than a GPU could, nor reorder work within one stream.
+// Streams and events. Immediate mode runs device work when it is queued; deferred mode
+// (CUDAEMU_DEFER) queues it per stream and runs it only at synchronisation points, draining the
+// stream given work last first (or a seeded order) to expose missing cross-stream ordering, while
+// honouring cudaStreamWaitEvent and the legacy default stream's implicit ordering. It must never
+// run work earlier than a GPU could, nor reorder work within one stream.
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -131,6 +130,9 @@ void submit(cudaStream_t handle, const char *what, std::function<void()> work) {
 
 void drain_stream(cudaStream_t s) {
   CUstream_st *r = resolve(s);
+  // waiting for the legacy default stream waits for the blocking streams' work before it too
+  if (r == &legacy)
+    for (const dependency &d : implicit_deps(r)) drain_to(d.stream, d.seq);
   drain_to(r, r->last);
 }
 

@@ -1,9 +1,8 @@
-// Streams, events and the deferred mode of the CUDA emulation: what the host sees after
-// asynchronous work with and without synchronisation, as CUDA defines it (pinned memory read and
-// written when the copy runs, pageable memory staged or waited for), cross-stream ordering with
-// and without events, the legacy default stream, queries, and cuBLAS work on a stream.
-// test_streams.sh runs it immediate (CUDAEMU_DEFER unset) and deferred; the expectations differ
-// exactly where a missing synchronisation makes the result undefined on a GPU.
+// Streams, events and deferred mode: what the host sees after asynchronous work with and without
+// synchronisation as CUDA defines it (pinned memory touched when the copy runs, pageable staged
+// or waited for), events between streams, the legacy default stream, queries, cuBLAS on a stream.
+// test_streams.sh runs it immediate and deferred; the expectations differ exactly where a missing
+// synchronisation leaves the result undefined on a GPU.
 #include <string>
 
 #include <cublas_v2.h>
