@@ -1,8 +1,8 @@
 #!/bin/sh
 # cu2cc.py, the .cu -> C++ rewriter: what it rewrites keeps the line numbers of the .cu file,
 # and each construct the emulation cannot execute (or the rewriter cannot parse) is an error
-# naming the file and line, never silently different code. Also: the emulation's sources are
-# clang-formatted (STYLE.md rule 12).
+# naming the file and line, never silently different code. Also: src/ and gpu/ never mention the
+# emulation, and its sources are clang-formatted (STYLE.md rule 12).
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
 R="$EMU_SRC/cu2cc.py"
@@ -48,6 +48,10 @@ printf '#include <cuda_runtime.h>\n__global__ void k(float *p) {\n  p[0] = undec
 out=$(${CXX:-c++} -std=c++17 -I"$EMU_SRC/include" -fsyntax-only bad_code.cpp 2>&1)
 if printf '%s' "$out" | grep -q "bad_code.cu:3:"; then ok "compiler errors point at the .cu line"
 else not_ok "compiler errors point at the .cu line" "$out"; fi
+# a test harness, not a product path: no code in src/ or gpu/ knows the emulation exists
+if hits=$(grep -rli --include='*.[ch]' --include='*.cu' 'cudaemu' "$SRCDIR/src" "$SRCDIR/gpu"); then
+  not_ok "the code of src/ and gpu/ does not mention the CUDA emulation" "$hits"
+else ok "the code of src/ and gpu/ does not mention the CUDA emulation"; fi
 # the emulation's sources are formatted as .clang-format says
 if command -v clang-format > /dev/null 2>&1; then
   bad=""
