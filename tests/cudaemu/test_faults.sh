@@ -13,6 +13,11 @@ expect_fail "a freed pointer as kernel argument" "points into freed device memor
 expect_fail "a host pointer as kernel argument" "is a host pointer" "$F" host_pointer_argument
 expect_fail "an atomic on host memory" "atomics need device or shared memory" "$F" atomic_on_host
 expect_fail "host code reading device memory" "host code accessed device memory" "$F" host_reads_device
+# the same with device memory opened allocation by allocation (kernels without guard markers)
+expect_fail "past the end, without guard markers" "past its end" env CUDAEMU_GUARD_MARKERS=0 "$F" oob_write
+expect_fail "use after free, without guard markers" "use after free" env CUDAEMU_GUARD_MARKERS=0 "$F" use_after_free
+expect_fail "host reading device memory, without guard markers" "host code accessed device memory" \
+  env CUDAEMU_GUARD_MARKERS=0 "$F" host_reads_device
 for order in index reverse shuffle:3; do
   expect_fail "threads exit before a barrier others wait at ($order)" "divergent barrier" \
     env CUDAEMU_ORDER=$order "$F" exit_before_barrier
