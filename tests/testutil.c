@@ -135,9 +135,11 @@ void tu_dense_attention(double *out, double *dq, double *dk, double *dv, const d
   double *L = calloc((size_t)(n * n), sizeof(double)); /* (n, n) logits */
   for (long i = 0; i < n; i++)
     for (long j = 0; j < n; j++) {
+      L[i * n + j] = -INFINITY;
+      if (!allowed(i, j, user)) continue;
       double s = 0.0;
       for (long c = 0; c < d; c++) s += q[i * d + c] * k[j * d + c];
-      L[i * n + j] = allowed(i, j, user) ? s * scale : -INFINITY;
+      L[i * n + j] = s * scale;
     }
   double *dL = dout ? malloc(sizeof(double) * (size_t)(n * n)) : NULL;
   tu_dense_softmax(out, dL, dv, L, v, dout, n, n, d);
