@@ -102,16 +102,11 @@ static void test_without_cache(void **state) {
   config_free(&cfg);
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_exact),
-      cmocka_unit_test(test_kernelized),
-      cmocka_unit_test(test_fma),
-      cmocka_unit_test(test_without_cache),
-  };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  MPI_Finalize();
-  return rc;
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_exact),
+    cmocka_unit_test(test_kernelized),
+    cmocka_unit_test(test_fma),
+    cmocka_unit_test(test_without_cache),
+};
+
+TU_MAIN(tests)

@@ -240,15 +240,10 @@ static void test_refusals(void **state) {
   }
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_matches_oracle),
-      cmocka_unit_test(test_causality),
-      cmocka_unit_test(test_refusals),
-  };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  MPI_Finalize();
-  return rc;
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_matches_oracle),
+    cmocka_unit_test(test_causality),
+    cmocka_unit_test(test_refusals),
+};
+
+TU_MAIN(tests)

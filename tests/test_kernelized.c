@@ -584,16 +584,11 @@ static void test_rmfa_tensors(void **state) {
   config_free(&cfg);
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_linear),       cmocka_unit_test(test_fmmformer),
-      cmocka_unit_test(test_rmfa),         cmocka_unit_test(test_unit_values),
-      cmocka_unit_test(test_causality),    cmocka_unit_test(test_rmfa_convergence),
-      cmocka_unit_test(test_rmfa_tensors),
-  };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  MPI_Finalize();
-  return rc;
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_linear),       cmocka_unit_test(test_fmmformer),
+    cmocka_unit_test(test_rmfa),         cmocka_unit_test(test_unit_values),
+    cmocka_unit_test(test_causality),    cmocka_unit_test(test_rmfa_convergence),
+    cmocka_unit_test(test_rmfa_tensors),
+};
+
+TU_MAIN(tests)
