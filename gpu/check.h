@@ -17,10 +17,10 @@ extern "C" [[noreturn]] void error_at(const char *file, const char *func, int li
       error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, cudaGetErrorString(e_)); \
   } while (0)
 
-#define CUBLAS_CHECK(call)                                                                   \
-  do {                                                                                       \
-    cublasStatus_t s_ = (call);                                                              \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                         \
+#define CUBLAS_CHECK(call)                                                                       \
+  do {                                                                                           \
+    cublasStatus_t s_ = (call);                                                                  \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                             \
       error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, cublasGetStatusString(s_)); \
   } while (0)
 

@@ -5,13 +5,13 @@
  * layers on the device (cuBLAS GEMMs and small kernels that mirror src/layers.c op for op), AdamW
  * and the gradient norm, exact attention (full, local) on one slab, and the NCCL communicator.
  * They compile and link on the development machine, which has no GPU; their tests
- * (tests/test_gpu.c: every op against the CPU op) say "skipped: no GPU" there and have never run. The training step on the device, the other
- * attention kernels and bf16 are not written yet, so parallel.device = gpu is still refused at
- * start.
+ * (tests/test_gpu.c: every op against the CPU op) say "skipped: no GPU" there and have never run.
+ * The training step on the device, the other attention kernels and bf16 are not written yet, so
+ * parallel.device = gpu is still refused at start.
  *
  * Conventions: every pointer is device memory unless named host; sizes and layouts are those of
- * the CPU op of the same name in layers.h, and backward ACCUMULATES (+=) as there. Work is queued on
- * the back end's one stream; gpu_sync waits for it. A CUDA, cuBLAS or NCCL failure ends the job
+ * the CPU op of the same name in layers.h, and backward ACCUMULATES (+=) as there. Work is queued
+ * on the back end's one stream; gpu_sync waits for it. A CUDA, cuBLAS or NCCL failure ends the job
  * with the library's message (error.h). */
 #ifndef FMATTN_GPU_H
 #define FMATTN_GPU_H
@@ -50,8 +50,8 @@ void gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *in
 void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, const float *mean,
                             const float *rstd, long N, int C);
-void gpu_embedding_forward(float *out, const int *tokens, const float *token,
-                           const float *position, long B, long T, int C, long t0);
+void gpu_embedding_forward(float *out, const int *tokens, const float *token, const float *position,
+                           long B, long T, int C, long t0);
 void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
                             long B, long T, int C, long t0);
 void gpu_gelu_forward(float *out, const float *inp, size_t count);

@@ -8,8 +8,8 @@
 
 namespace {
 
-constexpr float kLayernormEps = 1e-5f;        // LAYERNORM_EPS of layers.c
-constexpr float kGeluK = 0.7978845608028654f; // √(2/π)
+constexpr float kLayernormEps = 1e-5f;         // LAYERNORM_EPS of layers.c
+constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
 constexpr float kGeluA = 0.044715f;
 constexpr unsigned kThreads = 256;
 constexpr unsigned kWarp = 32;
@@ -25,7 +25,8 @@ __device__ float warp_max(float v) {
 }
 
 // Block-wide reduction through shared memory (blockDim.x a multiple of 32, at most 1024).
-template <bool kMax> __device__ float block_reduce(float v) {
+template <bool kMax>
+__device__ float block_reduce(float v) {
   __shared__ float part[32];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   v = kMax ? warp_max(v) : warp_sum(v);
@@ -38,7 +39,7 @@ template <bool kMax> __device__ float block_reduce(float v) {
   if (threadIdx.x == 0) result = r;
   __syncthreads();
   const float out = result;
-  __syncthreads(); // part and result may be reused by the next call
+  __syncthreads();  // part and result may be reused by the next call
   return out;
 }
 
@@ -76,9 +77,8 @@ __global__ void layernorm_fwd(float *out, float *mean, float *rstd, const float 
   }
 }
 
-__global__ void layernorm_bwd_inp(float *dinp, const float *dout, const float *inp,
-                                  const float *w, const float *mean, const float *rstd, long N,
-                                  int C) {
+__global__ void layernorm_bwd_inp(float *dinp, const float *dout, const float *inp, const float *w,
+                                  const float *mean, const float *rstd, long N, int C) {
   const long row = (long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
@@ -142,8 +142,8 @@ __global__ void embedding_fwd(float *out, const int *tokens, const float *token,
 
 // Token and position gradients: one thread per channel, rows in order — the CPU op's additions
 // in the CPU op's order (several positions share a token row, so no thread per row).
-__global__ void embedding_bwd(float *dtoken, float *dposition, const float *dout,
-                              const int *tokens, long B, long T, int C, long t0) {
+__global__ void embedding_bwd(float *dtoken, float *dposition, const float *dout, const int *tokens,
+                              long B, long T, int C, long t0) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   for (long bt = 0; bt < B * T; bt++) dtoken[(size_t)tokens[bt] * C + c] += dout[bt * C + c];
@@ -165,7 +165,7 @@ __global__ void softmax_xent(float *logits, const int *targets, double *row_loss
     if (threadIdx.x == 0) row_loss[row] = 0.0;
     return;
   }
-  const float zt = z[tgt]; // read before any thread overwrites it
+  const float zt = z[tgt];  // read before any thread overwrites it
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, z[j]);
   mx = block_reduce<true>(mx);
@@ -178,27 +178,26 @@ __global__ void softmax_xent(float *logits, const int *targets, double *row_loss
   if (threadIdx.x == 0) row_loss[row] = log((double)s) - (double)(zt - mx);
 }
 
-} // namespace
+}  // namespace
 
 extern "C" void gpu_linear_forward(float *out, const float *inp, const float *weight,
                                    const float *bias, long N, int IC, int OC) {
   // row-major out (N, OC) = inp (N, IC)·weightᵀ is column-major outᵀ = weightᵀᵀ·inpᵀ
   const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, IC, &one, weight,
-                           IC, inp, IC, &zero, out, OC));
+  CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, IC, &one, weight, IC,
+                           inp, IC, &zero, out, OC));
   if (bias)
-    add_bias<<<gpu_blocks((size_t)N * OC, kThreads), kThreads, 0, gpu_stream()>>>(out, bias, N,
-                                                                                   OC);
+    add_bias<<<gpu_blocks((size_t)N * OC, kThreads), kThreads, 0, gpu_stream()>>>(out, bias, N, OC);
   CUDA_CHECK(cudaGetLastError());
 }
 
 extern "C" void gpu_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *weight, long N, int IC, int OC) {
   const float one = 1.0f;
-  if (dinp) // dinp (N, IC) += dout (N, OC)·weight (OC, IC)
+  if (dinp)  // dinp (N, IC) += dout (N, OC)·weight (OC, IC)
     CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, IC, (int)N, OC, &one, weight,
                              IC, dout, OC, &one, dinp, IC));
-  if (dweight) // dweight (OC, IC) += doutᵀ·inp
+  if (dweight)  // dweight (OC, IC) += doutᵀ·inp
     CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, (int)N, &one, inp, IC,
                              dout, OC, &one, dweight, IC));
   if (dbias)
@@ -223,14 +222,14 @@ extern "C" void gpu_embedding_backward(float *dtoken, float *dposition, const fl
 extern "C" void gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                       const float *weight, const float *bias, long N, int C) {
   const unsigned rows_per_block = kThreads / kWarp;
-  layernorm_fwd<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_fwd<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(out, mean, rstd, inp,
+                                                                              weight, bias, N, C);
   CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias,
-                                       const float *dout, const float *inp, const float *weight,
-                                       const float *mean, const float *rstd, long N, int C) {
+extern "C" void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                       const float *inp, const float *weight, const float *mean,
+                                       const float *rstd, long N, int C) {
   const unsigned rows_per_block = kThreads / kWarp;
   layernorm_bwd_inp<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(
       dinp, dout, inp, weight, mean, rstd, N, C);
@@ -244,8 +243,7 @@ extern "C" void gpu_gelu_forward(float *out, const float *inp, size_t count) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void gpu_gelu_backward(float *dinp, const float *dout, const float *inp,
-                                  size_t count) {
+extern "C" void gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t count) {
   gelu_bwd<<<gpu_blocks(count, kThreads), kThreads, 0, gpu_stream()>>>(dinp, dout, inp, count);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -259,7 +257,7 @@ extern "C" double gpu_softmax_xent_forward_backward(float *logits, const int *ta
   std::vector<double> host((size_t)N);
   gpu_download(host.data(), row_loss, sizeof(double) * (size_t)N);
   gpu_free(row_loss);
-  double total = 0.0; // rows in order, as the CPU op's sum over rows
+  double total = 0.0;  // rows in order, as the CPU op's sum over rows
   for (double l : host) total += l;
   return total;
 }

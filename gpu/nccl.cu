@@ -8,10 +8,10 @@
 #include "check.h"
 #include "gpu.h"
 
-#define NCCL_CHECK(call)                                                                     \
-  do {                                                                                       \
-    ncclResult_t r_ = (call);                                                                \
-    if (r_ != ncclSuccess)                                                                   \
+#define NCCL_CHECK(call)                                                                      \
+  do {                                                                                        \
+    ncclResult_t r_ = (call);                                                                 \
+    if (r_ != ncclSuccess)                                                                    \
       error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_)); \
   } while (0)
 

@@ -14,7 +14,7 @@ cublasHandle_t gpu_cublas(void) { return cublas_; }
 extern "C" int gpu_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError(); // no driver, or no device: not an error here
+    (void)cudaGetLastError();  // no driver, or no device: not an error here
     return 0;
   }
   return n;
@@ -23,8 +23,9 @@ extern "C" int gpu_device_count(void) {
 extern "C" int gpu_open(int local_rank, char *err, size_t err_len) {
   const int n = gpu_device_count();
   if (n == 0) {
-    snprintf(err, err_len, "no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES, "
-                           "--gpus-per-task, the driver?)");
+    snprintf(err, err_len,
+             "no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES, "
+             "--gpus-per-task, the driver?)");
     return 1;
   }
   device_ = local_rank % n;

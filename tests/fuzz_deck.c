@@ -1,15 +1,8 @@
-/* libFuzzer harness for the deck loader (config_load) and the --set parser.
- *
- * One input is a deck file's bytes, optionally followed by a line "%%" and then one --set override
- * per line ("section.key=value", at most 70 lines, so that the 64-override limit is reached too).
- * The deck goes through the same path as on the command line: written to a file, read by
- * config_load with the overrides. Besides "no crash, no leak, no undefined behaviour" (ASan, UBSan,
- * LeakSanitizer), two properties are checked:
- *   - a refusal always carries a message;
- *   - an accepted deck's resolved text (what runs record in their files) is accepted again, both
- *     by config_from_text and as a deck file of its own, and that file resolves to the same
- *     settings, line for line (comment lines, # or ;, aside: they name the deck it came from).
- * Built by `make check` when configure finds clang with libFuzzer; run by tests/test_fuzz.sh. */
+/* libFuzzer harness for the deck loader (config_load) and the --set parser, under ASan, UBSan and
+ * LeakSanitizer: besides no crash, no leak and no undefined behaviour, a refusal always carries a
+ * message and an accepted deck's resolved text is accepted again and resolves to the same
+ * settings. Built by `make check` when configure finds clang with libFuzzer; run by
+ * tests/test_fuzz.sh. Test code only: it links the deck loader's sources, not libfmattn.a. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +37,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
+/* One input is a deck file's bytes, optionally followed by a line "%%" and then one --set override
+ * per line ("section.key=value", at most 70 lines, so that the 64-override limit is reached too).
+ * The deck goes the command line's way: written to a file, read by config_load with the overrides.
+ * An accepted deck's resolved text (what runs record in their files) must be accepted again, by
+ * config_from_text and as a deck file of its own, and that file must resolve to the same settings,
+ * line for line (comment lines, # or ;, aside: they name the deck it came from). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* The deck is everything before a line "%%"; the overrides, NUL-terminated copies, follow. */
   const char *sep = NULL;

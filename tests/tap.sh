@@ -1,6 +1,6 @@
 # TAP helpers for the shell tests (sourced). Each check prints one "ok N - what" or
 # "not ok N - what" line; tap_done prints the plan and exits non-zero when any check failed.
-# Work happens in a fresh directory under the build tree, removed on success.
+# Work happens in a fresh directory under $TMPDIR (default /tmp), removed on success.
 tap_n=0
 tap_failed=0
 WORK="${TMPDIR:-/tmp}/fmattn-test-$(basename "$0" .sh)-$$"
@@ -33,3 +33,32 @@ tap_done() {
 }
 # py SCRIPT args...: Debian's python3 with h5py
 py() { "${PYTHON3:-/usr/bin/python3}" "$@"; }
+# need_h5py: for a script whose checks read HDF5 files with h5py. Where configure found no python3
+# with h5py and numpy (HAVE_H5PY=no), the whole script is one TAP skip saying so, and it ends.
+need_h5py() {
+  [ "${HAVE_H5PY:-yes}" = yes ] && return 0
+  echo "1..0 # SKIP configure found no python3 with h5py and numpy (Debian: python3-h5py)"
+  rm -rf "$WORK"
+  exit 0
+}
+# tap_program "what" STATUS FILE [REASON]: one check for a TAP program (a cmocka test) that exited
+# with STATUS and wrote FILE. Not ok on a non-zero status, a "not ok" without "# SKIP" or no plan;
+# a TAP skip when nothing ran — a plan "1..0 # SKIP why", or every test skipped (cmocka writes
+# "not ok N # SKIP name") — for why or REASON; else ok for the tests that ran, and a skip for the
+# rest. A skipped test never counts as run.
+tap_program() {
+  what="$1" status="$2" file="$3" reason="${4:-}"
+  total=$(grep -c '^\(not \)\{0,1\}ok [0-9]' "$file")
+  skipped=$(grep '^\(not \)\{0,1\}ok [0-9]' "$file" | grep -c '# *SKIP')
+  failed=$(grep '^not ok [0-9]' "$file" | grep -vc '# *SKIP')
+  why=$(sed -n 's/^1\.\.0 *# *SKIP[: ]*//p' "$file" | head -n 1)
+  ran=$((total - skipped))
+  if [ "$status" -ne 0 ] || [ "$failed" -gt 0 ] || ! grep -q '^1\.\.[0-9]' "$file"; then
+    not_ok "$what: $failed of $total tests failed, status $status" "$(tail -n 40 "$file")"
+  elif [ "$ran" -eq 0 ]; then
+    ok "$what # SKIP ${why:-${reason:-all $total tests skipped}}"
+  else
+    ok "$what: $ran tests ran and passed"
+    [ "$skipped" -eq 0 ] || ok "$what: $skipped more tests # SKIP ${reason:-skipped}"
+  fi
+}

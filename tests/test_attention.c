@@ -10,170 +10,79 @@
 #include "../src/fma/lists.h"
 #include "../src/memory.h"
 
-/* Whether query i may see key j: j ≤ i when causal, |i − j| < band when band > 0. */
-static bool allowed(long i, long j, bool causal, long band) {
-  if (causal && j > i) return false;
-  return band <= 0 || (j > i - band && j < i + band);
-}
-
-/* Dense attention of one head in double: out (n, d); with dout, also dq, dk, dv. */
-static void dense_attention_band(double *out, double *dq, double *dk, double *dv, const double *q,
-                                 const double *k, const double *v, const double *dout, long n,
-                                 long d, bool causal, long band) {
-  double *P = calloc((size_t)(n * n), sizeof(double));
-  const double scale = 1.0 / sqrt((double)d);
-  for (long i = 0; i < n; i++) {
-    double mx = -INFINITY;
-    for (long j = 0; j < n; j++) {
-      if (!allowed(i, j, causal, band)) continue;
-      double s = 0.0;
-      for (long c = 0; c < d; c++) s += q[i * d + c] * k[j * d + c];
-      P[i * n + j] = s * scale;
-      if (P[i * n + j] > mx) mx = P[i * n + j];
-    }
-    double z = 0.0;
-    for (long j = 0; j < n; j++) {
-      P[i * n + j] = allowed(i, j, causal, band) ? exp(P[i * n + j] - mx) : 0.0;
-      z += P[i * n + j];
-    }
-    for (long j = 0; j < n; j++) P[i * n + j] /= z;
-    for (long c = 0; c < d; c++) {
-      double s = 0.0;
-      for (long j = 0; j < n; j++) s += P[i * n + j] * v[j * d + c];
-      out[i * d + c] = s;
-    }
-  }
-  if (dout) {
-    memset(dq, 0, sizeof(double) * n * d);
-    memset(dk, 0, sizeof(double) * n * d);
-    memset(dv, 0, sizeof(double) * n * d);
-    for (long i = 0; i < n; i++) {
-      double Di = 0.0;
-      for (long c = 0; c < d; c++) Di += dout[i * d + c] * out[i * d + c];
-      for (long j = 0; j < n; j++) {
-        double p = P[i * n + j];
-        if (p == 0.0) continue;
-        double dp = 0.0;
-        for (long c = 0; c < d; c++) {
-          dp += dout[i * d + c] * v[j * d + c];
-          dv[j * d + c] += p * dout[i * d + c];
-        }
-        double ds = p * (dp - Di) * scale;
-        for (long c = 0; c < d; c++) {
-          dq[i * d + c] += ds * k[j * d + c];
-          dk[j * d + c] += ds * q[i * d + c];
-        }
-      }
-    }
-  }
-  free(P);
-}
-
 static void dense_attention(double *out, double *dq, double *dk, double *dv, const double *q,
                             const double *k, const double *v, const double *dout, long n, long d,
-                            bool causal) {
-  dense_attention_band(out, dq, dk, dv, q, k, v, dout, n, d, causal, 0);
+                            bool causal, long band) {
+  const struct tu_mask mask = {causal, band};
+  tu_dense_attention(out, dq, dk, dv, q, k, v, dout, n, d, tu_mask_allowed, &mask);
 }
 
 static double dense_j(const double *q, const double *k, const double *v, const double *g, long n,
-                      long d, bool causal) {
+                      long d, bool causal, long band) {
   double *o = malloc(sizeof(double) * n * d);
-  dense_attention(o, NULL, NULL, NULL, q, k, v, NULL, n, d, causal);
+  dense_attention(o, NULL, NULL, NULL, q, k, v, NULL, n, d, causal, band);
   double j = 0.0;
   for (long i = 0; i < n * d; i++) j += g[i] * o[i];
   free(o);
   return j;
 }
 
-/* The dense reference's gradients are right: central differences on a tiny case. */
+/* The shared dense reference (testutil.c) is right: central differences on tiny cases, causal or
+ * not, with and without a band. */
 static void test_dense_reference_gradients(void **state) {
-  for (int causal = 0; causal < 2; causal++) {
-    const long n = 7, d = 3, N = n * d;
-    double q[N], k[N], v[N], g[N], o[N], dq[N], dk[N], dv[N], f[N];
-    tu_randn_d(q, N, 1, 1.0);
-    tu_randn_d(k, N, 2, 1.0);
-    tu_randn_d(v, N, 3, 1.0);
-    tu_randn_d(g, N, 4, 1.0);
-    dense_attention(o, dq, dk, dv, q, k, v, g, n, d, causal);
-    for (long i = 0; i < N; i++) TU_FD(f[i], q, i, 1e-6, dense_j(q, k, v, g, n, d, causal));
-    TU_ASSERT_CLOSE(tu_rel_err_dd(dq, f, N), 1e-7, "dense dq");
-    for (long i = 0; i < N; i++) TU_FD(f[i], k, i, 1e-6, dense_j(q, k, v, g, n, d, causal));
-    TU_ASSERT_CLOSE(tu_rel_err_dd(dk, f, N), 1e-7, "dense dk");
-    for (long i = 0; i < N; i++) TU_FD(f[i], v, i, 1e-6, dense_j(q, k, v, g, n, d, causal));
-    TU_ASSERT_CLOSE(tu_rel_err_dd(dv, f, N), 1e-7, "dense dv");
-  }
+  for (int causal = 0; causal < 2; causal++)
+    for (long band = 0; band <= 3; band += 3) {
+      const long n = 7, d = 3, N = n * d;
+      double q[N], k[N], v[N], g[N], o[N], dq[N], dk[N], dv[N], f[N];
+      tu_randn_d(q, N, 1, 1.0);
+      tu_randn_d(k, N, 2, 1.0);
+      tu_randn_d(v, N, 3, 1.0);
+      tu_randn_d(g, N, 4, 1.0);
+      dense_attention(o, dq, dk, dv, q, k, v, g, n, d, causal, band);
+      for (long i = 0; i < N; i++) TU_FD(f[i], q, i, 1e-6, dense_j(q, k, v, g, n, d, causal, band));
+      TU_ASSERT_CLOSE(tu_rel_err_dd(dq, f, N), 1e-7, "dense dq");
+      for (long i = 0; i < N; i++) TU_FD(f[i], k, i, 1e-6, dense_j(q, k, v, g, n, d, causal, band));
+      TU_ASSERT_CLOSE(tu_rel_err_dd(dk, f, N), 1e-7, "dense dk");
+      for (long i = 0; i < N; i++) TU_FD(f[i], v, i, 1e-6, dense_j(q, k, v, g, n, d, causal, band));
+      TU_ASSERT_CLOSE(tu_rel_err_dd(dv, f, N), 1e-7, "dense dv");
+    }
 }
 
-/* The band of `local` in the next make_config. */
-static int local_band = 128;
-
-/* A configuration with the given variant and tile, from the built-in defaults. */
-static void make_config(struct config *cfg, const char *variant, long n, int H, int d, bool causal,
-                        int tile) {
-  char items[9][96];
-  struct config_overrides ov = {0};
-  snprintf(items[0], 96, "attention.variant=%s", variant);
-  snprintf(items[1], 96, "model.context=%ld", n);
-  snprintf(items[2], 96, "model.heads=%d", H);
-  snprintf(items[3], 96, "model.dim=%d", H * d);
-  snprintf(items[4], 96, "model.objective=%s", causal ? "clm" : "mlm");
-  snprintf(items[5], 96, "attention.full.block=%d", tile);
-  snprintf(items[6], 96, "data.source=copy");
-  snprintf(items[7], 96, "model.position=none");
-  snprintf(items[8], 96, "attention.local.band=%d", local_band > 0 ? local_band : 128);
-  for (int i = 0; i < 9; i++) ov.items[ov.count++] = items[i];
-  char err[4096];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+/* full or local (band) with n tokens, H heads of d, the query/key tile. */
+static void make_config(struct config *cfg, const char *variant, long n, long H, long d,
+                        bool causal, int tile, long band) {
+  tu_config(cfg, variant, n, (int)H, (int)d, causal,
+            TU_SETS(tu_fmt("attention.full.block=%d", tile),
+                    tu_fmt("attention.local.band=%ld", band > 0 ? band : 128)));
 }
 
-struct run_out {
-  float *out, *dq, *dk, *dv;
-};
-
-static struct run_out run_variant(const struct config *cfg, long B, long H, long n, long d,
-                                  bool causal, const float *q, const float *k, const float *v,
-                                  const float *dout) {
-  const struct attn_variant *var = attention_find(cfg->attention.variant);
-  assert_non_null(var);
-  struct attn_ctx ctx =
-      attention_open(cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
-  size_t count = (size_t)(B * H * n * d);
-  struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
-  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
-  attention_forward(&ctx, r.out, saved, q, k, v, NULL);
-  if (dout) attention_backward(&ctx, r.dq, r.dk, r.dv, NULL, dout, q, k, v, NULL, r.out, saved);
+static struct tu_run run_variant(const struct config *cfg, long B, const float *q, const float *k,
+                                 const float *v, const float *dout) {
+  struct attn_ctx ctx = tu_attn_open(cfg, B);
+  struct tu_run r = tu_attn_run(&ctx, NULL, NULL, q, k, v, dout);
   attention_close(&ctx);
-  free(saved);
   return r;
-}
-
-static void free_run(struct run_out *r) {
-  free(r->out);
-  free(r->dq);
-  free(r->dk);
-  free(r->dv);
 }
 
 static void check_exact(const char *variant, long band, long n, long d, int tile, bool causal) {
   const long B = 2, H = 2, count = B * H * n * d;
   struct config cfg;
-  local_band = (int)band;
-  make_config(&cfg, variant, n, (int)H, (int)d, causal, tile);
+  make_config(&cfg, variant, n, H, d, causal, tile, band);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
         *g = malloc(4 * count);
   tu_randn(q, count, 10 + n, 1.0f);
   tu_randn(k, count, 20 + n, 1.0f);
   tu_randn(v, count, 30 + n, 1.0f);
   tu_randn(g, count, 40 + n, 1.0f);
-  struct run_out r = run_variant(&cfg, B, H, n, d, causal, q, k, v, g);
+  struct tu_run r = run_variant(&cfg, B, q, k, v, g);
   double *o = malloc(8 * count), *dq = malloc(8 * count), *dk = malloc(8 * count),
          *dv = malloc(8 * count);
   for (long bh = 0; bh < B * H; bh++) {
     size_t off = (size_t)(bh * n * d);
     double *qd = tu_to_double(q + off, n * d), *kd = tu_to_double(k + off, n * d);
     double *vd = tu_to_double(v + off, n * d), *gd = tu_to_double(g + off, n * d);
-    dense_attention_band(o + off, dq + off, dk + off, dv + off, qd, kd, vd, gd, n, d, causal,
-                         strcmp(variant, "local") == 0 ? band : 0);
+    dense_attention(o + off, dq + off, dk + off, dv + off, qd, kd, vd, gd, n, d, causal,
+                    strcmp(variant, "local") == 0 ? band : 0);
     free(qd);
     free(kd);
     free(vd);
@@ -191,7 +100,7 @@ static void check_exact(const char *variant, long band, long n, long d, int tile
     TU_ASSERT_CLOSE(tu_rel_err(r.dk, dk, count), 1e-4, what);
   }
   TU_ASSERT_CLOSE(tu_rel_err(r.dv, dv, count), 1e-4, what);
-  free_run(&r);
+  tu_run_free(&r);
   free(q);
   free(k);
   free(v);
@@ -225,52 +134,63 @@ static void test_local_matches_dense(void **state) {
     }
 }
 
-/* Outputs before position j must not change when anything at j changes. */
+/* Causality by perturbation (testutil.c): outputs before position j must not change when q, k
+ * and v at j change, and output j must. */
 static void check_causality(const char *variant) {
   const long B = 1, H = 2, n = 90, d = 8, count = B * H * n * d;
   struct config cfg;
-  local_band = 20;
-  make_config(&cfg, variant, n, (int)H, (int)d, true, 16);
+  make_config(&cfg, variant, n, H, d, true, 16, 20);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
   tu_randn(q, count, 1, 1.0f);
   tu_randn(k, count, 2, 1.0f);
   tu_randn(v, count, 3, 1.0f);
-  struct run_out base = run_variant(&cfg, B, H, n, d, true, q, k, v, NULL);
-  const long probes[] = {0, 15, 16, 47, 89};
-  for (size_t p = 0; p < sizeof probes / sizeof probes[0]; p++) {
-    long j = probes[p];
-    float *q2 = malloc(4 * count), *k2 = malloc(4 * count), *v2 = malloc(4 * count);
-    memcpy(q2, q, 4 * count);
-    memcpy(k2, k, 4 * count);
-    memcpy(v2, v, 4 * count);
-    for (long h = 0; h < H; h++)
-      for (long c = 0; c < d; c++) {
-        size_t at = (size_t)((h * n + j) * d + c);
-        q2[at] += 3.0f;
-        k2[at] -= 2.0f;
-        v2[at] += 5.0f;
-      }
-    struct run_out r = run_variant(&cfg, B, H, n, d, true, q2, k2, v2, NULL);
-    bool changed_at_j = false;
-    (void)variant;
-    for (long h = 0; h < H; h++)
-      for (long i = 0; i < n; i++)
-        for (long c = 0; c < d; c++) {
-          size_t at = (size_t)((h * n + i) * d + c);
-          if (i < j && r.out[at] != base.out[at])
-            fail_msg("output %ld changed when position %ld changed", i, j);
-          if (i == j && r.out[at] != base.out[at]) changed_at_j = true;
-        }
-    assert_true(changed_at_j); /* the perturbation is visible where it is allowed */
-    free_run(&r);
-    free(q2);
-    free(k2);
-    free(v2);
-  }
-  free_run(&base);
+  const long at[] = {0, 15, 16, 47, 89};
+  struct attn_ctx ctx = tu_attn_open(&cfg, B);
+  const struct tu_probe probe = {at, sizeof at / sizeof at[0], TU_MOVE_QKV, false};
+  if (tu_causality(&ctx, NULL, q, k, v, &probe, variant))
+    fail_msg("%s: causality probes failed (listed above)", variant);
+  attention_close(&ctx);
   free(q);
   free(k);
   free(v);
+  config_free(&cfg);
+}
+
+/* The probe can fail: it reports a leak for `full` opened bidirectional, and blindness for an op
+ * whose output ignores its inputs. */
+struct probe_op {
+  struct attn_ctx *ctx; /* NULL: the output is count zeros */
+  float *saved;
+  size_t count;
+};
+
+static void probe_forward(void *user, float *out, const float *q, const float *k, const float *v) {
+  struct probe_op *op = user;
+  if (op->ctx)
+    attention_forward(op->ctx, out, op->saved, q, k, v, NULL);
+  else
+    memset(out, 0, sizeof(float) * op->count);
+}
+
+static void test_causality_probe_can_fail(void **state) {
+  const long H = 2, n = 40, d = 8, count = H * n * d;
+  struct config cfg;
+  make_config(&cfg, "full", n, H, d, false, 16, 0);
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
+  tu_randn(q, count, 4, 1.0f);
+  tu_randn(k, count, 5, 1.0f);
+  tu_randn(v, count, 6, 1.0f);
+  struct attn_ctx ctx = tu_attn_open(&cfg, 1);
+  struct probe_op bidir = {&ctx, calloc(attention_saved_floats(&ctx) + 1, 4), count};
+  struct probe_op zero = {NULL, NULL, count};
+  const long at[] = {5, 20};
+  const struct tu_probe probe = {at, 2, TU_MOVE_QKV, false};
+  const struct tu_heads shape = {1, H, H, n, d};
+  print_message("# expected: two leaks, then two blind probes\n");
+  assert_int_equal(tu_causality_fn(probe_forward, &bidir, &shape, q, k, v, &probe, "bidir"), 2);
+  assert_int_equal(tu_causality_fn(probe_forward, &zero, &shape, q, k, v, &probe, "zero"), 2);
+  attention_close(&ctx);
+  free(bidir.saved), free(q), free(k), free(v);
   config_free(&cfg);
 }
 
@@ -283,7 +203,7 @@ static void test_causality(void **state) {
 static void test_full_workspace(void **state) {
   const long B = 1, H = 1, n = 2048, d = 16, count = B * H * n * d;
   struct config cfg;
-  make_config(&cfg, "full", n, (int)H, (int)d, true, 64);
+  make_config(&cfg, "full", n, H, d, true, 64, 0);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
         *g = malloc(4 * count);
   tu_randn(q, count, 1, 1.0f);
@@ -292,11 +212,11 @@ static void test_full_workspace(void **state) {
   tu_randn(g, count, 4, 1.0f);
   size_t base = mem_current(MEM_WORKSPACE);
   mem_reset_peak(MEM_WORKSPACE);
-  struct run_out r = run_variant(&cfg, B, H, n, d, true, q, k, v, g);
+  struct tu_run r = run_variant(&cfg, B, q, k, v, g);
   size_t used = mem_peak(MEM_WORKSPACE) - base;
   if (used > (size_t)(64 * n * sizeof(float))) /* n² floats would be 16 MiB */
     fail_msg("full attention used %zu bytes of workspace at n = %ld", used, n);
-  free_run(&r);
+  tu_run_free(&r);
   free(q);
   free(k);
   free(v);
@@ -310,11 +230,9 @@ static void test_full_workspace(void **state) {
 static void check_diagnostics(const char *variant, long band, long n, bool causal) {
   const long H = 2, d = 8, count = H * n * d, nq = n < 256 ? n : 256;
   struct config cfg;
-  local_band = (int)band;
-  make_config(&cfg, variant, n, (int)H, (int)d, causal, 16);
+  make_config(&cfg, variant, n, H, d, causal, 16, band);
   const struct attn_variant *var = attention_find(variant);
-  struct attn_ctx ctx =
-      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, causal});
+  struct attn_ctx ctx = tu_attn_open(&cfg, 1);
   struct fma_tree tree;
   fma_tree_build(&tree, n, cfg.attention.fma_m, cfg.attention.fma_p);
   const int bands = tree.levels + 1;
@@ -328,27 +246,23 @@ static void check_diagnostics(const char *variant, long band, long n, bool causa
   snprintf(what, sizeof what, "%s diagnostics n=%ld band=%ld %s", variant, n, band,
            causal ? "causal" : "bidir");
   if (got != nq) fail_msg("%s: %ld queries sampled, expected %ld", what, got, nq);
-  double *p = malloc(sizeof(double) * (size_t)n);
+  const struct tu_mask mask = {causal, band};
+  double *p = malloc(sizeof(double) * (size_t)n); /* (n) one query's logits, then its row */
   for (long h = 0; h < H; h++)
     for (long s = 0; s < nq; s++) {
       const long i = s * n / nq;
-      double mx = -INFINITY, z = 0.0;
       for (long j = 0; j < n; j++) {
-        p[j] = -INFINITY;
-        if (!allowed(i, j, causal, band)) continue;
         double dot = 0.0;
         for (long c = 0; c < d; c++) dot += (double)q[(h * n + i) * d + c] * k[(h * n + j) * d + c];
-        p[j] = dot / sqrt((double)d);
-        mx = fmax(mx, p[j]);
+        p[j] = tu_mask_allowed(i, j, &mask) ? dot / sqrt((double)d) : -INFINITY;
       }
-      for (long j = 0; j < n; j++) z += p[j] > -INFINITY ? exp(p[j] - mx) : 0.0;
+      tu_softmax_rows(p, p, 1, n);
       for (long j = 0; j < n; j++) {
-        if (p[j] == -INFINITY) continue;
-        const double pj = exp(p[j] - mx) / z;
+        if (!tu_mask_allowed(i, j, &mask)) continue;
         const int b = fma_lists_band(&tree, causal, i, j);
         if (b < 0 || b >= bands) fail_msg("%s: pair (%ld, %ld) has band %d", what, i, j, b);
-        ref[h * bands + b] += pj;
-        if (pj > 0) ref_entropy[h] -= pj * log(pj);
+        ref[h * bands + b] += p[j];
+        if (p[j] > 0) ref_entropy[h] -= p[j] * log(p[j]);
       }
     }
   double total = 0.0;
@@ -380,6 +294,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dense_reference_gradients),
     cmocka_unit_test(test_full_matches_dense),
     cmocka_unit_test(test_local_matches_dense),
+    cmocka_unit_test(test_causality_probe_can_fail),
     cmocka_unit_test(test_causality),
     cmocka_unit_test(test_full_workspace),
     cmocka_unit_test(test_diagnostics),

@@ -5,32 +5,14 @@
 . "$TESTDIR/tap.sh"
 cd "$WORK" || exit 1
 F="$FMATTN"
-
-cat > good.in <<'DECK'
-[run]
-name = good
-[data]
-source = copy
-[model]
-layers = 1
-dim = 16
-heads = 2
-context = 16
-[attention]
-variant = full
-[train]
-steps = 2
-batch = 2
-[output]
-dir = out
-DECK
+GOOD="$TESTDIR/decks/cli.in"
 
 check "--version prints the version" sh -c "$F --version | grep -q '^fmattn '"
 check "--help prints usage" sh -c "$F --help | grep -q 'fmattn DECK.in'"
 check "--print-defaults lists every section" sh -c "$F --print-defaults > defaults.in && for s in run data model attention train output parallel bench generate; do grep -q \"^\[\$s\]\" defaults.in || exit 1; done"
 check "the printed defaults are a valid deck" "$F" --check defaults.in --set data.source=copy --set attention.variant=full
 check "the README's deck reference is --print-defaults" sh -c "sed -n '/^\`\`\`ini\$/,/^\`\`\`\$/p' '$SRCDIR/README.md' | sed '1d;\$d' > readme_deck.in && $F --print-defaults | diff -u - readme_deck.in"
-check "--check prints the resolved deck" sh -c "$F --check good.in | grep -q '^context = 16'"
+check "--check prints the resolved deck" sh -c "$F --check $GOOD | grep -q '^context = 16'"
 check "--check writes nothing" sh -c "! test -e out"
 
 printf '[trian]\nsteps = 3\n' > bad_section.in
@@ -48,13 +30,13 @@ expect_fail "inconsistent combination is refused" "model.dim = 30" "$F" bad_comb
 printf '[data]\npath = no/such/file.txt\n' > no_data.in
 expect_fail "missing data file" "data.path = 'no/such/file.txt': cannot open" "$F" no_data.in
 expect_fail "missing deck" "cannot read deck 'absent.in'" "$F" absent.in
-expect_fail "bad override" "did you mean" "$F" good.in --set train.stpes=4
+expect_fail "bad override" "did you mean" "$F" "$GOOD" --set train.stpes=4
 many=""
 for i in $(seq 70); do many="$many --set=train.steps=1"; done
-expect_fail "more than 64 --set= options are refused" "too many --set options" "$F" good.in $many
-expect_fail "unknown option" "unknown option '--frobnicate'" "$F" good.in --frobnicate
-expect_fail "FiSH heads on a kernelized variant are refused with the reason" "composes with attention.variant = full or local" "$F" good.in --set attention.heads_mode=fish --set attention.variant=linear
-expect_fail "nystrom: a slab that does not hold whole segments is refused" "must hold whole segments of model.context / nystrom.landmarks = 4 tokens" "$F" --check good.in --set model.objective=mlm --set attention.variant=nystrom --set attention.nystrom.landmarks=4 --set attention.nystrom.conv=3 --set parallel.seq_ranks=8
+expect_fail "more than 64 --set= options are refused" "too many --set options" "$F" "$GOOD" $many
+expect_fail "unknown option" "unknown option '--frobnicate'" "$F" "$GOOD" --frobnicate
+expect_fail "FiSH heads on a kernelized variant are refused with the reason" "composes with attention.variant = full or local" "$F" "$GOOD" --set attention.heads_mode=fish --set attention.variant=linear
+expect_fail "nystrom: a slab that does not hold whole segments is refused" "must hold whole segments of model.context / nystrom.landmarks = 4 tokens" "$F" --check "$GOOD" --set model.objective=mlm --set attention.variant=nystrom --set attention.nystrom.landmarks=4 --set attention.nystrom.conv=3 --set parallel.seq_ranks=8
 check "nothing was written by the failed runs" sh -c "! test -e out"
 
 # the README's decks take any variant with one --set (nystrom, bidirectional only, refused in clm)
@@ -70,23 +52,23 @@ done
 
 # a file in place of the output directory
 touch blocker
-expect_fail "unwritable output directory" "cannot write to output directory 'blocker/good'" "$F" good.in --set output.dir=blocker
+expect_fail "unwritable output directory" "cannot write to output directory 'blocker/good'" "$F" "$GOOD" --set output.dir=blocker
 # a checkpoint that is not HDF5, and one of another model
 echo "not hdf5" > corrupt.h5
-expect_fail "corrupt checkpoint" "corrupt.h5" "$F" good.in --set output.restart=corrupt.h5
-expect_fail "restart latest without checkpoints" "holds no checkpoint" "$F" good.in --set output.dir=fresh --set output.restart=latest
-check "a valid run writes a checkpoint" "$F" good.in
-expect_fail "checkpoint of another model shape" "the model's is [256, 32]" "$F" good.in --set model.dim=32 --set output.restart=out/good/ckpt_000002.h5 --set run.name=other
+expect_fail "corrupt checkpoint" "corrupt.h5" "$F" "$GOOD" --set output.restart=corrupt.h5
+expect_fail "restart latest without checkpoints" "holds no checkpoint" "$F" "$GOOD" --set output.dir=fresh --set output.restart=latest
+check "a valid run writes a checkpoint" "$F" "$GOOD"
+expect_fail "checkpoint of another model shape" "the model's is [256, 32]" "$F" "$GOOD" --set model.dim=32 --set output.restart=out/good/ckpt_000002.h5 --set run.name=other
 
 # several ranks: one message, every rank exits non-zero, no hang
 out=$("$MPI_RUN" 2 "$F" bad_key.in 2>&1); rc=$?
 n=$(printf '%s\n' "$out" | grep -c "unknown key 'lerning_rate'")
 if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then ok "2 ranks: one message and a non-zero status"; else not_ok "2 ranks: one message and a non-zero status (rc $rc, $n messages)" "$out"; fi
-expect_fail "2 ranks: batch not divisible by replicas" "train.batch = 3 is not divisible" "$MPI_RUN" 2 "$F" good.in --set train.batch=3
-expect_fail "3 ranks: seq_ranks must divide the world" "parallel.seq_ranks = 2 does not divide" "$MPI_RUN" 3 "$F" good.in --set parallel.seq_ranks=2
+expect_fail "2 ranks: batch not divisible by replicas" "train.batch = 3 is not divisible" "$MPI_RUN" 2 "$F" "$GOOD" --set train.batch=3
+expect_fail "3 ranks: seq_ranks must divide the world" "parallel.seq_ranks = 2 does not divide" "$MPI_RUN" 3 "$F" "$GOOD" --set parallel.seq_ranks=2
 
 # a diverging run stops with a message and keeps its last good checkpoint
-expect_fail "NaN loss stops the run" "training loss is" "$F" good.in --set run.name=nan --set train.lr=1e4 --set train.clip=0 --set train.warmup=0 --set train.steps=50 --set output.checkpoint_every=1 --set model.dropout=0
+expect_fail "NaN loss stops the run" "training loss is" "$F" "$GOOD" --set run.name=nan --set train.lr=1e4 --set train.clip=0 --set train.warmup=0 --set train.steps=50 --set output.checkpoint_every=1 --set model.dropout=0
 last=$(ls out/nan/ckpt_*.h5 2>/dev/null | tail -n 1)
 check "the last good checkpoint survives a diverging run ($last)" sh -c "test -n '$last' && ${H5DUMP:-h5dump} -H '$last' > /dev/null && ! ls out/nan/*.tmp 2>/dev/null"
 tap_done

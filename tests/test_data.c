@@ -22,19 +22,9 @@ static uint8_t byte_at(size_t o) { return (uint8_t)((o * 7 + o / 251) & 0xFF); }
 
 static void load(struct config *cfg, const char *path, const char *split, int context,
                  const char *source, const char *objective) {
-  char items[8][600];
-  struct config_overrides ov = {0};
-  int n = 0;
-  snprintf(items[n++], 600, "data.source=%s", source);
-  if (path) snprintf(items[n++], 600, "data.path=%s", path);
-  snprintf(items[n++], 600, "data.split=%s", split);
-  snprintf(items[n++], 600, "model.context=%d", context);
-  snprintf(items[n++], 600, "model.objective=%s", objective);
-  snprintf(items[n++], 600, "train.eval_windows=1000");
-  snprintf(items[n++], 600, "attention.variant=full");
-  for (int i = 0; i < n; i++) ov.items[ov.count++] = items[i];
-  char err[CONFIG_ERR_LEN];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+  tu_config(cfg, "full", context, 0, 0, strcmp(objective, "clm") == 0,
+            TU_SETS(tu_fmt("data.source=%s", source), tu_fmt("data.split=%s", split),
+                    "train.eval_windows=1000", path ? tu_fmt("data.path=%s", path) : NULL));
 }
 
 static void test_splits(void **state) {

@@ -1,34 +1,17 @@
 /* The decode caches of generation (ops decode_open/step/close) against the batched causal
- * forward: decoding a sequence one position at a time gives, at every position, the forward's
- * output row within 1e-5 — for full, local (a ring of the band), linear, fmmformer (band ring and
- * running sums), rmfa, and fma with conv, m2m and avg summaries, with and without the
- * multiplicity term (its summaries accumulated token by token, M2M on completed windows); and the
- * variants without a cache say so by a NULL decode_open. */
+ * forward: one position at a time gives every position's forward row within 1e-5, for full, local
+ * (a ring of the band), linear, fmmformer (band ring and running sums), rmfa, and fma with conv,
+ * m2m and avg summaries, multiplicity on and off (summaries accumulated token by token, M2M on
+ * completed windows); the variants without a cache say so by a NULL decode_open. */
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
 #include "../src/config.h"
 
-static void make_config(struct config *cfg, const char *variant, long n, int H, int d,
-                        const char *extra[]) {
-  char items[8][96];
-  struct config_overrides ov = {0};
-  snprintf(items[0], 96, "attention.variant=%s", variant);
-  snprintf(items[1], 96, "model.context=%ld", n);
-  snprintf(items[2], 96, "model.heads=%d", H);
-  snprintf(items[3], 96, "model.dim=%d", H * d);
-  snprintf(items[4], 96, "model.objective=clm");
-  snprintf(items[5], 96, "data.source=copy");
-  for (int i = 0; i < 6; i++) ov.items[ov.count++] = items[i];
-  for (int i = 0; extra && extra[i]; i++) ov.items[ov.count++] = extra[i];
-  char err[CONFIG_ERR_LEN];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
-}
-
 static void check_decode(const char *variant, long n, const char *extra[]) {
   const long H = 2, d = 8, X = H * n * d;
   struct config cfg;
-  make_config(&cfg, variant, n, (int)H, (int)d, extra);
+  tu_config(&cfg, variant, n, (int)H, (int)d, true, extra);
   const struct attn_variant *var = attention_select(&cfg);
   assert_non_null(var);
   assert_non_null(var->decode_open);
@@ -42,8 +25,7 @@ static void check_decode(const char *variant, long n, const char *extra[]) {
   tu_randn(q, X, 41, 1.0f);
   tu_randn(k, X, 42, 1.0f);
   tu_randn(v, X, 43, 1.0f);
-  struct attn_ctx ctx =
-      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){1, H, n, d, n, 0, true});
+  struct attn_ctx ctx = tu_attn_open(&cfg, 1);
   float *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
   attention_forward(&ctx, out, saved, q, k, v, pp);
   void *cache = var->decode_open(&ctx, pp);
@@ -111,25 +93,20 @@ static void test_fma(void **state) {
 /* Variants without a cache say so (generation then recomputes, with a note). */
 static void test_without_cache(void **state) {
   struct config cfg;
-  make_config(&cfg, "fma_linear", 128, 2, 8, NULL);
+  tu_config(&cfg, "fma_linear", 128, 2, 8, true, NULL);
   assert_null(attention_select(&cfg)->decode_open);
   config_free(&cfg);
   const char *fish[] = {"attention.heads_mode=fish", NULL};
-  make_config(&cfg, "full", 64, 2, 8, fish);
+  tu_config(&cfg, "full", 64, 2, 8, true, fish);
   assert_null(attention_select(&cfg)->decode_open);
   config_free(&cfg);
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_exact),
-      cmocka_unit_test(test_kernelized),
-      cmocka_unit_test(test_fma),
-      cmocka_unit_test(test_without_cache),
-  };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  MPI_Finalize();
-  return rc;
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_exact),
+    cmocka_unit_test(test_kernelized),
+    cmocka_unit_test(test_fma),
+    cmocka_unit_test(test_without_cache),
+};
+
+TU_MAIN(tests)

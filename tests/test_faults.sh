@@ -1,50 +1,28 @@
 #!/bin/sh
 # Faults that lose nothing (SPEC §10, docs/operations.md): damaged checkpoints are refused naming
-# the file and the problem, and `latest` falls back to the one before; a checkpoint of another
-# model is refused naming the mismatch; a NaN or Inf loss or gradient stops the run before the
-# step is applied;
-# a rank killed with SIGKILL ends a 2- and a 4-rank job within 60 s; a full or read-only file
-# system during a checkpoint write gives a clear error and keeps the checkpoints already written;
-# a data file shorter than one window is refused.
+# file and problem, `latest` falling back to the one before; another model's checkpoint is refused
+# naming the mismatch; a NaN or Inf loss or gradient stops the run before the step; a rank killed
+# by SIGKILL ends the job within 60 s; a full or read-only disk during a checkpoint write gives a
+# clear error and keeps the earlier checkpoints; a data file shorter than one window is refused.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 H5C="$TESTDIR/h5check.py"
-
-cat > t.in <<'DECK'
-[run]
-name = t
-[data]
-source = copy
-[model]
-layers = 2
-dim = 64
-heads = 2
-context = 32
-[attention]
-variant = full
-[train]
-steps = 20
-batch = 2
-[output]
-dir = out
-checkpoint_every = 5
-keep = 10
-log_every = 5
-DECK
+T="$TESTDIR/decks/faults.in"
 
 # ---- checksums, damaged files, and the fallback of `latest` ------------------------------------
-check "a run writes a checkpoint every 5 steps" "$F" t.in
+check "a run writes a checkpoint every 5 steps" "$F" "$T"
 check "every tensor of a checkpoint carries its crc32, and matches it" py "$H5C" ckpt out/t/ckpt_000020.h5
-check "an uninterrupted 25-step run, for comparison" "$F" t.in --set run.name=straight --set train.steps=25
+check "an uninterrupted 25-step run, for comparison" "$F" "$T" --set run.name=straight --set train.steps=25
 cp -r out/t pristine
 
 check "a bit flipped in a tensor's bytes" py "$H5C" flip out/t/ckpt_000020.h5 /model/layer_001/attn/wqkv
 expect_fail "a bit-flipped checkpoint named by path is refused, naming the file and the tensor" \
   "checkpoint out/t/ckpt_000020.h5 is refused: dataset /model/layer_001/attn/wqkv fails its checksum" \
-  "$F" t.in --set run.name=x --set train.steps=25 --set output.restart=out/t/ckpt_000020.h5
-"$F" t.in --set train.steps=25 --set output.restart=latest > flip.log 2>&1
+  "$F" "$T" --set run.name=x --set train.steps=25 --set output.restart=out/t/ckpt_000020.h5
+"$F" "$T" --set train.steps=25 --set output.restart=latest > flip.log 2>&1
 check "latest: the damaged file is reported" grep -q "warning: checkpoint out/t/ckpt_000020.h5 is damaged: dataset /model/layer_001/attn/wqkv fails its checksum" flip.log
 check "latest: the run resumes from the checkpoint before it" grep -q "restarting from out/t/ckpt_000015.h5" flip.log
 check "latest: only the checkpoint it resumes from is announced as the restart" sh -c \
@@ -56,38 +34,38 @@ rm -rf out/t && cp -r pristine out/t
 truncate -s 700000 out/t/ckpt_000020.h5
 expect_fail "a truncated checkpoint named by path is refused, naming the file and the problem" \
   "checkpoint out/t/ckpt_000020.h5 is refused: HDF5 cannot open it: truncated" \
-  "$F" t.in --set run.name=x --set train.steps=25 --set output.restart=out/t/ckpt_000020.h5
-"$F" t.in --set train.steps=25 --set output.restart=latest > trunc.log 2>&1
+  "$F" "$T" --set run.name=x --set train.steps=25 --set output.restart=out/t/ckpt_000020.h5
+"$F" "$T" --set train.steps=25 --set output.restart=latest > trunc.log 2>&1
 check "latest: a truncated newest checkpoint falls back to the one before it" sh -c \
   "grep -q 'ckpt_000020.h5 is damaged: HDF5 cannot open it' trunc.log && grep -q 'restarting from out/t/ckpt_000015.h5' trunc.log && grep -q 'step 25/25' trunc.log"
 
 rm -rf out/t && cp -r pristine out/t
 for c in out/t/ckpt_*.h5; do truncate -s 1000 "$c"; done
 expect_fail "latest: when every checkpoint is damaged, the oldest is refused and the run stops" \
-  "checkpoint out/t/ckpt_000005.h5 is refused" "$F" t.in --set train.steps=25 --set output.restart=latest
+  "checkpoint out/t/ckpt_000005.h5 is refused" "$F" "$T" --set train.steps=25 --set output.restart=latest
 
 # ---- a checkpoint of another model --------------------------------------------------------------
 rm -rf out/t && cp -r pristine out/t
 expect_fail "another variant is refused naming both" "it holds attention variant full, but the deck asks for local" \
-  "$F" t.in --set attention.variant=local --set train.steps=25 --set output.restart=latest
+  "$F" "$T" --set attention.variant=local --set train.steps=25 --set output.restart=latest
 expect_fail "another shape is refused naming the tensor and both shapes" \
   "dataset /model/embed/token has shape [256, 64], the model's is [256, 32]" \
-  "$F" t.in --set model.dim=32 --set train.steps=25 --set output.restart=latest
+  "$F" "$T" --set model.dim=32 --set train.steps=25 --set output.restart=latest
 expect_fail "another depth is refused naming the missing tensor" "dataset /model/layer_002/norm1/weight is missing" \
-  "$F" t.in --set model.layers=3 --set train.steps=25 --set output.restart=latest
+  "$F" "$T" --set model.layers=3 --set train.steps=25 --set output.restart=latest
 check "a mismatch does not fall back to an older checkpoint" sh -c \
-  "'$F' t.in --set model.dim=32 --set train.steps=25 --set output.restart=latest 2>&1 | grep -c 'reading checkpoint' | grep -qx 1"
+  "'$F' '$T' --set model.dim=32 --set train.steps=25 --set output.restart=latest 2>&1 | grep -c 'reading checkpoint' | grep -qx 1"
 
 # ---- a NaN gradient: the step is not applied, the last good checkpoint is intact ----------------
-FMATTN_FAULT=nan_grad@7 "$F" t.in --set run.name=nan --set output.checkpoint_every=1 > nan.log 2>&1
+FMATTN_FAULT=nan_grad@7 "$F" "$T" --set run.name=nan --set output.checkpoint_every=1 > nan.log 2>&1
 rc=$?
 if [ "$rc" -eq 1 ] && grep -q "the gradient norm is nan at step 7: the step is not applied" nan.log; then
   ok "a NaN gradient at step 7 stops the run with status 1 and a message"
 else not_ok "a NaN gradient at step 7 stops the run with status 1 and a message (rc $rc)" "$(cat nan.log)"; fi
 check "no checkpoint of step 7, no temporary" sh -c "test -f out/nan/ckpt_000006.h5 && ! ls out/nan/ckpt_000007.h5* 2>/dev/null"
-check "a clean 6-step run, for comparison" "$F" t.in --set run.name=six --set train.steps=6
+check "a clean 6-step run, for comparison" "$F" "$T" --set run.name=six --set train.steps=6
 check "the checkpoint of step 6 is intact: the clean run's, bit for bit" py "$H5C" same-tensors out/nan/ckpt_000006.h5 out/six/ckpt_000006.h5 0
-FMATTN_FAULT=nan_grad@3 "$MPI_RUN" 2 "$F" t.in --set run.name=nan2 > nan2.log 2>&1
+FMATTN_FAULT=nan_grad@3 "$MPI_RUN" 2 "$F" "$T" --set run.name=nan2 > nan2.log 2>&1
 rc=$?
 n=$(grep -c "the gradient norm is nan at step 3" nan2.log)
 if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then ok "2 ranks: a NaN gradient stops both ranks, one message"
@@ -95,22 +73,22 @@ else not_ok "2 ranks: a NaN gradient stops both ranks, one message (rc $rc, $n m
 
 # ---- a NaN or Inf loss, an Inf gradient: the same refusal, named -------------------------------
 expect_fail "a NaN loss at step 7 stops the run with a message" "training loss is nan at step 7: the step is not applied" \
-  env FMATTN_FAULT=nan_loss@7 "$F" t.in --set run.name=nanloss --set output.checkpoint_every=1
+  env FMATTN_FAULT=nan_loss@7 "$F" "$T" --set run.name=nanloss --set output.checkpoint_every=1
 check "NaN loss: the checkpoint of step 6 is the clean run's, bit for bit, and there is none of step 7" sh -c \
   "! ls out/nanloss/ckpt_000007.h5* 2>/dev/null && '${PYTHON3:-/usr/bin/python3}' '$H5C' same-tensors out/nanloss/ckpt_000006.h5 out/six/ckpt_000006.h5 0"
 for fault in inf_loss inf_grad; do
-  FMATTN_FAULT=$fault@4 "$MPI_RUN" 2 "$F" t.in --set run.name=$fault > $fault.log 2>&1
+  FMATTN_FAULT=$fault@4 "$MPI_RUN" 2 "$F" "$T" --set run.name=$fault > $fault.log 2>&1
   rc=$?
   if [ $fault = inf_loss ]; then want="training loss is inf at step 4"; else want="the gradient norm is inf at step 4"; fi
   n=$(grep -c "$want: the step is not applied" $fault.log)
   if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then ok "2 ranks: $fault at step 4 stops both ranks, one message"
   else not_ok "2 ranks: $fault at step 4 stops both ranks, one message (rc $rc, $n messages)" "$(cat $fault.log)"; fi
 done
-expect_fail "an unknown FMATTN_FAULT is refused" "FMATTN_FAULT must be" env FMATTN_FAULT=nan_grads@1 "$F" t.in --set run.name=badfault
+expect_fail "an unknown FMATTN_FAULT is refused" "FMATTN_FAULT must be" env FMATTN_FAULT=nan_grads@1 "$F" "$T" --set run.name=badfault
 
 # ---- one rank killed: the job ends, it never hangs ----------------------------------------------
 for N in 2 4; do
-  "$MPI_RUN" "$N" "$F" t.in --set run.name="kill$N" --set train.batch=4 --set train.steps=100000000 --set output.checkpoint_every=0 --set output.log_every=1 > "kill$N.log" 2>&1 &
+  "$MPI_RUN" "$N" "$F" "$T" --set run.name="kill$N" --set train.batch=4 --set train.steps=100000000 --set output.checkpoint_every=0 --set output.log_every=1 > "kill$N.log" 2>&1 &
   mp=$!
   waited=0
   while ! grep -q "step 3/" "kill$N.log" 2>/dev/null && [ "$waited" -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
@@ -134,7 +112,7 @@ mkdir mnt
 if mount -t tmpfs -o size=4m fmattn-test mnt 2>/dev/null; then
   # 1.5 MB a checkpoint: the first fits in 4 MB, the second does not
   expect_fail "a full disk: the checkpoint is refused before writing, saying what it needs and what is free" \
-    "cannot write checkpoint mnt/t/ckpt_000010.h5: it needs about" "$F" t.in --set output.dir=mnt
+    "cannot write checkpoint mnt/t/ckpt_000010.h5: it needs about" "$F" "$T" --set output.dir=mnt
   check "the checkpoint before it is intact, and no temporary is left" sh -c \
     "py() { '${PYTHON3:-/usr/bin/python3}' \"\$@\"; }; py '$H5C' ckpt mnt/t/ckpt_000005.h5 && ! ls mnt/t/*.tmp 2>/dev/null"
   umount mnt
@@ -143,14 +121,14 @@ if mount -t tmpfs -o size=4m fmattn-test mnt 2>/dev/null; then
   mount -t tmpfs -o size=2m fmattn-test mnt
   expect_fail "a disk that fills during the write: the failed write says what it was writing" \
     "(while writing checkpoint mnt/t/ckpt_000010.h5.tmp: is its file system full or read-only? The earlier checkpoints are intact)" \
-    env FMATTN_FAULT=no_space_check "$F" t.in --set output.dir=mnt
+    env FMATTN_FAULT=no_space_check "$F" "$T" --set output.dir=mnt
   check "the checkpoint before it is intact, and the temporary is removed" sh -c \
     "py() { '${PYTHON3:-/usr/bin/python3}' \"\$@\"; }; py '$H5C' ckpt mnt/t/ckpt_000005.h5 && ! ls mnt/t/*.tmp 2>/dev/null"
   umount mnt
   mount -t tmpfs -o size=64m fmattn-test mnt
-  check "a run on the tmpfs writes its checkpoint of step 10" "$F" t.in --set output.dir=mnt --set train.steps=10
+  check "a run on the tmpfs writes its checkpoint of step 10" "$F" "$T" --set output.dir=mnt --set train.steps=10
   # resume; once it is training the file system turns read-only and SIGUSR1 asks for a checkpoint
-  "$F" t.in --set output.dir=mnt --set train.steps=100000000 --set output.restart=latest \
+  "$F" "$T" --set output.dir=mnt --set train.steps=100000000 --set output.restart=latest \
     --set output.log_every=100000000 --set output.diag_every=0 --set output.checkpoint_every=0 > ro.log 2>&1 &
   pid=$!
   waited=0
@@ -163,7 +141,7 @@ if mount -t tmpfs -o size=4m fmattn-test mnt 2>/dev/null; then
   else not_ok "a read-only file system mid-run: the failed checkpoint write says what it was writing (status $rc)" "$(tail -n 20 ro.log)"; fi
   mount -o remount,rw mnt
   check "the checkpoint of step 10 is intact" py "$H5C" ckpt mnt/t/ckpt_000010.h5
-  check "and the run resumes from it" sh -c "'$F' t.in --set output.dir=mnt --set train.steps=12 --set output.restart=latest > again.log 2>&1 && grep -q 'restarting from mnt/t/ckpt_000010.h5' again.log && grep -q 'step 12/12' again.log"
+  check "and the run resumes from it" sh -c "'$F' '$T' --set output.dir=mnt --set train.steps=12 --set output.restart=latest > again.log 2>&1 && grep -q 'restarting from mnt/t/ckpt_000010.h5' again.log && grep -q 'step 12/12' again.log"
   umount mnt
 else
   for what in "a full disk before a checkpoint write" "a disk that fills during a checkpoint write" "a read-only file system during a checkpoint write"; do
@@ -172,7 +150,7 @@ else
 fi
 
 # ---- a layout that cannot be: 3 ranks cannot hold sequence groups of 2 ---------------------------
-"$MPI_RUN" 3 "$F" t.in --set run.name=three --set parallel.seq_ranks=2 > three.log 2>&1
+"$MPI_RUN" 3 "$F" "$T" --set run.name=three --set parallel.seq_ranks=2 > three.log 2>&1
 rc=$?
 n=$(grep -c "parallel.seq_ranks = 2 does not divide the 3 MPI ranks" three.log)
 if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && ! test -e out/three; then
@@ -183,5 +161,5 @@ else not_ok "mpirun -n 3 with seq_ranks = 2: every rank stops, one message (rc $
 printf 'far too short' > short.txt
 expect_fail "a data file shorter than one window is refused, with the sizes" \
   "data.path 'short.txt' has 13 bytes; split 0.9,0.05,0.05 gives train 11 bytes, fewer than model.context+1 = 33" \
-  "$F" t.in --set run.name=short --set data.source=file --set data.path=short.txt
+  "$F" "$T" --set run.name=short --set data.source=file --set data.path=short.txt
 tap_done

@@ -1,10 +1,8 @@
-/* FiSH heads (SPEC §6.9) on `full` and `local` through their ops tables against an independent
- * float64 implementation written from the SPEC text: G global scores s_k = q_k·k_k per pair, the
- * training noise σ·ε with ε keyed by (step, layer, global head, global sample, i, j), the linear
- * (ℓ_h = Σ_k P[h,k] s_k) or MLP (ℓ_h = W2·ReLU(W1·s + b1) + b2) mixing, 1/√d, the mask and a
- * softmax over each value head's keys; the output and every gradient (q, k, v and each mixing
- * parameter) by central differences of the oracle; causal and bidirectional, with and without
- * noise; causality by perturbation; refusal of variants FiSH cannot compose with. */
+/* FiSH heads (SPEC §6.9) on `full` and `local` through their ops tables against a float64 oracle
+ * written from the SPEC text (G global scores per pair, the keyed training noise, the linear or
+ * MLP mix, the mask, a softmax per value head): the output and every gradient of q, k, v and the
+ * mixing parameters by central differences of the oracle, causal and bidirectional, with and
+ * without noise; causality by perturbation; the variants FiSH cannot compose with are refused. */
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
@@ -41,40 +39,32 @@ static double mix_logit(const struct fparams *p, const double *s, int h) {
   return l;
 }
 
-/* out (H, n, d) of batch element `sample`: q, k (G, n, d), v (H, n, d). */
+/* out (H, n, d) of batch element `sample`: q, k (G, n, d), v (H, n, d). The mixed logits of
+ * each value head, masked, through the shared dense softmax (testutil.c). */
 static void oracle(const struct fcase *t, const struct fparams *p, long step, int layer,
                    long sample, double *out, const double *q, const double *k, const double *v) {
   const long n = t->n, d = t->d;
-  double *L = malloc(sizeof(double) * n), s[8];
-  for (int h = 0; h < t->H; h++)
-    for (long i = 0; i < n; i++) {
-      double mx = -INFINITY, z = 0;
+  const struct tu_mask mask = {t->causal, t->band};
+  double *L = malloc(sizeof(double) * n * n), s[8]; /* (n, n) one head's logits */
+  for (int h = 0; h < t->H; h++) {
+    for (long i = 0; i < n; i++)
       for (long j = 0; j < n; j++) {
-        L[j] = -INFINITY;
-        if ((t->causal && j > i) || (t->band > 0 && labs(i - j) >= t->band)) continue;
+        L[i * n + j] = -INFINITY;
+        if (!tu_mask_allowed(i, j, &mask)) continue;
         for (int g = 0; g < t->G; g++) {
           double dot = 0;
           for (long c = 0; c < d; c++) dot += q[(g * n + i) * d + c] * k[(g * n + j) * d + c];
-          if (t->noise >
-              0) { /* SPEC §6.9's key, extended by layer and sample (docs/nystrom_fish.md) */
+          if (t->noise > 0) { /* SPEC §6.9's key, by layer and sample (docs/nystrom_fish.md) */
             const uint64_t head = ((uint64_t)(layer * t->G + g) << 40) | (uint64_t)sample;
             dot += t->noise * (double)(float)rng_normal(1234, RNG_NOISE, (uint64_t)step, head,
                                                         (uint64_t)(i * n + j));
           }
           s[g] = dot;
         }
-        L[j] = mix_logit(p, s, h) / sqrt((double)d);
-        if (L[j] > mx) mx = L[j];
+        L[i * n + j] = mix_logit(p, s, h) / sqrt((double)d);
       }
-      for (long c = 0; c < d; c++) out[(h * n + i) * d + c] = 0;
-      for (long j = 0; j < n; j++) {
-        if (L[j] == -INFINITY) continue;
-        const double e = exp(L[j] - mx);
-        z += e;
-        for (long c = 0; c < d; c++) out[(h * n + i) * d + c] += e * v[(h * n + j) * d + c];
-      }
-      for (long c = 0; c < d; c++) out[(h * n + i) * d + c] /= z;
-    }
+    tu_dense_softmax(out + h * n * d, NULL, NULL, L, v + h * n * d, NULL, n, n, d);
+  }
   free(L);
 }
 
@@ -89,24 +79,12 @@ static double oracle_dot(const struct fcase *t, const struct fparams *p, long sa
 }
 
 static void make_config(struct config *cfg, const struct fcase *t) {
-  char items[12][96];
-  struct config_overrides ov = {0};
-  int c = 0;
-  snprintf(items[c++], 96, "attention.variant=%s", t->variant);
-  snprintf(items[c++], 96, "attention.heads_mode=fish");
-  snprintf(items[c++], 96, "attention.fish.global_heads=%d", t->G);
-  snprintf(items[c++], 96, "attention.fish.mix=%s", t->mix);
-  snprintf(items[c++], 96, "attention.fish.noise=%g", t->noise);
-  snprintf(items[c++], 96, "model.context=%ld", t->n);
-  snprintf(items[c++], 96, "model.heads=%d", t->H);
-  snprintf(items[c++], 96, "model.dim=%ld", t->H * t->d);
-  snprintf(items[c++], 96, "model.objective=%s", t->causal ? "clm" : "mlm");
-  snprintf(items[c++], 96, "data.source=copy");
-  snprintf(items[c++], 96, "attention.local.band=%d", t->band > 0 ? t->band : 8);
-  snprintf(items[c++], 96, "attention.full.block=16");
-  for (int i = 0; i < c; i++) ov.items[ov.count++] = items[i];
-  char err[CONFIG_ERR_LEN];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+  tu_config(
+      cfg, t->variant, t->n, t->H, (int)t->d, t->causal,
+      TU_SETS("attention.heads_mode=fish", tu_fmt("attention.fish.global_heads=%d", t->G),
+              tu_fmt("attention.fish.mix=%s", t->mix), tu_fmt("attention.fish.noise=%g", t->noise),
+              tu_fmt("attention.local.band=%d", t->band > 0 ? t->band : 8),
+              "attention.full.block=16"));
 }
 
 /* The test's double copy of the parameter block (laid out as fish.c registers it). */
@@ -144,15 +122,11 @@ static void check_case(const struct fcase *t) {
   attention_params_make(&ap, &cfg, var, n);
   for (size_t e = 0; e < ap.list.total; e++) /* off their initial values */
     ap.params[e] += 0.2f * (float)rng_normal(5, RNG_TEST, 71, e, 0);
-  struct attn_ctx ctx = attention_open(&cfg, var, DEVICE_CPU, NULL, 0,
-                                       (struct attn_dims){B, H, n, d, n, 0, t->causal});
+  struct attn_ctx ctx = tu_attn_open(&cfg, B);
   ctx.step = 17;
   ctx.train = true;
   ctx.sample0 = 5;
-  float *out = calloc(XV, 4), *dq = calloc(XQ, 4), *dk = calloc(XQ, 4), *dv = calloc(XV, 4);
-  float *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
-  attention_forward(&ctx, out, saved, q, k, v, ap.params);
-  attention_backward(&ctx, dq, dk, dv, ap.dparams, g, q, k, v, ap.params, out, saved);
+  struct tu_run r = tu_attn_run(&ctx, ap.params, ap.dparams, q, k, v, g);
   attention_close(&ctx);
   struct fparams fp = copy_params(t, &ap);
   double *base = params_base(&fp) - ap.list.p[0].offset; /* the whole block, as copied */
@@ -183,13 +157,13 @@ static void check_case(const struct fcase *t) {
   char what[200], w2[420];
   snprintf(what, sizeof what, "fish %s %s n=%ld d=%ld G=%d H=%d band=%d %s noise=%g", t->variant,
            t->mix, n, d, t->G, t->H, t->band, t->causal ? "causal" : "bidir", t->noise);
-  TU_ASSERT_CLOSE(tu_rel_err(out, o, XV), 1e-5, what);
+  TU_ASSERT_CLOSE(tu_rel_err(r.out, o, XV), 1e-5, what);
   snprintf(w2, sizeof w2, "%s: dq", what);
-  TU_ASSERT_CLOSE(tu_rel_err(dq, eq, XQ), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dq, eq, XQ), 1e-4, w2);
   snprintf(w2, sizeof w2, "%s: dk", what);
-  TU_ASSERT_CLOSE(tu_rel_err(dk, ek, XQ), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dk, ek, XQ), 1e-4, w2);
   snprintf(w2, sizeof w2, "%s: dv", what);
-  TU_ASSERT_CLOSE(tu_rel_err(dv, ev, XV), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dv, ev, XV), 1e-4, w2);
   /* relative to the largest parameter gradient of the layer: b2 shifts all of a head's logits
    * alike, which its softmax ignores, so its true gradient is exactly 0 */
   double scale = 1e-30;
@@ -204,7 +178,8 @@ static void check_case(const struct fcase *t) {
     snprintf(w2, sizeof w2, "%s: d%s", what, p->name);
     TU_ASSERT_CLOSE(worst / scale, 1e-4, w2);
   }
-  free(q), free(k), free(v), free(g), free(out), free(dq), free(dk), free(dv), free(saved);
+  tu_run_free(&r);
+  free(q), free(k), free(v), free(g);
   free(o), free(eq), free(ek), free(ev), free(ep), free(base);
   attention_params_free(&ap);
   config_free(&cfg);
@@ -220,7 +195,8 @@ static void test_matches_oracle(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
 }
 
-/* Outputs before j stay put when q, k, v at j move. */
+/* Causality by perturbation (testutil.c), with the training noise on: outputs before j stay
+ * put when the global q, k and the values at j move, and output j moves. */
 static void test_causality(void **state) {
   const char *mixes[] = {"linear", "mlp"};
   for (int mi = 0; mi < 2; mi++) {
@@ -228,30 +204,22 @@ static void test_causality(void **state) {
     const long B = 1, n = t.n, d = t.d, XQ = B * t.G * n * d, XV = B * t.H * n * d;
     struct config cfg;
     make_config(&cfg, &t);
-    const struct attn_variant *var = attention_select(&cfg);
     struct attn_params ap;
-    attention_params_make(&ap, &cfg, var, n);
+    attention_params_make(&ap, &cfg, attention_select(&cfg), n);
     float *q = malloc(4 * XQ), *k = malloc(4 * XQ), *v = malloc(4 * XV);
-    float *o1 = calloc(XV, 4), *o2 = calloc(XV, 4), *sv = calloc(B * t.H * n + 1, 4);
     tu_randn(q, XQ, 1, 1.0f);
     tu_randn(k, XQ, 2, 1.0f);
     tu_randn(v, XV, 3, 1.0f);
-    struct attn_ctx ctx = attention_open(&cfg, var, DEVICE_CPU, NULL, 0,
-                                         (struct attn_dims){B, t.H, n, d, n, 0, true});
+    struct attn_ctx ctx = tu_attn_open(&cfg, B);
     ctx.train = true;
-    attention_forward(&ctx, o1, sv, q, k, v, ap.params);
-    const long j = 40;
-    for (long g = 0; g < t.G; g++)
-      for (long c = 0; c < d; c++) q[(g * n + j) * d + c] += 2, k[(g * n + j) * d + c] -= 1;
-    for (long h = 0; h < t.H; h++)
-      for (long c = 0; c < d; c++) v[(h * n + j) * d + c] += 3;
-    attention_forward(&ctx, o2, sv, q, k, v, ap.params);
-    for (long h = 0; h < t.H; h++)
-      for (long i = 0; i < j * d; i++)
-        if (o1[h * n * d + i] != o2[h * n * d + i])
-          fail_msg("fish %s: output %ld moved", t.mix, i / d);
+    const long at[] = {0, 40, 69};
+    const struct tu_probe probe = {at, sizeof at / sizeof at[0], TU_MOVE_QKV, false};
+    char what[64];
+    snprintf(what, sizeof what, "fish %s", t.mix);
+    if (tu_causality(&ctx, ap.params, q, k, v, &probe, what))
+      fail_msg("%s: causality probes failed (listed above)", what);
     attention_close(&ctx);
-    free(q), free(k), free(v), free(o1), free(o2), free(sv);
+    free(q), free(k), free(v);
     attention_params_free(&ap);
     config_free(&cfg);
   }
@@ -272,15 +240,10 @@ static void test_refusals(void **state) {
   }
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_matches_oracle),
-      cmocka_unit_test(test_causality),
-      cmocka_unit_test(test_refusals),
-  };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  MPI_Finalize();
-  return rc;
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_matches_oracle),
+    cmocka_unit_test(test_causality),
+    cmocka_unit_test(test_refusals),
+};
+
+TU_MAIN(tests)

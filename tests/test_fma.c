@@ -1,9 +1,8 @@
 /* The production `fma` and `fma_linear` through their ops table against the float64 oracle of
- * fma_oracle.c (whose own checks are test_fma_oracle.c): out, dq, dk, dv and every parameter
- * gradient over downsample × causal × multiplicity × init × (n, m, p); parameter names, shapes
- * and initialisation; unit values with v ≡ 1; causality by perturbation; the shifted causal query
- * summary; float gradients against float differences. It reads nothing of the production FMA
- * code but the tree and the lists. */
+ * fma_oracle.c (checked itself by test_fma_oracle.c): out, dq, dk, dv and every parameter gradient
+ * over downsample × causal × multiplicity × init × (n, m, p); parameter names, shapes and init;
+ * v ≡ 1; causality by perturbation; the shifted causal query summary; float gradients against
+ * float differences. It reads nothing of the production FMA code but the tree and the lists. */
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
@@ -58,24 +57,14 @@ static void case_text(const struct fma_case *t, char *buf, size_t len) {
 static bool zero_values = false;
 
 static void make_config(struct config *cfg, const struct fma_case *t) {
-  char items[13][96];
-  struct config_overrides ov = {0};
-  snprintf(items[0], 96, "attention.variant=%s", t->linear ? "fma_linear" : "fma");
-  snprintf(items[1], 96, "model.context=%ld", t->n);
-  snprintf(items[2], 96, "model.heads=%ld", t->H);
-  snprintf(items[3], 96, "model.dim=%ld", t->H * t->d);
-  snprintf(items[4], 96, "model.objective=%s", t->causal ? "clm" : "mlm");
-  snprintf(items[5], 96, "data.source=copy");
-  snprintf(items[6], 96, "model.position=none");
-  snprintf(items[7], 96, "attention.fma.m=%d", t->m);
-  snprintf(items[8], 96, "attention.fma.p=%d", t->p);
-  snprintf(items[9], 96, "attention.fma.downsample=%s", down_name[t->down]);
-  snprintf(items[10], 96, "attention.fma.init=%s", t->init == INIT_MODE_RANDOM ? "random" : "mean");
-  snprintf(items[11], 96, "attention.fma.multiplicity=%s", t->mult ? "true" : "false");
-  snprintf(items[12], 96, "attention.fma.linear_zero_values=%s", zero_values ? "true" : "false");
-  for (int i = 0; i < 13; i++) ov.items[ov.count++] = items[i];
+  tu_config(
+      cfg, t->linear ? "fma_linear" : "fma", t->n, (int)t->H, (int)t->d, t->causal,
+      TU_SETS(tu_fmt("attention.fma.m=%d", t->m), tu_fmt("attention.fma.p=%d", t->p),
+              tu_fmt("attention.fma.downsample=%s", down_name[t->down]),
+              tu_fmt("attention.fma.init=%s", t->init == INIT_MODE_RANDOM ? "random" : "mean"),
+              tu_fmt("attention.fma.multiplicity=%s", t->mult ? "true" : "false"),
+              tu_fmt("attention.fma.linear_zero_values=%s", zero_values ? "true" : "false")));
   char err[CONFIG_ERR_LEN];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
   if (attention_check(cfg, t->n, 1, err, sizeof err))
     fail_msg("attention_check refuses a valid fma configuration: %s", err);
 }
@@ -167,36 +156,14 @@ static void prod_to_oracle(const struct prod *pr, int op, struct fo_params *P) {
   }
 }
 
-struct run_out {
-  float *out, *dq, *dk, *dv;
-};
-
-static void free_run(struct run_out *r) {
-  free(r->out);
-  free(r->dq);
-  free(r->dk);
-  free(r->dv);
-}
-
 /* Forward (and backward when dout is given) of the production variant, exactly as the model
  * calls it; dparams is zeroed first since backward accumulates. */
-static struct run_out prod_run(struct prod *pr, const struct fma_case *t, const float *q,
-                               const float *k, const float *v, const float *dout) {
-  const struct attn_variant *var = pr->var;
-  struct attn_ctx ctx =
-      attention_open(&pr->cfg, var, DEVICE_CPU, NULL, 0,
-                     (struct attn_dims){t->B, t->H, t->n, t->d, t->n, 0, t->causal});
-  size_t count = (size_t)(t->B * t->H * t->n * t->d);
-  struct run_out r = {calloc(count, 4), calloc(count, 4), calloc(count, 4), calloc(count, 4)};
-  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
-  attention_forward(&ctx, r.out, saved, q, k, v, pr->params);
-  if (dout) {
-    memset(pr->dparams, 0, sizeof(float) * (pr->list.total + 1));
-    attention_backward(&ctx, r.dq, r.dk, r.dv, pr->dparams, dout, q, k, v, pr->params, r.out,
-                       saved);
-  }
+static struct tu_run prod_run(struct prod *pr, const struct fma_case *t, const float *q,
+                              const float *k, const float *v, const float *dout) {
+  struct attn_ctx ctx = tu_attn_open(&pr->cfg, t->B);
+  memset(pr->dparams, 0, sizeof(float) * (pr->list.total + 1));
+  struct tu_run r = tu_attn_run(&ctx, pr->params, pr->dparams, q, k, v, dout);
   attention_close(&ctx);
-  free(saved);
   return r;
 }
 
@@ -220,7 +187,7 @@ static bool check_case(const struct fma_case *t, double tol) {
   tu_randn(k, count, key * 4 + 1, 1.0f);
   tu_randn(v, count, key * 4 + 2, 1.0f);
   tu_randn(g, count, key * 4 + 3, 1.0f);
-  struct run_out r = prod_run(&pr, t, q, k, v, g);
+  struct tu_run r = prod_run(&pr, t, q, k, v, g);
 
   double *o = malloc(8 * count), *dq = calloc(count, 8), *dk = calloc(count, 8),
          *dv = calloc(count, 8);
@@ -275,7 +242,7 @@ static bool check_case(const struct fma_case *t, double tol) {
     fo_params_free(&pr.fc, &P[op]);
     fo_params_free(&pr.fc, &dP[op]);
   }
-  free_run(&r);
+  tu_run_free(&r);
   free(q), free(k), free(v), free(g);
   free(o), free(dq), free(dk), free(dv);
   prod_free(&pr);
@@ -455,7 +422,7 @@ static void test_fma_unit_values(void **state) {
           tu_randn(q, count, 91 + s, 2.0f);
           tu_randn(k, count, 92 + s, 2.0f);
           for (long e = 0; e < count; e++) v[e] = 1.0f;
-          struct run_out r = prod_run(&pr, &t, q, k, v, NULL);
+          struct tu_run r = prod_run(&pr, &t, q, k, v, NULL);
           for (long bh = 0; bh < t.B * t.H; bh++)
             for (long i = 0; i < t.n; i++) {
               double want = 1.0;
@@ -471,17 +438,58 @@ static void test_fma_unit_values(void **state) {
                            want);
               }
             }
-          free_run(&r);
+          tu_run_free(&r);
           free(q), free(k), free(v);
           prod_free(&pr);
         }
 }
 
-/* Causality by perturbation: change q (and unless only_q, k and v) at position j; outputs at i < j
- * must not change at all, outputs at j must. Returns the number of failed probes, each printed.
- * With only_q (fma_linear) the oracle is run on the same probe twice: with the SPEC's shifted
- * query summary ρ_l(i) − 1 and with the unshifted ρ_l(i), to show the probe does see a summary
- * that mixes in a later query (the unshifted oracle must leak). */
+/* The probe sees a summary that mixes in a later query: on the oracle, moving q alone at j = 37
+ * leaves every earlier output as it was with the SPEC's shifted query summary ρ_l(i) − 1, and
+ * changes one with the unshifted ρ_l(i) (i = 36 shares 37's level-1 sub-segment). Returns the
+ * number of failures, each printed. */
+static int shifted_query_is_seen(const struct prod *pr, const struct fma_case *t, const float *q,
+                                 const float *k, const float *v, const char *what) {
+  const long j = 37, nd = t->n * t->d;
+  struct fo_params P[3];
+  for (int op = 0; op < 3; op++) prod_to_oracle(pr, op, &P[op]);
+  double *qa = tu_to_double(q, nd), *qb = tu_to_double(q, nd);
+  double *kd = tu_to_double(k, nd), *vd = tu_to_double(v, nd);
+  double *oa = malloc(8 * nd), *ob = malloc(8 * nd);
+  for (long f = 0; f < t->d; f++) qb[j * t->d + f] += 3.0;
+  struct fo_cfg fc = pr->fc;
+  int failed = 0;
+  for (int unshifted = 0; unshifted < 2; unshifted++) {
+    fc.unshifted = unshifted;
+    fo_fma_linear(&fc, oa, NULL, NULL, NULL, NULL, NULL, NULL, qa, kd, vd, &P[0], &P[1], &P[2],
+                  NULL);
+    fo_fma_linear(&fc, ob, NULL, NULL, NULL, NULL, NULL, NULL, qb, kd, vd, &P[0], &P[1], &P[2],
+                  NULL);
+    bool leaked = false;
+    for (long e = 0; e < j * t->d; e++) leaked |= oa[e] != ob[e];
+    if (unshifted && !leaked) {
+      print_message("# %s: the unshifted oracle did not leak at j = 37: the probe is blind\n",
+                    what);
+      failed++;
+    }
+    if (!unshifted && leaked) {
+      print_message(
+          "# CAUSALITY %s: the SPEC §6.5 oracle itself (query row ρ_l(i) − 1) leaks "
+          "q_37 into an earlier output: a learned summary row spans its whole "
+          "window, not only its sub-segment\n",
+          what);
+      failed++;
+    }
+  }
+  free(qa), free(qb), free(kd), free(vd), free(oa), free(ob);
+  for (int op = 0; op < 3; op++) fo_params_free(&pr->fc, &P[op]);
+  return failed;
+}
+
+/* Causality by perturbation (testutil.c): change q (and unless only_q, k and v) at position j;
+ * outputs at i < j must not change at all, outputs at j must. Returns the number of failed
+ * probes, each printed. With only_q (fma_linear) the oracle shows the probe would see an
+ * unshifted query summary (shifted_query_is_seen). */
 static int causality_probe(bool linear, enum fo_down down, enum init_mode init, bool only_q) {
   struct fma_case t = fma_case_make(linear, 1, 2, 128, 8, 8, 2, down, true, true, init);
   char what[200];
@@ -493,82 +501,15 @@ static int causality_probe(bool linear, enum fo_down down, enum init_mode init, 
   tu_randn(q, count, 101, 1.0f);
   tu_randn(k, count, 102, 1.0f);
   tu_randn(v, count, 103, 1.0f);
-  struct run_out base = prod_run(&pr, &t, q, k, v, NULL);
   /* block and sub-segment boundaries, mid-segment positions (37: i = 36 shares its level-1
-   * sub-segment and sees level 1), the last token */
-  const long probes[] = {0, 7, 8, 37, 64, 70, 101, 127};
-  struct fo_params P[3];
-  for (int op = 0; op < 3; op++) prod_to_oracle(&pr, op, &P[op]);
-  int failed = 0;
-  for (size_t pi = 0; pi < sizeof probes / sizeof probes[0]; pi++) {
-    long j = probes[pi];
-    if (only_q && j == 0) continue; /* out_0 = v_0 whatever q_0 is */
-    float *q2 = malloc(4 * count), *k2 = malloc(4 * count), *v2 = malloc(4 * count);
-    memcpy(q2, q, 4 * count);
-    memcpy(k2, k, 4 * count);
-    memcpy(v2, v, 4 * count);
-    for (long h = 0; h < t.H; h++)
-      for (long f = 0; f < t.d; f++) {
-        size_t at = (size_t)((h * t.n + j) * t.d + f);
-        q2[at] += 3.0f;
-        if (!only_q) {
-          k2[at] -= 2.0f;
-          v2[at] += 5.0f;
-        }
-      }
-    struct run_out r = prod_run(&pr, &t, q2, k2, v2, NULL);
-    long first_leak = -1;
-    bool changed_at_j = false;
-    for (long h = 0; h < t.H; h++)
-      for (long i = 0; i <= j; i++)
-        for (long f = 0; f < t.d; f++) {
-          size_t at = (size_t)((h * t.n + i) * t.d + f);
-          if (i < j && r.out[at] != base.out[at] && first_leak < 0) first_leak = i;
-          if (i == j && r.out[at] != base.out[at]) changed_at_j = true;
-        }
-    if (first_leak >= 0) {
-      print_message("# CAUSALITY %s: output %ld changed when %s at position %ld changed\n", what,
-                    first_leak, only_q ? "q" : "q, k, v", j);
-      failed++;
-    }
-    if (!changed_at_j) {
-      print_message("# %s: changing position %ld did not change output %ld\n", what, j, j);
-      failed++;
-    }
-    if (only_q && j == 37) {
-      struct fo_cfg fc = pr.fc;
-      double *qa = tu_to_double(q, t.n * t.d), *qb = tu_to_double(q2, t.n * t.d);
-      double *kd = tu_to_double(k, t.n * t.d), *vd = tu_to_double(v, t.n * t.d);
-      double *oa = malloc(8 * t.n * t.d), *ob = malloc(8 * t.n * t.d);
-      for (int unshifted = 0; unshifted < 2; unshifted++) {
-        fc.unshifted = unshifted;
-        fo_fma_linear(&fc, oa, NULL, NULL, NULL, NULL, NULL, NULL, qa, kd, vd, &P[0], &P[1], &P[2],
-                      NULL);
-        fo_fma_linear(&fc, ob, NULL, NULL, NULL, NULL, NULL, NULL, qb, kd, vd, &P[0], &P[1], &P[2],
-                      NULL);
-        bool leaked = false;
-        for (long e = 0; e < j * t.d; e++) leaked |= oa[e] != ob[e];
-        if (unshifted && !leaked) {
-          print_message("# %s: the unshifted oracle did not leak at j = 37: the probe is blind\n",
-                        what);
-          failed++;
-        }
-        if (!unshifted && leaked) {
-          print_message(
-              "# CAUSALITY %s: the SPEC §6.5 oracle itself (query row ρ_l(i) − 1) leaks "
-              "q_37 into an earlier output: a learned summary row spans its whole "
-              "window, not only its sub-segment\n",
-              what);
-          failed++;
-        }
-      }
-      free(qa), free(qb), free(kd), free(vd), free(oa), free(ob);
-    }
-    free_run(&r);
-    free(q2), free(k2), free(v2);
-  }
-  for (int op = 0; op < 3; op++) fo_params_free(&pr.fc, &P[op]);
-  free_run(&base);
+   * sub-segment and sees level 1), the last token; not 0 when q alone moves: out_0 = v_0 */
+  const long at[] = {0, 7, 8, 37, 64, 70, 101, 127};
+  const struct tu_probe probe = {at + only_q, sizeof at / sizeof at[0] - only_q,
+                                 only_q ? TU_MOVE_Q : TU_MOVE_QKV, false};
+  struct attn_ctx ctx = tu_attn_open(&pr.cfg, t.B);
+  int failed = tu_causality(&ctx, pr.params, q, k, v, &probe, what);
+  attention_close(&ctx);
+  if (only_q) failed += shifted_query_is_seen(&pr, &t, q, k, v, what);
   free(q), free(k), free(v);
   prod_free(&pr);
   return failed;
@@ -620,9 +561,8 @@ static void float_fd_case(bool linear, enum fo_down down, bool causal, long n) {
   tu_randn(k, count, 112, 1.0f);
   tu_randn(v, count, 113, 1.0f);
   tu_randn(g, count, 114, 1.0f);
-  struct run_out r = prod_run(&pr, &t, q, k, v, g);
-  struct attn_ctx ctx = attention_open(&pr.cfg, pr.var, DEVICE_CPU, NULL, 0,
-                                       (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
+  struct tu_run r = prod_run(&pr, &t, q, k, v, g);
+  struct attn_ctx ctx = tu_attn_open(&pr.cfg, t.B);
   float *out = calloc(count, 4), *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
   const float h = 1e-2f;
   float *xs[4] = {q, k, v, pr.params};
@@ -648,7 +588,7 @@ static void float_fd_case(bool linear, enum fo_down down, bool causal, long n) {
   }
   attention_close(&ctx);
   free(out), free(saved);
-  free_run(&r);
+  tu_run_free(&r);
   free(q), free(k), free(v), free(g);
   prod_free(&pr);
 }
@@ -678,13 +618,11 @@ static void test_fma_backward_accumulates(void **state) {
       tu_randn(k, count, 122, 1.0f);
       tu_randn(v, count, 123, 1.0f);
       tu_randn(g, count, 124, 1.0f);
-      struct run_out r = prod_run(&pr, &t, q, k, v, g); /* once, from zero */
+      struct tu_run r = prod_run(&pr, &t, q, k, v, g); /* once, from zero */
       const long np = (long)pr.list.total;
       double *once[4] = {tu_to_double(r.dq, count), tu_to_double(r.dk, count),
                          tu_to_double(r.dv, count), tu_to_double(pr.dparams, np)};
-      struct attn_ctx ctx =
-          attention_open(&pr.cfg, pr.var, DEVICE_CPU, NULL, 0,
-                         (struct attn_dims){t.B, t.H, t.n, t.d, t.n, 0, t.causal});
+      struct attn_ctx ctx = tu_attn_open(&pr.cfg, t.B);
       float *out = calloc(count, 4), *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
       attention_forward(&ctx, out, saved, q, k, v, pr.params);
       attention_backward(&ctx, r.dq, r.dk, r.dv, pr.dparams, g, q, k, v, pr.params, out, saved);
@@ -700,7 +638,7 @@ static void test_fma_backward_accumulates(void **state) {
       }
       attention_close(&ctx);
       free(out), free(saved);
-      free_run(&r);
+      tu_run_free(&r);
       free(q), free(k), free(v), free(g);
       prod_free(&pr);
     }

@@ -336,52 +336,9 @@ static void test_oracle_dense_equals_summary(void **state) {
       }
 }
 
-/* Dense softmax attention of one head in double with its backward (as in test_attention.c): the
- * anchor that fma reaches when every summary is a single token. */
-static void dense_attention(double *out, double *dq, double *dk, double *dv, const double *q,
-                            const double *k, const double *v, const double *dout, long n, long d,
-                            bool causal) {
-  double *P = calloc((size_t)(n * n), sizeof(double));
-  const double scale = 1.0 / sqrt((double)d);
-  for (long i = 0; i < n; i++) {
-    double mx = -INFINITY, z = 0.0;
-    for (long j = 0; j <= (causal ? i : n - 1); j++) {
-      double s = 0.0;
-      for (long c = 0; c < d; c++) s += q[i * d + c] * k[j * d + c];
-      P[i * n + j] = s * scale;
-      if (P[i * n + j] > mx) mx = P[i * n + j];
-    }
-    for (long j = 0; j <= (causal ? i : n - 1); j++) {
-      P[i * n + j] = exp(P[i * n + j] - mx);
-      z += P[i * n + j];
-    }
-    for (long c = 0; c < d; c++) out[i * d + c] = 0.0;
-    for (long j = 0; j <= (causal ? i : n - 1); j++) {
-      P[i * n + j] /= z;
-      for (long c = 0; c < d; c++) out[i * d + c] += P[i * n + j] * v[j * d + c];
-    }
-  }
-  for (long i = 0; dout && i < n; i++) {
-    double Di = 0.0;
-    for (long c = 0; c < d; c++) Di += dout[i * d + c] * out[i * d + c];
-    for (long j = 0; j <= (causal ? i : n - 1); j++) {
-      double p = P[i * n + j], dp = 0.0;
-      for (long c = 0; c < d; c++) {
-        dp += dout[i * d + c] * v[j * d + c];
-        dv[j * d + c] += p * dout[i * d + c];
-      }
-      double ds = p * (dp - Di) * scale;
-      for (long c = 0; c < d; c++) {
-        dq[i * d + c] += ds * k[j * d + c];
-        dk[j * d + c] += ds * q[i * d + c];
-      }
-    }
-  }
-  free(P);
-}
-
 /* n = 4m and p = m: one level whose windows are single-token summaries with multiplicity
- * log(1) = 0, so fma (avg, and conv with the mean init) is exact softmax attention. */
+ * log(1) = 0, so fma (avg, and conv with the mean init) is exact softmax attention: the shared
+ * dense reference (testutil.c), the anchor of the ladder. */
 static void test_oracle_full_attention_limit(void **state) {
   const int ms[] = {1, 2, 4, 16};
   for (int causal = 0; causal < 2; causal++)
@@ -404,7 +361,8 @@ static void test_oracle_full_attention_limit(void **state) {
         fo_params_init_mean(&c, &kp);
         fo_params_init_mean(&c, &vp);
         fo_fma(&c, o1, dq1, dk1, dv1, NULL, NULL, q, k, v, &kp, &vp, g);
-        dense_attention(o2, dq2, dk2, dv2, q, k, v, g, n, d, causal);
+        const struct tu_mask mask = {causal, 0};
+        tu_dense_attention(o2, dq2, dk2, dv2, q, k, v, g, n, d, tu_mask_allowed, &mask);
         char what[128];
         snprintf(what, sizeof what, "fma(n=4m, p=m, %s %s) vs full attention", down_name[down],
                  causal ? "causal" : "bidir");

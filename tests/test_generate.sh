@@ -1,59 +1,23 @@
 #!/bin/sh
-# Generation with the decode caches (issue 11): from a trained checkpoint, cached and recomputed
-# generation give the same bytes and logits within 1e-4 at every step, over 300 bytes that pass the
-# 64-byte context several times (the window then moves on by half a context, the same way in both
-# paths), for full, local, fma and the running-sum variants; a variant without a cache
-# (fma_linear, FiSH heads) says so in one line and recomputes; prompt files, several samples,
-# generate.txt and the bytes/s line. Eval mode writes eval.h5 (losses, tokens, checkpoint, loss by
-# position, attention diagnostics) and plot_run.py draws its loss by position.
+# Generation with the decode caches (issue 11): cached and recomputed generation from a checkpoint
+# give the same 300 bytes (several passes of the 64-byte context) and logits within 1e-4, for full,
+# local, fma and the running-sum variants; fma_linear, without a cache, says so and recomputes;
+# prompt files, samples, generate.txt, the bytes/s line; eval mode's eval.h5 and its plot; bench
+# mode's generate rows.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
-
-cat > g.in <<'DECK'
-[run]
-name = g
-[data]
-path = /usr/share/common-licenses/GPL-3
-split = 0.8,0.1,0.1
-[model]
-layers = 2
-dim = 32
-heads = 2
-context = 64
-dropout = 0
-position = sinusoidal
-[attention]
-fma.m = 8
-fma.p = 2
-local.band = 16
-fmmformer.band = 8
-rmfa.features = 16
-[train]
-steps = 60
-batch = 8
-lr = 3e-3
-warmup = 5
-eval_every = 0
-eval_windows = 16
-[output]
-dir = out
-log_every = 20
-diag_every = 20
-checkpoint_every = 0
-[generate]
-prompt = Everyone is permitted
-length = 300
-DECK
+G="$TESTDIR/decks/generate.in"
 
 for v in full local fma linear fmmformer rmfa; do
-  if ! "$F" g.in --set run.name=$v --set attention.variant=$v > train-$v.log 2>&1; then
+  if ! "$F" "$G" --set run.name=$v --set attention.variant=$v > train-$v.log 2>&1; then
     not_ok "$v: trains" "$(tail -n 5 train-$v.log)"
     continue
   fi
   gen="--set run.name=$v --set attention.variant=$v --set run.mode=generate --set output.restart=latest --set generate.record=true"
-  "$F" g.in $gen --set generate.cache=true > cached-$v.log 2>&1 && mv out/$v/generate.h5 cached-$v.h5
-  "$F" g.in $gen --set generate.cache=false > plain-$v.log 2>&1 && mv out/$v/generate.h5 plain-$v.h5
+  "$F" "$G" $gen --set generate.cache=true > cached-$v.log 2>&1 && mv out/$v/generate.h5 cached-$v.h5
+  "$F" "$G" $gen --set generate.cache=false > plain-$v.log 2>&1 && mv out/$v/generate.h5 plain-$v.h5
   check "$v: cached and recomputed generation give the same 300 bytes, logits within 1e-4" py -c "
 import h5py, numpy as np, sys
 a, b = h5py.File('cached-$v.h5'), h5py.File('plain-$v.h5')
@@ -66,17 +30,17 @@ check "the bytes/s line names the decode cache" grep -q "bytes/s (decode cache)"
 check "generate.txt holds the prompt and the bytes" sh -c "head -c 21 out/fma/generate.txt | grep -q 'Everyone is permitted' && test \$(wc -c < out/fma/generate.txt) -ge 321"
 
 # no cache: one line says so, and generation still runs
-"$F" g.in --set run.name=fl --set attention.variant=fma_linear > train-fl.log 2>&1
-check "fma_linear (no decode cache) generates, recomputing" sh -c "'$F' g.in --set run.name=fl --set attention.variant=fma_linear --set run.mode=generate --set output.restart=latest --set generate.length=20 > gen-fl.log 2>&1 && grep -q 'has no decode cache' gen-fl.log"
+"$F" "$G" --set run.name=fl --set attention.variant=fma_linear > train-fl.log 2>&1
+check "fma_linear (no decode cache) generates, recomputing" sh -c "'$F' '$G' --set run.name=fl --set attention.variant=fma_linear --set run.mode=generate --set output.restart=latest --set generate.length=20 > gen-fl.log 2>&1 && grep -q 'has no decode cache' gen-fl.log"
 
 # a prompt file and several samples
 printf 'This License' > prompt.txt
-check "a prompt file and 3 samples" sh -c "'$F' g.in --set run.name=fma --set attention.variant=fma --set run.mode=generate --set output.restart=latest --set generate.prompt_file=prompt.txt --set generate.samples=3 --set generate.length=40 > gen3.log 2>&1 && test \$(grep -c -- '--- sample' out/fma/generate.txt) -eq 3 && grep -q '^This License' out/fma/generate.txt"
-check "a prompt read from a pipe (generate.prompt_file = /dev/stdin)" sh -c "printf 'This License' | '$F' g.in --set run.name=fma --set attention.variant=fma --set run.mode=generate --set output.restart=latest --set generate.prompt_file=/dev/stdin --set generate.length=10 > genpipe.log 2>&1 && grep -q '^This License' out/fma/generate.txt && test \$(wc -c < out/fma/generate.txt) -eq 23"
-expect_fail "a missing prompt file is a deck error" "generate.prompt_file = 'absent.txt': cannot open" "$F" g.in --set run.mode=generate --set output.restart=latest --set generate.prompt_file=absent.txt
+check "a prompt file and 3 samples" sh -c "'$F' '$G' --set run.name=fma --set attention.variant=fma --set run.mode=generate --set output.restart=latest --set generate.prompt_file=prompt.txt --set generate.samples=3 --set generate.length=40 > gen3.log 2>&1 && test \$(grep -c -- '--- sample' out/fma/generate.txt) -eq 3 && grep -q '^This License' out/fma/generate.txt"
+check "a prompt read from a pipe (generate.prompt_file = /dev/stdin)" sh -c "printf 'This License' | '$F' '$G' --set run.name=fma --set attention.variant=fma --set run.mode=generate --set output.restart=latest --set generate.prompt_file=/dev/stdin --set generate.length=10 > genpipe.log 2>&1 && grep -q '^This License' out/fma/generate.txt && test \$(wc -c < out/fma/generate.txt) -eq 23"
+expect_fail "a missing prompt file is a deck error" "generate.prompt_file = 'absent.txt': cannot open" "$F" "$G" --set run.mode=generate --set output.restart=latest --set generate.prompt_file=absent.txt
 
 # eval.h5
-"$F" g.in --set run.name=fma --set attention.variant=fma --set run.mode=eval --set output.restart=latest > eval.log 2>&1
+"$F" "$G" --set run.name=fma --set attention.variant=fma --set run.mode=eval --set output.restart=latest > eval.log 2>&1
 check "eval mode writes eval.h5 with the SPEC layout" py -c "
 import h5py, numpy as np, sys
 f = h5py.File('out/fma/eval.h5')
@@ -99,8 +63,8 @@ ok = ok and (f['position/end'][...] == np.arange(1, 33) * 2).all() and (pt == 16
 ok = ok and f['attention/entropy'].shape == (2, 2) and (f['attention/entropy'][...] > 0).all()
 sys.exit(0 if ok else 1)"
 # a context that 32 buckets do not divide: each bucket's label is the positions it scored
-"$F" g.in --set run.name=odd --set attention.variant=full --set model.context=100 --set train.steps=2 > odd.log 2>&1
-"$F" g.in --set run.name=odd --set attention.variant=full --set model.context=100 --set run.mode=eval --set output.restart=latest > odd-eval.log 2>&1
+"$F" "$G" --set run.name=odd --set attention.variant=full --set model.context=100 --set train.steps=2 > odd.log 2>&1
+"$F" "$G" --set run.name=odd --set attention.variant=full --set model.context=100 --set run.mode=eval --set output.restart=latest > odd-eval.log 2>&1
 check "eval.h5 at context 100: buckets labelled [start, end) hold exactly those positions" py -c "
 import h5py, numpy as np, sys
 f = h5py.File('out/odd/eval.h5')
@@ -109,7 +73,7 @@ ok = s[0] == 0 and e[-1] == 100 and (s[1:] == e[:-1]).all() and (t == 16 * (e - 
 sys.exit(0 if ok else 1)"
 
 # bench.what = generate: a decode-cache and a recompute time per context
-"$F" g.in --set run.name=bgen --set run.mode=bench --set bench.what=generate --set bench.n_list=64,128 --set bench.repeats=1 > bgen.log 2>&1
+"$F" "$G" --set run.name=bgen --set run.mode=bench --set bench.what=generate --set bench.n_list=64,128 --set bench.repeats=1 > bgen.log 2>&1
 check "bench.what = generate writes /generate/ rows to bench.h5" py -c "
 import h5py, numpy as np, sys
 g = h5py.File('out/bgen/bench.h5')['generate']

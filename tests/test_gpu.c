@@ -1,8 +1,8 @@
-/* The CUDA back end's layers against the CPU layers of src/layers.c on the same inputs: forward
- * and every gradient (accumulated onto non-zero buffers, as backward's contract says), fp32;
- * exact attention (full, local) against the CPU variants' ops, and causal by perturbation; and
- * the NCCL allreduce against MPI_Allreduce on every rank of the run. Built with --with-cuda; on a
- * machine without a GPU every test reports "skipped: no GPU" (they have not yet run on one). */
+/* The CUDA back end against the CPU: the layers of src/layers.c and exact attention (full, local)
+ * on the same inputs, forward and every gradient (accumulated onto non-zero buffers), fp32;
+ * causality by perturbation; the NCCL allreduce against MPI_Allreduce. Built with --with-cuda; on
+ * a machine without a GPU the whole program is one TAP skip ("1..0 # SKIP no GPU"), never a pass
+ * (it has not yet run on one). */
 #include "testutil.h"
 
 #include "../gpu/gpu.h"
@@ -12,27 +12,6 @@
 
 /* fp32 on both sides, different summation orders: relative to the largest entry */
 #define TOL 2e-5
-
-static int have_gpu = -1;
-
-static int setup(void **state) {
-  (void)state;
-  if (have_gpu < 0) {
-    char err[256];
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    have_gpu = gpu_open(rank, err, sizeof err) == 0;
-  }
-  return 0;
-}
-
-#define NEED_GPU()                        \
-  do {                                    \
-    if (!have_gpu) {                      \
-      print_message("skipped: no GPU\n"); \
-      skip();                             \
-    }                                     \
-  } while (0)
 
 /* A device copy of a host array. */
 static float *up(const float *h, size_t n) {
@@ -67,8 +46,6 @@ static float *randn(size_t n, uint64_t key) {
 }
 
 static void test_gpu_linear(void **state) {
-  (void)state;
-  NEED_GPU();
   const long N = 37;
   const int IC = 48, OC = 80; /* not multiples of anything in particular */
   float *x = randn((size_t)N * IC, 1), *w = randn((size_t)OC * IC, 2), *b = randn(OC, 3);
@@ -90,8 +67,6 @@ static void test_gpu_linear(void **state) {
 }
 
 static void test_gpu_layernorm(void **state) {
-  (void)state;
-  NEED_GPU();
   const long N = 29;
   const int C = 96;
   float *x = randn((size_t)N * C, 11), *w = randn(C, 12), *b = randn(C, 13);
@@ -118,8 +93,6 @@ static void test_gpu_layernorm(void **state) {
 }
 
 static void test_gpu_gelu(void **state) {
-  (void)state;
-  NEED_GPU();
   const size_t n = 1000;
   float *x = randn(n, 21), *dy = randn(n, 22), *dx = randn(n, 23), *y = malloc(sizeof(float) * n);
   float *gx = up(x, n), *gdy = up(dy, n), *gdx = up(dx, n), *gy = gpu_malloc(sizeof(float) * n);
@@ -134,8 +107,6 @@ static void test_gpu_gelu(void **state) {
 }
 
 static void test_gpu_embedding(void **state) {
-  (void)state;
-  NEED_GPU();
   const long B = 2, T = 5, n = 10, t0 = 3;
   const int C = 37, V = 11;
   int tokens[B * T];
@@ -166,8 +137,6 @@ static void test_gpu_embedding(void **state) {
 /* AdamW against the update of optimizer.c written out in double, three steps in a row, and the
  * sum of squares against a double sum on the host. */
 static void test_gpu_adamw(void **state) {
-  (void)state;
-  NEED_GPU();
   const size_t n = 5003;
   const float lr = 1e-3f, wd = 0.01f, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f, scale = 0.5f;
   float *w = randn(n, 81), *g = randn(n, 82), *mv = calloc(2 * n, sizeof(float));
@@ -194,8 +163,6 @@ static void test_gpu_adamw(void **state) {
 }
 
 static void test_gpu_softmax_xent(void **state) {
-  (void)state;
-  NEED_GPU();
   const long N = 33;
   const int V = 257; /* the mlm vocabulary: not a multiple of the block */
   float *z = randn((size_t)N * V, 31);
@@ -214,18 +181,8 @@ static void test_gpu_softmax_xent(void **state) {
 
 /* The configuration of a CPU exact-attention op: variant full or local (band), n tokens. */
 static void exact_config(struct config *cfg, long band, long n, int H, int d, bool causal) {
-  char items[7][96];
-  struct config_overrides ov = {0};
-  snprintf(items[0], 96, "attention.variant=%s", band > 0 ? "local" : "full");
-  snprintf(items[1], 96, "model.context=%ld", n);
-  snprintf(items[2], 96, "model.heads=%d", H);
-  snprintf(items[3], 96, "model.dim=%d", H * d);
-  snprintf(items[4], 96, "model.objective=%s", causal ? "clm" : "mlm");
-  snprintf(items[5], 96, "attention.local.band=%ld", band > 0 ? band : 128);
-  snprintf(items[6], 96, "data.source=copy");
-  for (int i = 0; i < 7; i++) ov.items[ov.count++] = items[i];
-  char err[4096];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+  tu_config(cfg, band > 0 ? "local" : "full", n, H, d, causal,
+            TU_SETS(tu_fmt("attention.local.band=%ld", band > 0 ? band : 128)));
 }
 
 /* One comparison of check_exact: its relative error within TOL, named "<variant ...>: <what>". */
@@ -242,10 +199,7 @@ static void check_exact(long band, bool causal, int d) {
   const size_t count = (size_t)(BH * n * d);
   struct config cfg;
   exact_config(&cfg, band, n, (int)H, d, causal);
-  const struct attn_variant *var = attention_find(cfg.attention.variant);
-  assert_non_null(var);
-  struct attn_ctx ctx =
-      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
+  struct attn_ctx ctx = tu_attn_open(&cfg, B);
   assert_true(attention_saved_floats(&ctx) == (size_t)(BH * n)); /* the saved state is lse alone */
   float *q = randn(count, 51), *k = randn(count, 52), *v = randn(count, 53), *g = randn(count, 54);
   float *out = malloc(4 * count), *lse = malloc(4 * (size_t)(BH * n));
@@ -256,7 +210,8 @@ static void check_exact(long band, bool causal, int d) {
   attention_forward(&ctx, out, lse, q, k, v, NULL);
   gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, causal, band);
   char what[96];
-  snprintf(what, sizeof what, "%s d=%d %s: ", var->name, d, causal ? "causal" : "bidirectional");
+  snprintf(what, sizeof what, "%s d=%d %s: ", ctx.variant->name, d,
+           causal ? "causal" : "bidirectional");
   assert_exact(diff(gout, out, count), what, "out");
   assert_exact(diff(glse, lse, (size_t)(BH * n)), what, "lse");
   attention_backward(&ctx, dq, dk, dv, NULL, g, q, k, v, NULL, out, lse);
@@ -271,8 +226,6 @@ static void check_exact(long band, bool causal, int d) {
 }
 
 static void test_gpu_exact_attention(void **state) {
-  (void)state;
-  NEED_GPU();
   for (int d = 16; d <= 128; d *= 2)
     if (gpu_exact_attention_supports(d)) check_exact(0, true, d);
   check_exact(0, false, 64);
@@ -281,42 +234,47 @@ static void test_gpu_exact_attention(void **state) {
   assert_false(gpu_exact_attention_supports(48));
 }
 
-/* Causal mode on the GPU: changing the keys and values after position p leaves the outputs of
- * positions ≤ p bit for bit as they were (and changes a later one). */
+/* The GPU's exact attention as the causality probe runs it: host arrays in and out. */
+struct gpu_forward {
+  long BH, n, d, band;
+  float *q, *k, *v, *out, *lse; /* device buffers */
+};
+
+static void gpu_forward(void *user, float *out, const float *q, const float *k, const float *v) {
+  struct gpu_forward *g = user;
+  const size_t bytes = sizeof(float) * (size_t)(g->BH * g->n * g->d);
+  gpu_upload(g->q, q, bytes);
+  gpu_upload(g->k, k, bytes);
+  gpu_upload(g->v, v, bytes);
+  gpu_exact_attention_forward(g->out, g->lse, g->q, g->k, g->v, g->BH, g->n, g->d, 1, g->band);
+  gpu_download(out, g->out, bytes);
+}
+
+/* Causal mode on the GPU, by the probe of testutil.c: changing the keys and values after position
+ * p leaves the outputs of positions ≤ p bit for bit as they were, and changes output p + 1. */
 static void test_gpu_exact_causality(void **state) {
-  (void)state;
-  NEED_GPU();
-  const long BH = 2, n = 150, p = 77;
-  const int d = 32;
+  const long BH = 2, n = 150, d = 32, p = 77;
   const size_t count = (size_t)(BH * n * d);
+  struct gpu_forward g = {BH,
+                          n,
+                          d,
+                          0,
+                          gpu_malloc(4 * count),
+                          gpu_malloc(4 * count),
+                          gpu_malloc(4 * count),
+                          gpu_malloc(4 * count),
+                          gpu_malloc(4 * (size_t)(BH * n))};
   float *q = randn(count, 61), *k = randn(count, 62), *v = randn(count, 63);
-  float *a = malloc(4 * count), *b = malloc(4 * count);
-  float *gq = up(q, count), *gk = up(k, count), *gv = up(v, count);
-  float *gout = gpu_malloc(4 * count), *glse = gpu_malloc(4 * (size_t)(BH * n));
-  gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, 1, 0);
-  gpu_download(a, gout, 4 * count);
-  for (long bh = 0; bh < BH; bh++)
-    for (long i = p + 1; i < n; i++)
-      for (int c = 0; c < d; c++) {
-        k[(bh * n + i) * d + c] += 1.0f;
-        v[(bh * n + i) * d + c] -= 2.0f;
-      }
-  gpu_upload(gk, k, 4 * count);
-  gpu_upload(gv, v, 4 * count);
-  gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, 1, 0);
-  gpu_download(b, gout, 4 * count);
-  for (long bh = 0; bh < BH; bh++) {
-    const size_t head = (size_t)(bh * n * d);
-    assert_memory_equal(a + head, b + head, 4 * (size_t)((p + 1) * d));
-    assert_memory_not_equal(a + head + (p + 1) * d, b + head + (p + 1) * d, 4 * (size_t)d);
-  }
-  free(q), free(k), free(v), free(a), free(b);
-  gpu_free(gq), gpu_free(gk), gpu_free(gv), gpu_free(gout), gpu_free(glse);
+  const long at[] = {p + 1};
+  const struct tu_probe probe = {at, 1, TU_MOVE_K | TU_MOVE_V, true};
+  const struct tu_heads shape = {1, BH, BH, n, d};
+  if (tu_causality_fn(gpu_forward, &g, &shape, q, k, v, &probe, "GPU exact attention"))
+    fail_msg("GPU exact attention: the causality probe failed (listed above)");
+  free(q), free(k), free(v);
+  gpu_free(g.q), gpu_free(g.k), gpu_free(g.v), gpu_free(g.out), gpu_free(g.lse);
 }
 
 static void test_gpu_nccl_allreduce(void **state) {
-  (void)state;
-  NEED_GPU();
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -334,16 +292,31 @@ static void test_gpu_nccl_allreduce(void **state) {
   gpu_free(gx);
 }
 
-static const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup(test_gpu_linear, setup),
-    cmocka_unit_test_setup(test_gpu_layernorm, setup),
-    cmocka_unit_test_setup(test_gpu_gelu, setup),
-    cmocka_unit_test_setup(test_gpu_embedding, setup),
-    cmocka_unit_test_setup(test_gpu_adamw, setup),
-    cmocka_unit_test_setup(test_gpu_softmax_xent, setup),
-    cmocka_unit_test_setup(test_gpu_exact_attention, setup),
-    cmocka_unit_test_setup(test_gpu_exact_causality, setup),
-    cmocka_unit_test_setup(test_gpu_nccl_allreduce, setup),
-};
-
-TU_MAIN(tests)
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char err[256];
+  if (gpu_open(rank, err, sizeof err) != 0) { /* TAP's skip-all plan, with the reason */
+    err[strcspn(err, "\n")] = '\0';
+    printf("1..0 # SKIP no GPU: %s\n", err);
+    MPI_Finalize();
+    return 0;
+  }
+  cmocka_set_message_output(CM_OUTPUT_TAP);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpu_linear),
+      cmocka_unit_test(test_gpu_layernorm),
+      cmocka_unit_test(test_gpu_gelu),
+      cmocka_unit_test(test_gpu_embedding),
+      cmocka_unit_test(test_gpu_adamw),
+      cmocka_unit_test(test_gpu_softmax_xent),
+      cmocka_unit_test(test_gpu_exact_attention),
+      cmocka_unit_test(test_gpu_exact_causality),
+      cmocka_unit_test(test_gpu_nccl_allreduce),
+  };
+  const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  gpu_close();
+  MPI_Finalize();
+  return rc;
+}

@@ -5,6 +5,7 @@
 # used; bad kernel files get one clear message. The numerical ladders against the dense oracles
 # are test_fma and test_kernelized.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
 K="$TESTDIR/kernel_files.py"

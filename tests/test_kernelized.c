@@ -1,11 +1,8 @@
-/* The kernelized variants `linear`, `fmmformer` and `rmfa` (SPEC §6.3, §6.6, §6.8) through their
- * ops tables against an independent float64 dense implementation written from the SPEC text:
- * explicit n × n weight matrices (for rmfa, explicit feature matrices made from the same stored
- * degrees and Rademacher vectors), the output and every gradient — of q, k, v and of each
- * trainable parameter — by central differences of the float64 oracle; causal and bidirectional;
- * n on both sides of the running sums' chunk boundary; several d and D. Also: v ≡ 1 gives 1
- * (linear) and σ(w1) + nk·σ(w2) (fmmformer); causality by perturbation; rmfa's feature estimate
- * converges to its kernel as D^−½; rmfa's features are frozen tensors under SPEC names. */
+/* linear, fmmformer and rmfa (SPEC §6.3, §6.6, §6.8) through their ops tables against a float64
+ * oracle written from the SPEC text (explicit n × n weights; rmfa's feature matrices from the same
+ * stored degrees and Rademacher vectors): out and every gradient (q, k, v, each trainable
+ * parameter) by its central differences, causal and bidirectional, several n, d and D; v ≡ 1;
+ * causality by perturbation; rmfa's estimate converging as D^−½; its frozen tensors' names. */
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
@@ -126,31 +123,12 @@ static void oracle_kernelized(const struct oracle *o, const char *name, double *
   free(fk);
 }
 
-/* softmax over |i − j| < band (and j ≤ i causal) of q·k/√d, times v. */
+/* softmax over |i − j| < band (and j ≤ i causal) of q·k/√d, times v: the shared dense
+ * reference (testutil.c). */
 static void oracle_band(const struct oracle *o, double *out, const double *q, const double *k,
                         const double *v) {
-  const long n = o->n, d = o->d;
-  double *s = malloc(sizeof(double) * n);
-  for (long i = 0; i < n; i++) {
-    double mx = -INFINITY, z = 0;
-    for (long j = 0; j < n; j++) {
-      s[j] = -INFINITY;
-      if ((o->causal && j > i) || labs(i - j) >= o->band) continue;
-      double dot = 0;
-      for (long c = 0; c < d; c++) dot += q[i * d + c] * k[j * d + c];
-      s[j] = dot / sqrt((double)d);
-      if (s[j] > mx) mx = s[j];
-    }
-    for (long c = 0; c < d; c++) out[i * d + c] = 0;
-    for (long j = 0; j < n; j++) {
-      if (s[j] == -INFINITY) continue;
-      double e = exp(s[j] - mx);
-      z += e;
-      for (long c = 0; c < d; c++) out[i * d + c] += e * v[j * d + c];
-    }
-    for (long c = 0; c < d; c++) out[i * d + c] /= z;
-  }
-  free(s);
+  const struct tu_mask mask = {o->causal, o->band};
+  tu_dense_attention(out, NULL, NULL, NULL, q, k, v, NULL, o->n, o->d, tu_mask_allowed, &mask);
 }
 
 static double sig(double x) { return 1.0 / (1.0 + exp(-x)); }
@@ -190,65 +168,37 @@ static double oracle_dot(const struct oracle *o, const double *g, const double *
 /* ---------------------------------------------------------------------------------------------
  * the production op */
 
-static void make_config(struct config *cfg, const char *variant, long n, int H, int d, bool causal,
-                        const char *extra[]) {
-  char items[8][96];
-  struct config_overrides ov = {0};
-  snprintf(items[0], 96, "attention.variant=%s", variant);
-  snprintf(items[1], 96, "model.context=%ld", n);
-  snprintf(items[2], 96, "model.heads=%d", H);
-  snprintf(items[3], 96, "model.dim=%d", H * d);
-  snprintf(items[4], 96, "model.objective=%s", causal ? "clm" : "mlm");
-  snprintf(items[5], 96, "data.source=copy");
-  snprintf(items[6], 96, "model.position=none");
-  for (int i = 0; i < 7; i++) ov.items[ov.count++] = items[i];
-  for (int i = 0; extra && extra[i]; i++) ov.items[ov.count++] = extra[i];
-  char err[CONFIG_ERR_LEN];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
-}
-
 struct run {
-  float *out, *dq, *dk, *dv;
+  struct tu_run t; /* out, dq, dk, dv */
   struct attn_params ap;
 };
 
-/* Forward and (with g) backward through the ops table, on parameters moved off their initial
- * values (the trainable ones) so that every gradient is exercised. */
-static struct run run_op(const struct config *cfg, long B, long H, long n, long d, bool causal,
-                         const float *q, const float *k, const float *v, const float *g) {
-  const struct attn_variant *var = attention_find(cfg->attention.variant);
-  assert_non_null(var);
-  struct run r;
-  attention_params_make(&r.ap, cfg, var, n);
-  for (int i = 0; i < r.ap.list.count; i++) {
-    const struct param_desc *p = &r.ap.list.p[i];
+/* The op's parameters, the trainable ones moved off their initial values (the same way on every
+ * call) so that every gradient is exercised. */
+static void make_params(struct attn_params *ap, const struct config *cfg) {
+  attention_params_make(ap, cfg, attention_select(cfg), cfg->model.context);
+  for (int i = 0; i < ap->list.count; i++) {
+    const struct param_desc *p = &ap->list.p[i];
     if (p->frozen) continue;
     for (size_t e = 0; e < p->numel; e++)
-      r.ap.params[p->offset + e] += 0.3f * (float)rng_normal(5, RNG_TEST, 40 + i, e, 0);
+      ap->params[p->offset + e] += 0.3f * (float)rng_normal(5, RNG_TEST, 40 + i, e, 0);
   }
-  struct attn_ctx ctx =
-      attention_open(cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, causal});
-  const size_t count = (size_t)(B * H * n * d);
-  r.out = calloc(count, 4);
-  r.dq = calloc(count, 4);
-  r.dk = calloc(count, 4);
-  r.dv = calloc(count, 4);
-  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
-  const float *pp = r.ap.list.count ? r.ap.params : NULL;
-  attention_forward(&ctx, r.out, saved, q, k, v, pp);
-  if (g)
-    attention_backward(&ctx, r.dq, r.dk, r.dv, r.ap.list.count ? r.ap.dparams : NULL, g, q, k, v,
-                       pp, r.out, saved);
+}
+
+/* Forward and (with g) backward through the ops table, on make_params' parameters. */
+static struct run run_op(const struct config *cfg, long B, const float *q, const float *k,
+                         const float *v, const float *g) {
+  struct run r;
+  make_params(&r.ap, cfg);
+  struct attn_ctx ctx = tu_attn_open(cfg, B);
+  const bool has = r.ap.list.count > 0;
+  r.t = tu_attn_run(&ctx, has ? r.ap.params : NULL, has ? r.ap.dparams : NULL, q, k, v, g);
   attention_close(&ctx);
-  free(saved);
   return r;
 }
 
 static void free_run(struct run *r) {
-  free(r->out);
-  free(r->dq);
-  free(r->dk);
-  free(r->dv);
+  tu_run_free(&r->t);
   attention_params_free(&r->ap);
 }
 
@@ -309,14 +259,14 @@ static struct oracle oracle_for(const struct config *cfg, const struct run *r, l
 static void check_case(const char *variant, const char *extra[], long n, long d, bool causal) {
   const long B = 2, H = 2, count = B * H * n * d, nd = n * d;
   struct config cfg;
-  make_config(&cfg, variant, n, (int)H, (int)d, causal, extra);
+  tu_config(&cfg, variant, n, (int)H, (int)d, causal, extra);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
         *g = malloc(4 * count);
   tu_randn(q, count, 100 + n, 1.0f);
   tu_randn(k, count, 200 + n, 1.0f);
   tu_randn(v, count, 300 + n, 1.0f);
   tu_randn(g, count, 400 + n, 1.0f);
-  struct run r = run_op(&cfg, B, H, n, d, causal, q, k, v, g);
+  struct run r = run_op(&cfg, B, q, k, v, g);
   double *o = malloc(8 * count), *dq = malloc(8 * count), *dk = malloc(8 * count),
          *dv = malloc(8 * count);
   /* trainable parameter gradients, by central differences on every head at once */
@@ -366,14 +316,14 @@ static void check_case(const char *variant, const char *extra[], long n, long d,
     free(gd);
     for (int i = 0; i < 3; i++) free(keep[i]);
   }
-  TU_ASSERT_CLOSE(tu_rel_err(r.out, o, count), 1e-5, what);
+  TU_ASSERT_CLOSE(tu_rel_err(r.t.out, o, count), 1e-5, what);
   char w2[900];
   snprintf(w2, sizeof w2, "%s: dq", what);
-  TU_ASSERT_CLOSE(tu_rel_err(r.dq, dq, count), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.t.dq, dq, count), 1e-4, w2);
   snprintf(w2, sizeof w2, "%s: dk", what);
-  TU_ASSERT_CLOSE(tu_rel_err(r.dk, dk, count), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.t.dk, dk, count), 1e-4, w2);
   snprintf(w2, sizeof w2, "%s: dv", what);
-  TU_ASSERT_CLOSE(tu_rel_err(r.dv, dv, count), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.t.dv, dv, count), 1e-4, w2);
   int trainable = 0;
   for (int i = 0; i < r.ap.list.count; i++) {
     const struct param_desc *p = &r.ap.list.p[i];
@@ -458,20 +408,21 @@ static void test_unit_values(void **state) {
   for (long i = 0; i < count; i++) v[i] = 1.0f;
   for (int causal = 0; causal < 2; causal++) {
     struct config cfg;
-    make_config(&cfg, "linear", n, (int)H, (int)d, causal, NULL);
-    struct run r = run_op(&cfg, B, H, n, d, causal, q, k, v, NULL);
+    tu_config(&cfg, "linear", n, (int)H, (int)d, causal, NULL);
+    struct run r = run_op(&cfg, B, q, k, v, NULL);
     for (long i = 0; i < count; i++)
-      if (fabsf(r.out[i] - 1.0f) > 1e-6f) fail_msg("linear v = 1: out[%ld] = %.9g", i, r.out[i]);
+      if (fabsf(r.t.out[i] - 1.0f) > 1e-6f)
+        fail_msg("linear v = 1: out[%ld] = %.9g", i, r.t.out[i]);
     free_run(&r);
     config_free(&cfg);
     const char *x[] = {"attention.fmmformer.kernels=elu,tanh", "attention.fmmformer.band=9", NULL};
-    make_config(&cfg, "fmmformer", n, (int)H, (int)d, causal, x);
-    r = run_op(&cfg, B, H, n, d, causal, q, k, v, NULL);
+    tu_config(&cfg, "fmmformer", n, (int)H, (int)d, causal, x);
+    r = run_op(&cfg, B, q, k, v, NULL);
     for (long i = 0; i < count; i++) {
       const long h = i / (n * d) % H;
       const double want = sig(tensor(&r, "w1")[h]) + 2 * sig(tensor(&r, "w2")[h]);
-      if (fabs(r.out[i] - want) > 1e-6 * want)
-        fail_msg("fmmformer v = 1: out[%ld] = %.9g, want %.9g", i, r.out[i], want);
+      if (fabs(r.t.out[i] - want) > 1e-6 * want)
+        fail_msg("fmmformer v = 1: out[%ld] = %.9g, want %.9g", i, r.t.out[i], want);
     }
     free_run(&r);
     config_free(&cfg);
@@ -481,46 +432,25 @@ static void test_unit_values(void **state) {
   free(v);
 }
 
-/* Outputs before position j do not move when q, k, v at j move (clm mode). */
+/* Causality by perturbation (testutil.c), on trained-looking parameters: outputs before position
+ * j do not move when q, k, v at j move, and output j does (clm mode). */
 static void check_causality(const char *variant, const char *extra[]) {
   const long B = 1, H = 2, n = 150, d = 8, count = B * H * n * d;
   struct config cfg;
-  make_config(&cfg, variant, n, (int)H, (int)d, true, extra);
+  tu_config(&cfg, variant, n, (int)H, (int)d, true, extra);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
   tu_randn(q, count, 11, 1.0f);
   tu_randn(k, count, 12, 1.0f);
   tu_randn(v, count, 13, 1.0f);
-  struct run base = run_op(&cfg, B, H, n, d, true, q, k, v, NULL);
-  const long probes[] = {0, 63, 64, 100, 149};
-  for (size_t p = 0; p < sizeof probes / sizeof probes[0]; p++) {
-    const long j = probes[p];
-    float *q2 = malloc(4 * count), *k2 = malloc(4 * count), *v2 = malloc(4 * count);
-    memcpy(q2, q, 4 * count);
-    memcpy(k2, k, 4 * count);
-    memcpy(v2, v, 4 * count);
-    for (long h = 0; h < H; h++)
-      for (long c = 0; c < d; c++) {
-        const size_t at = (size_t)((h * n + j) * d + c);
-        q2[at] += 3.0f;
-        k2[at] -= 2.0f;
-        v2[at] += 5.0f;
-      }
-    struct run pert = run_op(&cfg, B, H, n, d, true, q2, k2, v2, NULL);
-    for (long h = 0; h < H; h++) {
-      for (long i = 0; i < j * d; i++)
-        if (pert.out[h * n * d + i] != base.out[h * n * d + i])
-          fail_msg("%s: output %ld moved when position %ld changed", variant, i / d, j);
-      bool moved = false;
-      for (long c = 0; c < d; c++)
-        moved |= pert.out[(h * n + j) * d + c] != base.out[(h * n + j) * d + c];
-      if (!moved) fail_msg("%s: output %ld did not see its own input", variant, j);
-    }
-    free_run(&pert);
-    free(q2);
-    free(k2);
-    free(v2);
-  }
-  free_run(&base);
+  struct attn_params ap;
+  make_params(&ap, &cfg);
+  struct attn_ctx ctx = tu_attn_open(&cfg, B);
+  const long at[] = {0, 63, 64, 100, 149};
+  const struct tu_probe probe = {at, sizeof at / sizeof at[0], TU_MOVE_QKV, false};
+  if (tu_causality(&ctx, ap.list.count ? ap.params : NULL, q, k, v, &probe, variant))
+    fail_msg("%s: causality probes failed (listed above)", variant);
+  attention_close(&ctx);
+  attention_params_free(&ap);
   free(q);
   free(k);
   free(v);
@@ -562,7 +492,7 @@ static double feature_error(int D, int kernel_index, uint64_t seed) {
   snprintf(o3, sizeof o3, "run.seed=%llu", (unsigned long long)seed);
   const char *x[] = {o1, o2, o3, NULL};
   struct config cfg;
-  make_config(&cfg, "rmfa", 64, 1, d, false, x);
+  tu_config(&cfg, "rmfa", 64, 1, d, false, x);
   struct attn_params ap;
   attention_params_make(&ap, &cfg, attention_find("rmfa"), 64);
   struct rmfa_features rf;
@@ -623,7 +553,7 @@ static void test_rmfa_convergence(void **state) {
 static void test_rmfa_tensors(void **state) {
   const char *x[] = {"attention.rmfa.features=32", NULL};
   struct config cfg;
-  make_config(&cfg, "rmfa", 64, 2, 8, true, x);
+  tu_config(&cfg, "rmfa", 64, 2, 8, true, x);
   struct param_list list;
   param_list_init(&list);
   attention_register_params(&cfg, attention_find("rmfa"), 64, 3, &list);
@@ -654,16 +584,11 @@ static void test_rmfa_tensors(void **state) {
   config_free(&cfg);
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_linear),       cmocka_unit_test(test_fmmformer),
-      cmocka_unit_test(test_rmfa),         cmocka_unit_test(test_unit_values),
-      cmocka_unit_test(test_causality),    cmocka_unit_test(test_rmfa_convergence),
-      cmocka_unit_test(test_rmfa_tensors),
-  };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  MPI_Finalize();
-  return rc;
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_linear),       cmocka_unit_test(test_fmmformer),
+    cmocka_unit_test(test_rmfa),         cmocka_unit_test(test_unit_values),
+    cmocka_unit_test(test_causality),    cmocka_unit_test(test_rmfa_convergence),
+    cmocka_unit_test(test_rmfa_tensors),
+};
+
+TU_MAIN(tests)

@@ -4,41 +4,13 @@
 # approaches `full`. A far copy would not be a fair test: fma's far field is coarse by design;
 # a majority is exactly what coarse summaries carry.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
-
-cat > maj.in <<'DECK'
-[run]
-name = maj
-[data]
-source = majority
-symbols = 2
-[model]
-layers = 2
-dim = 64
-heads = 2
-context = 256
-dropout = 0
-[attention]
-fma.m = 16
-fma.p = 4
-local.band = 32
-[train]
-steps = 400
-batch = 16
-lr = 3e-3
-warmup = 20
-eval_every = 0
-eval_windows = 256
-[output]
-dir = out
-log_every = 50
-diag_every = 100
-checkpoint_every = 0
-DECK
+MAJ="$TESTDIR/decks/majority.in"
 
 for v in full fma local; do
-  check "$v trains on the majority task" "$F" maj.in --set attention.variant=$v --set run.name=$v
+  check "$v trains on the majority task" "$F" "$MAJ" --set attention.variant=$v --set run.name=$v
 done
 full=$(py "$TESTDIR/h5check.py" value out/full/diag.h5 /eval/valid_loss)
 fma=$(py "$TESTDIR/h5check.py" value out/fma/diag.h5 /eval/valid_loss)

@@ -8,28 +8,15 @@
 #include "../src/model.h"
 #include "../src/optimizer.h"
 
+/* Two layers of width 16 (2 heads of 8) over 32 tokens. */
 static void make_config(struct config *cfg, const char *variant, const char *position,
                         const char *objective, bool tied, double dropout, bool recompute) {
-  char items[16][96];
-  struct config_overrides ov = {0};
-  int n = 0;
-  snprintf(items[n++], 96, "attention.variant=%s", variant);
-  snprintf(items[n++], 96, "model.position=%s", position);
-  snprintf(items[n++], 96, "model.objective=%s", objective);
-  snprintf(items[n++], 96, "model.tie_embeddings=%s", tied ? "true" : "false");
-  snprintf(items[n++], 96, "model.dropout=%g", dropout);
-  snprintf(items[n++], 96, "train.recompute=%s", recompute ? "true" : "false");
-  snprintf(items[n++], 96, "model.layers=2");
-  snprintf(items[n++], 96, "model.dim=16");
-  snprintf(items[n++], 96, "model.heads=2");
-  snprintf(items[n++], 96, "model.context=32");
-  snprintf(items[n++], 96, "attention.full.block=8");
-  snprintf(items[n++], 96, "attention.fma.m=8");
-  snprintf(items[n++], 96, "attention.fma.p=2");
-  snprintf(items[n++], 96, "data.source=copy");
-  for (int i = 0; i < n; i++) ov.items[ov.count++] = items[i];
-  char err[4096];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) fail_msg("config: %s", err);
+  tu_config(cfg, variant, 32, 2, 8, strcmp(objective, "clm") == 0,
+            TU_SETS(tu_fmt("model.position=%s", position),
+                    tu_fmt("model.tie_embeddings=%s", tied ? "true" : "false"),
+                    tu_fmt("model.dropout=%g", dropout),
+                    tu_fmt("train.recompute=%s", recompute ? "true" : "false"), "model.layers=2",
+                    "attention.full.block=8", "attention.fma.m=8", "attention.fma.p=2"));
 }
 
 static void fill_batch(struct model *m) {

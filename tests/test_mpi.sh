@@ -3,41 +3,14 @@
 # the same global batch gives the same losses and gradient norms within 1e-5 relative, and a
 # checkpoint written by 2 ranks restarts on 1 rank with the same losses within rounding.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
+DP="$TESTDIR/decks/data_parallel.in"
 
-cat > dp.in <<'DECK'
-[run]
-name = dp
-[data]
-source = copy
-symbols = 16
-[model]
-layers = 2
-dim = 32
-heads = 2
-context = 32
-dropout = 0.1
-[attention]
-variant = full
-full.block = 8
-[train]
-steps = 12
-batch = 8
-lr = 3e-3
-warmup = 2
-eval_every = 6
-eval_windows = 8
-[output]
-dir = out
-log_every = 1
-diag_every = 4
-checkpoint_every = 6
-DECK
-
-check "1 rank" "$MPI_RUN" 1 "$F" dp.in --set run.name=r1
-check "2 ranks, data parallel" "$MPI_RUN" 2 "$F" dp.in --set run.name=r2
-check "4 ranks, data parallel (oversubscribed)" "$MPI_RUN" 4 "$F" dp.in --set run.name=r4
+check "1 rank" "$MPI_RUN" 1 "$F" "$DP" --set run.name=r1
+check "2 ranks, data parallel" "$MPI_RUN" 2 "$F" "$DP" --set run.name=r2
+check "4 ranks, data parallel (oversubscribed)" "$MPI_RUN" 4 "$F" "$DP" --set run.name=r4
 for r in 2 4; do
   check "$r ranks: training losses and gradient norms equal 1 rank within 1e-5" py "$TESTDIR/h5check.py" same-series out/r1/diag.h5 out/r$r/diag.h5 train 0 1e-5
   check "$r ranks: validation losses equal 1 rank within 1e-5" py "$TESTDIR/h5check.py" same-series out/r1/diag.h5 out/r$r/diag.h5 eval 0 1e-5
@@ -46,6 +19,6 @@ done
 check "diag.h5 of a 2-rank run has the SPEC layout" py "$TESTDIR/h5check.py" diag out/r2/diag.h5
 
 mkdir -p out/x1 && cp out/r2/ckpt_000006.h5 out/x1/
-check "a 2-rank checkpoint restarts on 1 rank" "$MPI_RUN" 1 "$F" dp.in --set run.name=x1 --set output.restart=latest
+check "a 2-rank checkpoint restarts on 1 rank" "$MPI_RUN" 1 "$F" "$DP" --set run.name=x1 --set output.restart=latest
 check "restarted on another layout: same losses within 1e-5" py "$TESTDIR/h5check.py" same-series out/r2/diag.h5 out/x1/diag.h5 train 6 1e-5
 tap_done

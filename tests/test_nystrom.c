@@ -1,9 +1,8 @@
-/* `nystrom` (SPEC §6.7) through its ops table against an independent float64 implementation
- * written from the SPEC text: explicit landmark means, F (n, m), A (m, m) and B (m, n), the SPEC's
- * pseudo-inverse iteration from Z0 = Aᵀ/(max row sum · max column sum), the centred depthwise
- * convolution; the output and every gradient (q, k, v and the conv kernels) by central
- * differences of the float64 oracle, for several n, m, d, conv lengths and iteration counts; clm
- * is refused. `nystrom_pinv` (a helper of test_nystrom_pinv.sh) exposes the iteration to numpy. */
+/* `nystrom` (SPEC §6.7) through its ops table against a float64 oracle written from the SPEC text
+ * (landmark means, F, A, B, the pseudo-inverse iteration, the centred depthwise conv): out and
+ * every gradient (q, k, v, the conv kernels) by its central differences, for several n, m, d, conv
+ * lengths and iteration counts; clm is refused. (nystrom_pinv.c, a helper of
+ * test_nystrom_pinv.sh, exposes the iteration to numpy.) */
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
@@ -29,17 +28,13 @@ static void mm(double *c, const double *a, const double *b, long M, long N, long
 /* rows of x (rows, cols) ← softmax of scale · (a bᵀ) */
 static void softmax_scores(double *x, const double *a, const double *b, long rows, long cols,
                            long d, double scale) {
-  for (long i = 0; i < rows; i++) {
-    double mx = -INFINITY, z = 0;
+  for (long i = 0; i < rows; i++)
     for (long j = 0; j < cols; j++) {
       double s = 0;
       for (long c = 0; c < d; c++) s += a[i * d + c] * b[j * d + c];
       x[i * cols + j] = s * scale;
-      if (x[i * cols + j] > mx) mx = x[i * cols + j];
     }
-    for (long j = 0; j < cols; j++) z += (x[i * cols + j] = exp(x[i * cols + j] - mx));
-    for (long j = 0; j < cols; j++) x[i * cols + j] /= z;
-  }
+  tu_softmax_rows(x, x, rows, cols);
 }
 
 /* Z ≈ pinv(A) after `iters` iterations of SPEC §6.7. */
@@ -75,8 +70,8 @@ static void oracle_head(const struct ny_case *t, double *out, const double *q, c
                         const double *v, const double *w) {
   const long n = t->n, d = t->d, m = t->m, seg = n / m;
   const double scale = 1.0 / sqrt((double)d);
-  double *qt = calloc(m * d, 8), *kt = calloc(m * d, 8), *F = malloc(8 * n * m),
-         *A = malloc(8 * m * m), *B = malloc(8 * m * n), *Z = malloc(8 * m * m),
+  double *qt = calloc(m * d, 8), *kt = calloc(m * d, 8), *F = calloc(n * m, 8),
+         *A = calloc(m * m, 8), *B = calloc(m * n, 8), *Z = malloc(8 * m * m),
          *Bv = malloc(8 * m * d), *G = malloc(8 * m * d);
   for (long j = 0; j < m; j++)
     for (long s = 0; s < seg; s++)
@@ -112,30 +107,17 @@ static double oracle_dot(const struct ny_case *t, const double *g, const double 
 /* ---------------------------------------------------------------------------------------------
  * the production op */
 
-static void make_config(struct config *cfg, const struct ny_case *t, int H, bool causal,
-                        char *err) {
-  char items[9][96];
-  struct config_overrides ov = {0};
-  snprintf(items[0], 96, "attention.variant=nystrom");
-  snprintf(items[1], 96, "model.context=%ld", t->n);
-  snprintf(items[2], 96, "model.heads=%d", H);
-  snprintf(items[3], 96, "model.dim=%ld", H * t->d);
-  snprintf(items[4], 96, "model.objective=%s", causal ? "clm" : "mlm");
-  snprintf(items[5], 96, "data.source=copy");
-  snprintf(items[6], 96, "attention.nystrom.landmarks=%d", t->m);
-  snprintf(items[7], 96, "attention.nystrom.pinv_iters=%d", t->iters);
-  snprintf(items[8], 96, "attention.nystrom.conv=%d", t->k);
-  for (int i = 0; i < 9; i++) ov.items[ov.count++] = items[i];
-  if (config_load(cfg, NULL, &ov, err, CONFIG_ERR_LEN) && !causal) fail_msg("config: %s", err);
+static void make_config(struct config *cfg, const struct ny_case *t, int H) {
+  tu_config(cfg, "nystrom", t->n, H, (int)t->d, false,
+            TU_SETS(tu_fmt("attention.nystrom.landmarks=%d", t->m),
+                    tu_fmt("attention.nystrom.pinv_iters=%d", t->iters),
+                    tu_fmt("attention.nystrom.conv=%d", t->k)));
 }
 
 static void check_case(const struct ny_case *t) {
   const long B = 2, H = 2, n = t->n, d = t->d, nd = n * d, count = B * H * nd;
   struct config cfg;
-  char err[CONFIG_ERR_LEN];
-  make_config(&cfg, t, (int)H, false, err);
-  const struct attn_variant *var = attention_find("nystrom");
-  assert_non_null(var);
+  make_config(&cfg, t, (int)H);
   float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
         *g = malloc(4 * count);
   tu_randn(q, count, 500 + n, 1.0f);
@@ -143,15 +125,10 @@ static void check_case(const struct ny_case *t) {
   tu_randn(v, count, 700 + n, 1.0f);
   tu_randn(g, count, 800 + n, 1.0f);
   struct attn_params ap;
-  attention_params_make(&ap, &cfg, var, n);
-  struct attn_ctx ctx =
-      attention_open(&cfg, var, DEVICE_CPU, NULL, 0, (struct attn_dims){B, H, n, d, n, 0, false});
-  float *out = calloc(count, 4), *dq = calloc(count, 4), *dk = calloc(count, 4),
-        *dv = calloc(count, 4), *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
-  const float *pp = ap.list.count ? ap.params : NULL;
-  attention_forward(&ctx, out, saved, q, k, v, pp);
-  attention_backward(&ctx, dq, dk, dv, ap.list.count ? ap.dparams : NULL, g, q, k, v, pp, out,
-                     saved);
+  attention_params_make(&ap, &cfg, attention_select(&cfg), n);
+  struct attn_ctx ctx = tu_attn_open(&cfg, B);
+  const bool has = ap.list.count > 0;
+  struct tu_run r = tu_attn_run(&ctx, has ? ap.params : NULL, has ? ap.dparams : NULL, q, k, v, g);
   attention_close(&ctx);
   double *o = malloc(8 * count), *eq = malloc(8 * count), *ek = malloc(8 * count),
          *ev = malloc(8 * count), *ew = calloc(H * t->k + 1, 8);
@@ -178,19 +155,20 @@ static void check_case(const struct ny_case *t) {
   char what[160];
   snprintf(what, sizeof what, "nystrom n=%ld d=%ld m=%d iters=%d conv=%d", n, d, t->m, t->iters,
            t->k);
-  TU_ASSERT_CLOSE(tu_rel_err(out, o, count), 1e-5, what);
+  TU_ASSERT_CLOSE(tu_rel_err(r.out, o, count), 1e-5, what);
   char w2[200];
   snprintf(w2, sizeof w2, "%s: dq", what);
-  TU_ASSERT_CLOSE(tu_rel_err(dq, eq, count), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dq, eq, count), 1e-4, w2);
   snprintf(w2, sizeof w2, "%s: dk", what);
-  TU_ASSERT_CLOSE(tu_rel_err(dk, ek, count), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dk, ek, count), 1e-4, w2);
   snprintf(w2, sizeof w2, "%s: dv", what);
-  TU_ASSERT_CLOSE(tu_rel_err(dv, ev, count), 1e-4, w2);
+  TU_ASSERT_CLOSE(tu_rel_err(r.dv, ev, count), 1e-4, w2);
   if (t->k > 0) {
     snprintf(w2, sizeof w2, "%s: dconv", what);
     TU_ASSERT_CLOSE(tu_rel_err(ap.dparams, ew, (size_t)(H * t->k)), 1e-4, w2);
   }
-  free(q), free(k), free(v), free(g), free(out), free(dq), free(dk), free(dv), free(saved);
+  tu_run_free(&r);
+  free(q), free(k), free(v), free(g);
   free(o), free(eq), free(ek), free(ev), free(ew), free(w);
   attention_params_free(&ap);
   config_free(&cfg);
@@ -208,19 +186,14 @@ static void test_matches_oracle(void **state) {
 static void test_refusals(void **state) {
   struct config cfg;
   char err[CONFIG_ERR_LEN];
-  const struct ny_case t = {32, 4, 4, 6, 3};
-  struct config_overrides ov = {0};
-  ov.items[ov.count++] = "attention.variant=nystrom";
-  ov.items[ov.count++] = "model.objective=clm";
-  ov.items[ov.count++] = "data.source=copy";
-  ov.items[ov.count++] = "model.context=64";
-  assert_int_not_equal(config_load(&cfg, NULL, &ov, err, sizeof err), 0);
+  assert_int_not_equal(tu_config_try(&cfg, "nystrom", 64, 0, 0, true, NULL, err, sizeof err), 0);
   assert_non_null(strstr(err, "bidirectional only"));
   assert_non_null(strstr(err, "segment means mix future tokens"));
-  ov.items[1] = "model.objective=mlm";
-  ov.items[ov.count++] = "attention.nystrom.conv=4";
-  assert_int_not_equal(config_load(&cfg, NULL, &ov, err, sizeof err), 0);
-  (void)t;
+  assert_int_not_equal(tu_config_try(&cfg, "nystrom", 64, 0, 0, false,
+                                     TU_SETS("attention.nystrom.conv=4"), err, sizeof err),
+                       0);
+  assert_non_null(strstr(err, "attention.nystrom.conv"));
+  assert_non_null(strstr(err, "odd"));
 }
 
 int main(int argc, char **argv) {

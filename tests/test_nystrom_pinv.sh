@@ -1,12 +1,10 @@
 #!/bin/sh
-# nystrom's pseudo-inverse (SPEC §6.7: Z0 = Aᵀ/(max row sum · max column sum), then
-# Z ← ¼Z(13I − AZ(15I − AZ(7I − AZ)))) against numpy's pinv, as the iteration count grows, on
-# softmax matrices A like the landmark ones (m = 8, 16, 64; scores of spread 1 and 3): once the
-# error is below 1 it falls with every iteration (third order) down to float32 rounding, which
-# every matrix reaches within 20 iterations. The figures are printed: from this Z0 the iteration
-# first crawls (the error stays near 1 for a number of steps that grows with A's condition), so the
-# default 6 iterations leave 14 % to 98 % error on these matrices (docs/results.md).
+# nystrom's pseudo-inverse (SPEC §6.7) against numpy's pinv as the iteration count grows, on
+# softmax matrices like the landmark ones (m = 8, 16, 64; score spreads 1 and 3): once the error is
+# below 1 every iteration lowers it, down to float32 rounding within 20 iterations. The figures are
+# printed: the default 6 iterations leave 14 % to 98 % error here (docs/results.md).
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 py -c "
 import h5py, numpy as np
@@ -20,7 +18,9 @@ for m, spread in ((8, 1.0), (16, 1.0), (64, 1.0), (16, 3.0), (64, 3.0)):
 with h5py.File('A.h5', 'w') as f:
     for i, a in enumerate(mats): f['A%d' % i] = a.astype(np.float32)
 "
-ok=1
+# Z0 = Aᵀ/(max row sum · max column sum), then Z ← ¼Z(13I − AZ(15I − AZ(7I − AZ))): from this Z0
+# the iteration first crawls (the error stays near 1 for a number of steps that grows with A's
+# condition), then converges at third order.
 for i in 0 1 2 3 4; do
   py -c "
 import h5py, numpy as np

@@ -3,6 +3,7 @@
 # checkpoint and recomputes the validation loss over the evaluation windows of SPEC §4; the two
 # agree within 1e-5 relative, for each position kind and for an untied head. Data: the KJV text.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
 if ! py -c "import torch" 2>/dev/null; then
@@ -10,36 +11,12 @@ if ! py -c "import torch" 2>/dev/null; then
   tap_done; exit 1
 fi
 check "KJV corpus" "$SRCDIR/scripts/get_kjv.sh" kjv.txt
-
-cat > ref.in <<'DECK'
-[run]
-name = ref
-[data]
-path = kjv.txt
-[model]
-layers = 2
-dim = 32
-heads = 4
-context = 64
-dropout = 0.1
-[attention]
-variant = full
-full.block = 16
-[train]
-steps = 30
-batch = 4
-lr = 3e-3
-eval_every = 0
-eval_windows = 12
-[output]
-dir = out
-log_every = 10
-DECK
+REF="$TESTDIR/decks/reference.in"
 
 for variant in learned sinusoidal rope none untied; do
   if [ "$variant" = untied ]; then extra="--set model.tie_embeddings=false"; position=learned
   else extra=""; position=$variant; fi
-  check "train 30 steps ($variant)" "$F" ref.in --set run.name=$variant --set model.position=$position $extra
+  check "train 30 steps ($variant)" "$F" "$REF" --set run.name=$variant --set model.position=$position $extra
   ours=$(py "$TESTDIR/h5check.py" value out/$variant/diag.h5 /eval/valid_loss)
   theirs=$(py "$TESTDIR/torch_reference.py" out/$variant/ckpt_000030.h5 kjv.txt)
   check "$variant: valid loss $ours equals PyTorch's $theirs within 1e-5" py -c "import sys; sys.exit(0 if abs($ours - $theirs) <= 1e-5 * abs($theirs) else 1)"

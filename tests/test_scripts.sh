@@ -4,6 +4,7 @@
 # scripts/plot_scaling.py, plot_bench.py and plot_run.py draw their PNGs from the sweep and from a
 # short training run; bad arguments get one message; the SLURM scripts parse.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$SRCDIR" || exit 1
 P="${PYTHON3:-/usr/bin/python3}"
 R="$WORK/sweep/scaling.h5"
@@ -31,31 +32,8 @@ done
 check "plot_bench.py draws a run's bench.h5" \
   "$P" scripts/plot_bench.py "$WORK/sweep/scaling_strong_S2_n1024" -o "$WORK/bplots"
 check "plot_bench.py: train_mfu.png" test -s "$WORK/bplots/train_mfu.png"
-cat > "$WORK/tiny.in" <<DECK
-[run]
-name = tiny
-[data]
-source = copy
-[model]
-layers = 1
-dim = 32
-heads = 2
-context = 64
-[attention]
-variant = fma
-fma.m = 8
-fma.p = 2
-[train]
-steps = 6
-batch = 2
-eval_every = 3
-eval_windows = 4
-[output]
-dir = $WORK/out
-log_every = 1
-diag_every = 2
-DECK
-check "a 6-step training run" "$FMATTN" "$WORK/tiny.in"
+TINY="$TESTDIR/decks/scripts_train.in"
+check "a 6-step training run" "$FMATTN" "$TINY" --set output.dir="$WORK/out"
 check "plot_run.py draws the run's diag.h5" "$P" scripts/plot_run.py "$WORK/out/tiny" -o "$WORK/rplots"
 for png in loss attention_mass entropy; do
   check "plot_run.py: $png.png" test -s "$WORK/rplots/$png.png"

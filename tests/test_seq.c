@@ -1,23 +1,12 @@
-/* Sequence parallelism against one rank (SPEC §7): run under mpirun with S ranks, every rank
- * computes the 1-rank result of an attention op on the whole sequence itself, then the
- * distributed op on its slab [s·n/S, (s+1)·n/S) through the ops table with the sequence
- * communicator; out, dq, dk, dv of the slab and the parameter gradients (summed over ranks, as the
- * model's allreduce does) must agree within 1e-5 relative. Cases include slabs shorter than the
- * three windows a list can reach and coarse windows that span several ranks. Prints TAP from rank
- * 0; the harness runs it for S = 1, 2, 4, 8 (test_seq.sh). */
-#include <math.h>
-#include <stdarg.h>
-#include <stdbool.h>
-#include <mpi.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+/* Sequence parallelism against one rank (SPEC §7), under mpirun with S ranks: every rank computes
+ * an attention op's 1-rank result on the whole sequence, then the distributed op on its slab
+ * through the sequence communicator; out, dq, dk, dv of the slab and the parameter gradients
+ * (summed over ranks) must agree within 1e-5, down to slabs shorter than a list's reach and windows
+ * spanning ranks. Prints TAP from rank 0 (test_seq.sh runs it for S = 1, 2, 4, 8). */
+#include "testutil.h"
 
-#include "../src/attention/attention.h"
 #include "../src/comm.h"
-#include "../src/config.h"
 #include "../src/error.h"
-#include "../src/rng.h"
 
 static int tap_count = 0, tap_failed = 0;
 
@@ -45,29 +34,22 @@ struct seq_case {
 };
 
 static void make_config(struct config *cfg, const struct seq_case *t, int H, int d, int S) {
-  char items[16][96];
-  struct config_overrides ov = {0};
-  int k = 0;
-  snprintf(items[k++], 96, "attention.variant=%s", t->variant);
-  snprintf(items[k++], 96, "model.context=%ld", t->n);
-  snprintf(items[k++], 96, "model.heads=%d", H);
-  snprintf(items[k++], 96, "model.dim=%d", H * d);
-  snprintf(items[k++], 96, "model.objective=%s", t->causal ? "clm" : "mlm");
-  snprintf(items[k++], 96, "data.source=copy");
-  snprintf(items[k++], 96, "attention.full.block=%d", t->tile ? t->tile : 8);
-  snprintf(items[k++], 96, "attention.local.band=%d", t->band ? t->band : 8);
-  snprintf(items[k++], 96, "attention.fmmformer.band=%d", t->band ? t->band : 8);
-  snprintf(items[k++], 96, "attention.fma.m=%d", t->m ? t->m : 4);
-  snprintf(items[k++], 96, "attention.fma.p=%d", t->p ? t->p : 2);
-  snprintf(items[k++], 96, "attention.fma.downsample=%s", t->down ? t->down : "conv");
-  snprintf(items[k++], 96, "parallel.seq_ranks=%d", S);
   char extra[3][96] = {"", "", ""}; /* up to three settings, separated by spaces */
   if (t->extra) sscanf(t->extra, "%95s %95s %95s", extra[0], extra[1], extra[2]);
-  for (int e = 0; e < 3; e++)
-    if (extra[e][0]) snprintf(items[k++], 96, "%s", extra[e]);
-  for (int i = 0; i < k; i++) ov.items[ov.count++] = items[i];
+  const char *sets[] = {tu_fmt("attention.full.block=%d", t->tile ? t->tile : 8),
+                        tu_fmt("attention.local.band=%d", t->band ? t->band : 8),
+                        tu_fmt("attention.fmmformer.band=%d", t->band ? t->band : 8),
+                        tu_fmt("attention.fma.m=%d", t->m ? t->m : 4),
+                        tu_fmt("attention.fma.p=%d", t->p ? t->p : 2),
+                        tu_fmt("attention.fma.downsample=%s", t->down ? t->down : "conv"),
+                        tu_fmt("parallel.seq_ranks=%d", S),
+                        extra[0][0] ? extra[0] : NULL,
+                        extra[1][0] ? extra[1] : NULL,
+                        extra[2][0] ? extra[2] : NULL,
+                        NULL};
   char err[CONFIG_ERR_LEN];
-  if (config_load(cfg, NULL, &ov, err, sizeof err)) error("config: %s", err);
+  if (tu_config_try(cfg, t->variant, t->n, H, d, t->causal, sets, err, sizeof err))
+    error("config: %s", err);
 }
 
 /* Run one op on rows [t0, t0 + T) of the global (B, H, n, d) tensors; outputs are slab-sized. */
@@ -112,17 +94,10 @@ static struct result run(const struct config *cfg, struct comm *comm, long B, lo
     memcpy(vl + dst, v + src, 4 * (size_t)(T * d));
     memcpy(gl + dst, g + src, 4 * (size_t)(T * d));
   }
-  r.out = calloc(count, 4);
-  r.dq = calloc(qcount, 4);
-  r.dk = calloc(qcount, 4);
-  r.dv = calloc(count, 4);
-  float *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
-  const float *pp = list.count ? params : NULL;
-  attention_forward(&ctx, r.out, saved, ql, kl, vl, pp);
-  attention_backward(&ctx, r.dq, r.dk, r.dv, list.count ? r.dparams : NULL, gl, ql, kl, vl, pp,
-                     r.out, saved);
+  const struct tu_run t =
+      tu_attn_run(&ctx, list.count ? params : NULL, list.count ? r.dparams : NULL, ql, kl, vl, gl);
+  r.out = t.out, r.dq = t.dq, r.dk = t.dk, r.dv = t.dv;
   attention_close(&ctx);
-  free(saved);
   free(ql);
   free(kl);
   free(vl);

@@ -1,11 +1,10 @@
 #!/bin/bash
-# A real SLURM cluster of one node: slurmctld + slurmd with munge, started on localhost from a
-# generated configuration in the test's directory, run the two batch scripts users submit:
-# scripts/slurm/enwik8.sbatch and scripts/slurm/scaling.sbatch, with tiny decks. Pre-emption:
-# `scancel --signal=USR1 --batch` makes the job checkpoint, requeue itself and resume from
-# output.restart = latest, its losses continuing the uninterrupted run's bit for bit. Every daemon
-# is stopped by its pid at the end. Skipped, with the reason, where the daemons cannot start.
+# A real one-node SLURM cluster (munge, slurmctld, slurmd on localhost, configured in the test's
+# directory) runs scripts/slurm/enwik8.sbatch and scaling.sbatch with tiny decks; pre-emption by
+# `scancel --signal=USR1 --batch` checkpoints, requeues and resumes the job bit for bit. Every
+# daemon is stopped by its pid at the end; skipped, with the reason, where they cannot start.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 H5C="$TESTDIR/h5check.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -117,32 +116,10 @@ wait_for() {
 }
 submit() { sbatch --parsable --ntasks=2 --cpus-per-task=1 --chdir="$WORK" "$@"; }
 
-cat > tiny.in << 'DECK'
-[run]
-name = tiny
-[data]
-source = copy
-[model]
-layers = 2
-dim = 32
-heads = 2
-context = 64
-[attention]
-variant = fma
-fma.m = 16
-fma.p = 4
-[train]
-steps = 30
-batch = 4
-eval_every = 10
-eval_windows = 4
-[output]
-log_every = 1
-checkpoint_every = 10
-DECK
+TINY="$TESTDIR/decks/slurm_train.in"
 
 # ---- enwik8.sbatch: accepted, runs to completion, leaves its outputs -----------------------------
-job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=tiny.in" "$SRCDIR/scripts/slurm/enwik8.sbatch")
+job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=$TINY" "$SRCDIR/scripts/slurm/enwik8.sbatch")
 if [[ "$job" =~ ^[0-9]+$ ]]; then ok "enwik8.sbatch is accepted: job $job"; else not_ok "enwik8.sbatch is accepted" "$job"; fi
 state=$(wait_job "$job" 120)
 check "enwik8.sbatch runs to completion (state $state)" test "$state" = COMPLETED
@@ -152,32 +129,8 @@ check "the checkpoint it wrote is whole" py "$H5C" ckpt runs/tiny/ckpt_000030.h5
 
 # ---- scaling.sbatch: a tiny strong-scaling sweep over S = 1, 2 ---------------------------------
 ln -s "$SRCDIR/scripts" scripts
-cat > scale.in << 'DECK'
-[run]
-name = scale
-mode = bench
-[data]
-source = majority
-symbols = 2
-[model]
-layers = 1
-dim = 32
-heads = 2
-context = 1024
-[attention]
-variant = fma
-fma.m = 32
-fma.p = 4
-[train]
-batch = 1
-[bench]
-what = train,comm
-n_list = 1024
-variants = fma
-repeats = 2
-batch = 1
-DECK
-job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=scale.in,PYTHON=${PYTHON3:-/usr/bin/python3},SWEEP_ARGS=--kind strong --n 1024" \
+SCALE="$TESTDIR/decks/slurm_scaling.in"
+job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=$SCALE,PYTHON=${PYTHON3:-/usr/bin/python3},SWEEP_ARGS=--kind strong --n 1024" \
   "$SRCDIR/scripts/slurm/scaling.sbatch")
 if [[ "$job" =~ ^[0-9]+$ ]]; then ok "scaling.sbatch is accepted: job $job"; else not_ok "scaling.sbatch is accepted" "$job"; fi
 state=$(wait_job "$job" 300)
@@ -191,8 +144,8 @@ check "its sweep file and plots are there" bash -c \
 # that the signal always lands inside it.
 long=(--set train.steps=2000 --set train.eval_every=200 --set output.checkpoint_every=1000)
 check "the uninterrupted run, 2 ranks, for comparison" \
-  "$MPI_RUN" 2 "$FMATTN" tiny.in --set run.name=straight "${long[@]}"
-job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=tiny.in" "$SRCDIR/scripts/slurm/enwik8.sbatch" \
+  "$MPI_RUN" 2 "$FMATTN" "$TINY" --set run.name=straight "${long[@]}"
+job=$(submit --export="ALL,FMATTN=$FMATTN,DECK=$TINY" "$SRCDIR/scripts/slurm/enwik8.sbatch" \
   --set run.name=pre "${long[@]}")
 joblog="fmattn-enwik8-$job.out"
 if wait_for "$joblog" "step 50/2000 " 120; then

@@ -1,11 +1,10 @@
 #!/bin/sh
-# Long-run soak: a run stopped by SIGUSR1 every EVERY steps and restarted each time from
-# output.restart = latest (the loop a SLURM job with --requeue goes through) ends exactly where the
-# uninterrupted run ends: every logged loss and gradient norm, every validation loss, the test loss
-# and every tensor of the final checkpoint, bit for bit.
-# Default: a small fma model, 200 steps, a signal every 20. SOAK=1: the quickstart deck itself,
-# 2,000 steps, a signal every 200 (about 10 minutes on 2 cores, measured; needs data/kjv.txt).
+# Long-run soak: a run stopped by SIGUSR1 every EVERY steps and resumed each time from latest (a
+# SLURM --requeue loop) ends where the uninterrupted run ends, every logged loss, validation and test
+# loss and final tensor bit for bit. Default: a small fma model, 200 steps, a signal every 20;
+# SOAK=1: the quickstart deck, 2,000 steps, every 200 (about 10 minutes on 2 cores; data/kjv.txt).
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
 H5C="$TESTDIR/h5check.py"
@@ -18,40 +17,19 @@ if [ "${SOAK:-0}" = 1 ]; then
     exit 0
   fi
   ln -s "$SRCDIR/data" data
-  cp "$SRCDIR/inputs/quickstart.in" s.in
+  DECK="$SRCDIR/inputs/quickstart.in"
   STEPS=2000 EVERY=200
   # every step logged: a resumed run always logs its first step, which a run logging every 10
   # would have skipped, and the comparison below is record for record
   ARGS="--set train.steps=$STEPS --set output.log_every=1 --set output.checkpoint_every=400"
 else
-  cat > s.in <<'DECK'
-[data]
-source = copy
-[model]
-layers = 2
-dim = 32
-heads = 2
-context = 64
-[attention]
-variant = fma
-fma.m = 16
-fma.p = 4
-[train]
-batch = 4
-lr = 3e-3
-warmup = 10
-eval_every = 50
-eval_windows = 4
-[output]
-checkpoint_every = 50
-diag_every = 50
-DECK
+  DECK="$TESTDIR/decks/soak.in"
   STEPS=200 EVERY=20
   ARGS="--set train.steps=$STEPS --set output.log_every=1"
 fi
 # The uninterrupted run, on the other core while the interrupted one goes through its segments.
 # shellcheck disable=SC2086 # ARGS is a list of words
-"$F" s.in $ARGS --set run.name=straight > straight.log 2>&1 &
+"$F" "$DECK" $ARGS --set run.name=straight > straight.log 2>&1 &
 straight=$!
 
 # The interrupted run: start, wait for the step, SIGUSR1, wait for the exit, resume from latest.
@@ -60,7 +38,7 @@ while [ "$seg" -lt $((2 * STEPS / EVERY + 5)) ]; do
   seg=$((seg + 1))
   : > "seg$seg.log"
   # shellcheck disable=SC2086
-  "$F" s.in $ARGS --set run.name=soak $restart > "seg$seg.log" 2>&1 &
+  "$F" "$DECK" $ARGS --set run.name=soak $restart > "seg$seg.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null && ! grep -q "step $target/$STEPS " "seg$seg.log"; do sleep 0.05; done
   kill -USR1 "$pid" 2>/dev/null
