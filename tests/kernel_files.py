@@ -9,7 +9,10 @@
   kernel_files.py dparams OUT.h5 NAME SHAPE    dparams/NAME exists with SHAPE (e.g. 8,2,16)
   kernel_files.py nodparams OUT.h5 NAME        dparams/NAME is absent (a frozen tensor)
   kernel_files.py scaled A.h5 B.h5 FACTOR TOL  out of A equals FACTOR times out of B
+  kernel_files.py draw IN.h5 SEED               give IN its own rmfa draw: params/degree, omega
+  kernel_files.py rmfa OUT.h5 IN.h5 TOL         out of OUT equals rmfa (exp kernel) on IN's draw
 """
+import math
 import sys
 
 import h5py
@@ -41,6 +44,48 @@ def make(path, variant, causal, H, n, d, extra):
             f.attrs["m"] = np.arange(4)
 
 
+def draw(path, seed):
+    """An rmfa feature draw of the file's own: degrees 1..4 and Rademacher rows, not fmattn's."""
+    rng = np.random.default_rng(int(seed))
+    with h5py.File(path, "a") as f:
+        D, d = int(f.attrs["features"]), f["q"].shape[2]
+        degree = np.concatenate([[0], rng.integers(1, 5, D - 1)]).astype(np.float32)
+        f["params/degree"] = degree
+        f["params/omega"] = rng.choice([-1.0, 1.0], (int(degree.sum()), d)).astype(np.float32)
+
+
+def rmfa_reference(f):
+    """SPEC 6.8 in float64 with the exp kernel (a_N = 1/N!) and ppSBN, on the file's draw."""
+    q, k, v = (f[x][...].astype(np.float64) for x in ("q", "k", "v"))
+    degree = f["params/degree"][...].astype(int)
+    omega = f["params/omega"][...].astype(np.float64)
+    D, d, causal = len(degree), q.shape[2], bool(f.attrs["causal"])
+    z = sum(2.0 ** -(i + 1) for i in range(1, 21))
+    coef = [1.0] + [np.sqrt((1.0 / math.factorial(N)) / (2.0 ** -(N + 1) / z)) / np.sqrt(D - 1)
+                    for N in degree[1:]]
+    offset = np.concatenate([[0], np.cumsum(degree)])
+
+    def features(x):  # (n, d) -> (n, D)
+        u = x - x.mean(axis=1, keepdims=True)
+        u = u / np.sqrt((u * u).mean(axis=1, keepdims=True) + 1e-12)
+        u = u / np.linalg.norm(u, axis=1, keepdims=True) * d ** -0.25
+        proj = u @ omega.T
+        phi = np.empty((x.shape[0], D))
+        phi[:, 0] = coef[0]
+        for j in range(1, D):
+            phi[:, j] = coef[j] * np.prod(proj[:, offset[j]:offset[j] + degree[j]], axis=1)
+        return phi
+
+    out = np.empty_like(v)
+    for h in range(v.shape[0]):
+        pq, pk = features(q[h]), features(k[h])
+        w = pq @ pk.T
+        if causal:
+            w = np.tril(w)
+        out[h] = (w @ v[h]) / np.maximum(1.0, w.sum(axis=1))[:, None]
+    return out
+
+
 def main(argv):
     cmd = argv[1]
     if cmd == "make":
@@ -67,6 +112,14 @@ def main(argv):
             err = np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)
             if err > float(argv[5]):
                 sys.exit(f"out differs from {argv[4]} x the other by {err:.3e}")
+    elif cmd == "draw":
+        draw(argv[2], argv[3])
+    elif cmd == "rmfa":
+        with h5py.File(argv[2], "r") as a, h5py.File(argv[3], "r") as b:
+            ref = rmfa_reference(b)
+            err = np.max(np.abs(a["out"][...] - ref)) / max(np.max(np.abs(ref)), 1e-30)
+            if err > float(argv[4]):
+                sys.exit(f"out differs from rmfa on the file's draw by {err:.3e}")
     elif cmd == "dparams":
         with h5py.File(argv[2], "r") as f:
             name, shape = "dparams/" + argv[3], tuple(int(x) for x in argv[4].split(","))

@@ -46,6 +46,15 @@ check "rmfa: dparams/gamma has shape [H, d]" py "$K" dparams rmfa_out.h5 gamma 2
 check "rmfa: the frozen features have no dparams" py "$K" nodparams rmfa_out.h5 omega
 check "rmfa: kernel runs with params/gamma given" "$F" kernel rmfa2.h5 rmfa2_out.h5
 check "rmfa: params/gamma from the file is used (gamma = 2 doubles out)" py "$K" scaled rmfa2_out.h5 rmfa_out.h5 2.0 1e-6
+# a prototype's own feature draw (degrees, and omega of as many rows as they need)
+for c in 1 0; do
+  py "$K" make own$c.h5 rmfa $c 2 60 8 kernel=exp features=12
+  py "$K" draw own$c.h5 5
+  check "causal=$c: rmfa kernel runs on the file's own feature draw" "$F" kernel own$c.h5 own${c}_out.h5
+  check "causal=$c: rmfa uses the file's draw (float64 reference)" py "$K" rmfa own${c}_out.h5 own$c.h5 1e-4
+done
+py "$K" make bad_draw.h5 rmfa 0 2 60 8 kernel=exp features=12 param=omega:5,8:1.0
+expect_fail "rmfa: an omega too short for any draw is refused" "params/omega does not have the shape" "$F" kernel bad_draw.h5 bad_draw_out.h5
 py "$K" make ny.h5 nystrom 0 2 96 8 landmarks=12 conv=5 pinv_iters=8
 check "nystrom (12 landmarks, conv 5): kernel runs" "$F" kernel ny.h5 ny_out.h5
 check "nystrom: dparams/conv has shape [H, k]" py "$K" dparams ny_out.h5 conv 2,5
