@@ -1,11 +1,15 @@
-/* Error checks for the CUDA back end: a failing CUDA, cuBLAS or NCCL call ends the job through
- * error.h's error_at with the call, the library's message, file and line. (error.h itself is C11;
- * its one function is declared here for C++.) */
+/* What every .cu file of the CUDA back end shares: the checker macros (a failing CUDA, cuBLAS or
+ * NCCL call ends the job through error.h's error_at with the call, the library's message, file
+ * and line), the back end's stream and handles, and launch geometry. C++ only; C sees gpu.h. */
 #ifndef FMATTN_GPU_CHECK_H
 #define FMATTN_GPU_CHECK_H
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <climits>
+#include <cstddef>
 
 extern "C" [[noreturn]] void error_at(const char *file, const char *func, int line, const char *fmt,
                                       ...);
@@ -24,13 +28,31 @@ extern "C" [[noreturn]] void error_at(const char *file, const char *func, int li
       error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, cublasGetStatusString(s_)); \
   } while (0)
 
-/* The back end's stream and cuBLAS handle (runtime.cu). */
+#define NCCL_CHECK(call)                                                                      \
+  do {                                                                                        \
+    ncclResult_t r_ = (call);                                                                 \
+    if (r_ != ncclSuccess)                                                                    \
+      error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_)); \
+  } while (0)
+
+/* After a launch: the launch's own error (bad geometry, too much shared memory). */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* The back end's stream and cuBLAS handle (backend.cu); all its work is queued on the stream. */
 cudaStream_t gpu_stream(void);
 cublasHandle_t gpu_cublas(void);
 
-/* Launch geometry: blocks of `threads` covering n items. */
+/* Launch geometry: blocks of `threads` covering n items (n > 0: an empty grid is an error on a
+ * GPU, so launchers return before launching nothing). */
 static inline unsigned gpu_blocks(size_t n, unsigned threads) {
   return (unsigned)((n + threads - 1) / threads);
+}
+
+/* A size handed to cuBLAS or a launch as an int, refused with a message when it does not fit. */
+static inline int gpu_int(long long v, const char *what) {
+  if (v < 0 || v > INT_MAX)
+    error_at(__FILE__, __func__, __LINE__, "%s = %lld does not fit the int cuBLAS takes", what, v);
+  return (int)v;
 }
 
 #endif

@@ -1,46 +1,75 @@
-/* fmattn's CUDA back end as C sees it (SPEC §1 gpu/, §7): plain C declarations of extern "C"
- * launchers, built by ./configure --with-cuda into libfmattn_gpu.a.
- *
- * Status (issue 8): the building blocks only — device selection, device memory, the per-token
- * layers on the device (cuBLAS GEMMs and small kernels that mirror src/layers.c op for op), AdamW
- * and the gradient norm, exact attention (full, local) on one slab, and the NCCL communicator.
- * They compile and link on the development machine, which has no GPU; their tests
- * (tests/test_gpu.c: every op against the CPU op) say "skipped: no GPU" there and have never run.
- * The training step on the device, the other attention kernels and bf16 are not written yet, so
- * parallel.device = gpu is still refused at start.
- *
- * Conventions: every pointer is device memory unless named host; sizes and layouts are those of
- * the CPU op of the same name in layers.h, and backward ACCUMULATES (+=) as there. Work is queued
- * on the back end's one stream; gpu_sync waits for it. A CUDA, cuBLAS or NCCL failure ends the job
- * with the library's message (error.h). */
+/* The CUDA back end as C sees it (SPEC §1 gpu/, §7): extern "C" functions over device arrays,
+ * built by ./configure --with-cuda (nvcc) or --enable-cuda-emulation (tests/cudaemu). Sizes and
+ * layouts are those of the CPU op of the same name; backward ACCUMULATES (+=) as there. Work is
+ * queued on the back end's one stream; a CUDA, cuBLAS or NCCL failure ends the job. Every pointer
+ * is device memory unless it is named host. */
 #ifndef FMATTN_GPU_H
 #define FMATTN_GPU_H
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
+
+#include "memory.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+struct backend;
+struct comm;
+struct dropout_key;
+struct adamw_step;
+
+/* ---- the device (backend.cu) */
+
 /* Devices this process can use: 0 when there is none, or no driver. Never fails. */
 int gpu_device_count(void);
-
-/* Select device local_rank mod count, create the stream and the cuBLAS handle. Returns 0, or 1
- * with a message in err when there is no device. */
-int gpu_open(int local_rank, char *err, size_t err_len);
+/* Select device local_rank mod count, create the stream and the cuBLAS handle; bf16: GEMM
+ * operands rounded to bf16 (fp32 accumulation). Returns 0, or 1 with the reason in err. */
+int gpu_open(int local_rank, bool bf16, char *err, size_t err_len);
 void gpu_close(void);
 /* The selected device's name and memory, for the run header. */
 void gpu_describe(char *out, size_t len);
+bool gpu_bf16(void);
+/* Change the products' precision (tests compare both on one device). */
+void gpu_set_bf16(bool on);
+/* The back end's table (backend.h), its attention implementations registered; NULL with the
+ * reason in err when there is no device. The device is local rank mod count (MPI_COMM_TYPE_SHARED).
+ */
+const struct backend *gpu_backend_open(bool bf16, char *err, size_t err_len);
 
-void *gpu_malloc(size_t bytes);
+/* ---- device memory (memory.cu), counted by label in memory.c */
+
+/* Uninitialised device memory (a reused block, or fresh) from the back end's pool; gpu_alloc_zero
+ * zeroes it. gpu_free returns it to the pool without synchronising the device. */
+void *gpu_alloc(enum mem_label label, size_t bytes);
+void *gpu_alloc_zero(enum mem_label label, size_t bytes);
 void gpu_free(void *dev);
+/* Give the pool's free blocks back to the driver (at close, or when memory runs short). */
+void gpu_release_cache(void);
 void gpu_upload(void *dev, const void *host, size_t bytes);
-void gpu_download(void *host, const void *dev, size_t bytes);
+void gpu_download(void *host, const void *dev, size_t bytes); /* waits for the copy */
+void gpu_copy(void *dst, const void *src, size_t bytes);      /* device to device */
 void gpu_memset0(void *dev, size_t bytes);
 void gpu_sync(void);
+/* rows of len floats between strided layouts, copied or added (dst += src). */
+void gpu_copy_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t rows,
+                   size_t len);
+void gpu_add_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t rows,
+                  size_t len);
 
-/* The per-token layers (layers.h), on device arrays. */
+/* ---- matrix products (blas.cu) */
+
+/* C (M × N) = alpha · op(A) op(B) + beta · C, row-major as cblas_sgemm, over `batch` products
+ * whose operands lie sA, sB, sC floats apart; in fp32 (no TF32), or with bf16 operands and fp32
+ * accumulation when the back end was opened with bf16. */
+void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
+              long sA, const float *B, long ldb, long sB, float beta, float *C, long ldc, long sC,
+              long batch);
+
+/* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */
+
 void gpu_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
                         long N, int IC, int OC);
 void gpu_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -53,25 +82,41 @@ void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
 void gpu_embedding_forward(float *out, const int *tokens, const float *token, const float *position,
                            long B, long T, int C, long t0);
 void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
-                            long B, long T, int C, long t0);
+                            long B, long T, int C, int V, long t0);
 void gpu_gelu_forward(float *out, const float *inp, size_t count);
 void gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t count);
+void gpu_sinusoidal_forward(float *x, long B, long T, int C, long t0, float scale);
+void gpu_rope_forward(float *x, long BH, long T, int d, long t0);
+void gpu_rope_backward(float *dx, long BH, long T, int d, long t0);
+void gpu_dropout_forward(float *x, const struct dropout_key *key, long B, long T, int C);
+void gpu_dropout_backward(float *dx, const struct dropout_key *key, long B, long T, int C);
+void gpu_residual_dropout_forward(float *out, const float *res, const float *y,
+                                  const struct dropout_key *key, long B, long T, int C);
+void gpu_residual_dropout_backward(float *dres, float *dy, const float *dout,
+                                   const struct dropout_key *key, long B, long T, int C);
+void gpu_heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T,
+                             int Hqk, int H, int d);
+void gpu_heads_split_backward(float *dqkv, const float *dq, const float *dk, const float *dv,
+                              long B, long T, int Hqk, int H, int d);
+void gpu_heads_merge_forward(float *y, const float *att, long B, long T, int H, int d);
+void gpu_heads_merge_backward(float *datt, const float *dy, long B, long T, int H, int d);
 /* Fused softmax cross-entropy: logits become dlogits; returns Σ −log p(target) over counted rows
- * (targets < 0 are ignored), in double, as layers.h's. */
+ * (targets < 0 ignored) in double; row_loss (host, N) when given. */
 double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
-                                         float grad_scale);
+                                         float grad_scale, float *row_loss);
 
-/* AdamW on one tensor of n floats, the update of optimizer.c element for element: g scaled by
- * grad_scale, moments m, v updated, bias corrections bc1 = 1 − β1ᵗ, bc2 = 1 − β2ᵗ, then
- * w −= lr·(m̂/(√v̂ + eps) + wd·w) (lr already times the tensor's lr_scale). */
-void gpu_adamw_update(float *w, const float *g, float *m, float *v, size_t n, float lr, float wd,
-                      float beta1, float beta2, float eps, float bc1, float bc2, float grad_scale);
-/* Σ x² over n floats, accumulated in double (the global gradient norm's square). */
+/* ---- the optimizer (optimizer.cu) */
+
+/* AdamW on one tensor of n floats, optimizer.c's update element for element. */
+void gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const struct adamw_step *s);
+/* Σ x² over n floats in double, in a fixed order (the global gradient norm's square). */
 double gpu_sum_squares(const float *x, size_t n);
 
-/* Exact attention, `full` (band 0) and `local` (band > 0), on one slab of T tokens for B·H heads
- * (attention/exact.h, S = 1): out (BH, T, d) and lse (BH, T) as the CPU op saves them; backward
- * ACCUMULATES dq, dk, dv. fp32; head sizes 16, 32, 64 and 128 (gpu_exact_attention_supports). */
+/* ---- exact attention, `full` (band 0) and `local` (attention_full.cu) */
+
+/* The SIMT reference kernels on one slab of T tokens for BH heads (attention/exact.h, S = 1): out
+ * (BH, T, d) and lse (BH, T) as the CPU op saves them; backward ACCUMULATES dq, dk, dv. fp32;
+ * head sizes 16, 32, 64 and 128 (gpu_exact_attention_supports). */
 int gpu_exact_attention_supports(int d);
 void gpu_exact_attention_forward(float *out, float *lse, const float *q, const float *k,
                                  const float *v, long BH, long T, int d, int causal, long band);
@@ -79,15 +124,12 @@ void gpu_exact_attention_backward(float *dq, float *dk, float *dv, const float *
                                   const float *q, const float *k, const float *v, const float *out,
                                   const float *lse, long BH, long T, int d, int causal, long band);
 
-/* NCCL communicator over the ranks of an MPI communicator: rank 0's unique id travels by
- * MPI_Bcast; one device per rank (gpu_open first). Collective. */
-struct gpu_nccl;
-struct gpu_nccl *gpu_nccl_open(MPI_Comm comm);
-/* In-place sum over the communicator's ranks of a device float array, on the back end's stream;
- * bytes sent are counted as comm.c counts MPI's. */
-void gpu_nccl_allreduce_sum(struct gpu_nccl *c, float *dev, size_t count);
-unsigned long long gpu_nccl_bytes_sent(const struct gpu_nccl *c);
-void gpu_nccl_close(struct gpu_nccl *c);
+/* ---- communication (comm.cu): the NCCL transport of the communicator (comm.h) */
+
+/* Move c's bulk float traffic onto NCCL over device buffers: one NCCL communicator per scope,
+ * unique ids broadcast over MPI. Collective over the world. */
+void gpu_comm_attach(struct comm *c);
+void gpu_comm_detach(struct comm *c);
 
 #ifdef __cplusplus
 }

@@ -1,10 +1,15 @@
-// The per-token layers on the device, mirroring src/layers.c op for op: the same contracts, fp32
-// data, backward accumulating. GEMMs through cuBLAS (fp32, no TF32); rows reduced by one warp
-// each; parameter gradients summed over rows by one thread per column, rows in order.
+// The per-token layers on the device, the twin of src/layers.c op for op: the same contracts, fp32
+// data, backward accumulating. GEMMs through gpu_gemm (cuBLAS); rows reduced by one warp each;
+// sums over many rows (bias, layer-norm and embedding gradients) in two stages — fixed chunks of
+// rows in parallel, then the chunks in order — so they are deterministic and never one thread's
+// walk over every row. Every launcher returns before an empty launch.
 #include <vector>
 
+#include "layers.h"
+#include "rng.h"
 #include "check.h"
 #include "gpu.h"
+#include "rng.cuh"
 
 namespace {
 
@@ -13,6 +18,7 @@ constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
 constexpr float kGeluA = 0.044715f;
 constexpr unsigned kThreads = 256;
 constexpr unsigned kWarp = 32;
+constexpr long kChunks = 64;  // row chunks of the two-stage sums (LAYERS_CHUNKS of layers.c)
 
 __device__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -43,20 +49,41 @@ __device__ float block_reduce(float v) {
   return out;
 }
 
+// grid (C / kThreads, kChunks): part[chunk, c] = Σ a[i, c] over the chunk's rows, in row order.
+__global__ void chunk_sums(float *part, const float *a, long N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const long r0 = N * blockIdx.y / kChunks, r1 = N * (blockIdx.y + 1) / kChunks;
+  float s = 0.0f;
+  for (long i = r0; i < r1; i++) s += a[i * C + c];
+  part[(size_t)blockIdx.y * C + c] = s;
+}
+
+// acc[c] += Σ_chunk part[chunk, c], the chunks in order (the second stage of every row sum).
+__global__ void chunks_add(float *acc, const float *part, long chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.0f;
+  for (long k = 0; k < chunks; k++) s += part[(size_t)k * C + c];
+  acc[c] += s;
+}
+
+// acc (C) += Σ_rows a (N, C): the two stages.
+void column_sums(float *acc, const float *a, long N, int C) {
+  float *part = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * kChunks * C));
+  chunk_sums<<<dim3(gpu_blocks(C, kThreads), kChunks), kThreads, 0, gpu_stream()>>>(part, a, N, C);
+  LAUNCH_CHECK();
+  chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(acc, part, kChunks, C);
+  LAUNCH_CHECK();
+  gpu_free(part);
+}
+
 __global__ void add_bias(float *out, const float *bias, long N, int C) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < (size_t)N * C) out[i] += bias[i % C];
 }
 
-// acc[c] += Σ_rows a[i, c], rows in order
-__global__ void column_sums(float *acc, const float *a, long N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.0f;
-  for (long i = 0; i < N; i++) s += a[i * C + c];
-  acc[c] += s;
-}
-
+// grid (N / rows per block): one warp per row.
 __global__ void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, long N, int C) {
   const long row = (long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
@@ -98,18 +125,20 @@ __global__ void layernorm_bwd_inp(float *dinp, const float *dout, const float *i
   }
 }
 
-__global__ void layernorm_bwd_params(float *dw, float *db, const float *dout, const float *inp,
+// grid (C / kThreads, kChunks): the chunk's Σ dout·x̂ and Σ dout per channel (first stage).
+__global__ void layernorm_bwd_params(float *pw, float *pb, const float *dout, const float *inp,
                                      const float *mean, const float *rstd, long N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  const long r0 = N * blockIdx.y / kChunks, r1 = N * (blockIdx.y + 1) / kChunks;
   float sw = 0.0f, sb = 0.0f;
-  for (long i = 0; i < N; i++) {
+  for (long i = r0; i < r1; i++) {
     const float g = dout[i * C + c];
     sw += g * (inp[i * C + c] - mean[i]) * rstd[i];
     sb += g;
   }
-  dw[c] += sw;
-  db[c] += sb;
+  pw[(size_t)blockIdx.y * C + c] = sw;
+  pb[(size_t)blockIdx.y * C + c] = sb;
 }
 
 __global__ void gelu_fwd(float *out, const float *inp, size_t n) {
@@ -140,18 +169,121 @@ __global__ void embedding_fwd(float *out, const int *tokens, const float *token,
   out[i] = position ? e + position[(size_t)(t0 + bt % T) * C + c] : e;
 }
 
-// Token and position gradients: one thread per channel, rows in order — the CPU op's additions
-// in the CPU op's order (several positions share a token row, so no thread per row).
-__global__ void embedding_bwd(float *dtoken, float *dposition, const float *dout, const int *tokens,
-                              long B, long T, int C, long t0) {
+// grid (C / kThreads, kChunks): part[chunk, v, c] = Σ dout[bt, c] over the chunk's rows whose
+// token is v, rows in order (several rows share a token row: each thread owns one channel).
+__global__ void embedding_bwd_token(float *part, const float *dout, const int *tokens, long BT,
+                                    int C, int V) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  for (long bt = 0; bt < B * T; bt++) dtoken[(size_t)tokens[bt] * C + c] += dout[bt * C + c];
-  if (!dposition) return;
-  for (long t = 0; t < T; t++) {
-    float *p = dposition + (size_t)(t0 + t) * C + c;
-    for (long b = 0; b < B; b++) *p += dout[(b * T + t) * C + c];
+  const long r0 = BT * blockIdx.y / kChunks, r1 = BT * (blockIdx.y + 1) / kChunks;
+  float *p = part + (size_t)blockIdx.y * V * C;
+  for (long bt = r0; bt < r1; bt++) p[(size_t)tokens[bt] * C + c] += dout[bt * C + c];
+}
+
+// dposition[t0 + t, c] += Σ_b dout[b, t, c], the batch in order: one thread per (t, c).
+__global__ void embedding_bwd_position(float *dposition, const float *dout, long B, long T, int C,
+                                       long t0) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * C) return;
+  const long t = (long)(i / C);
+  const int c = (int)(i % C);
+  float s = 0.0f;
+  for (long b = 0; b < B; b++) s += dout[(b * T + t) * C + c];
+  dposition[(size_t)(t0 + t) * C + c] += s;
+}
+
+// x (B, T, C) += scale · PE(t0 + t): sin at even, cos at odd channels, in double as the CPU op.
+__global__ void sinusoidal(float *x, long B, long T, int C, long t0, float scale) {
+  const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int half = C / 2;
+  if (e >= (size_t)T * half) return;
+  const long t = (long)(e / half);
+  const int i = (int)(e % half);
+  const double ang = (double)(t0 + t) * pow(10000.0, -2.0 * i / (double)C);
+  const float s = scale * (float)sin(ang), co = scale * (float)cos(ang);
+  for (long b = 0; b < B; b++) {
+    float *row = x + (b * T + t) * C;
+    row[2 * i] += s;
+    row[2 * i + 1] += co;
   }
+}
+
+// Rotate pairs (2i, 2i+1) of x (BH, T, d) by (t0 + t)·10000^(−2i/d), sign −1 for the transpose.
+__global__ void rope(float *x, long BH, long T, int d, long t0, float sign) {
+  const int half = d / 2;
+  const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (size_t)BH * T * half) return;
+  const int i = (int)(e % half);
+  const long t = (long)(e / half % T);
+  const double ang = (double)(t0 + t) * pow(10000.0, -2.0 * i / (double)d);
+  const float c = (float)cos(ang), s = sign * (float)sin(ang);
+  float *row = x + (e / half) * d;
+  const float a = row[2 * i], b = row[2 * i + 1];
+  row[2 * i] = a * c - b * s;
+  row[2 * i + 1] = a * s + b * c;
+}
+
+// The dropout mask of element (b, t, c): layers.c's dropout_row, element by element.
+__device__ float dropout_mask(const struct dropout_key &key, long b, long t, int c, int C) {
+  const int C4 = (C + 3) / 4, c4 = c / 4, j = c % 4;
+  const uint64_t r = gpu_rng_bits(key.seed, RNG_DROPOUT, (uint64_t)key.step,
+                                  ((uint64_t)key.site << 40) ^ (uint64_t)(key.sample0 + b),
+                                  (uint64_t)(key.t0 + t) * (uint64_t)C4 + (uint64_t)c4);
+  const uint32_t u = (uint32_t)(r >> (16 * j)) & 0xFFFFu;
+  return u >= (uint32_t)(key.p * 65536.0f) ? 1.0f / (1.0f - key.p) : 0.0f;
+}
+
+// mode 0: x *= mask (dropout and its backward); 1: out = res + y·mask; 2: dres += g, dy += g·mask.
+__global__ void dropout_apply(int mode, float *a, float *b, const float *c, const float *g,
+                              struct dropout_key key, long B, long T, int C) {
+  const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (size_t)B * T * C) return;
+  const long bt = (long)(e / C);
+  const int ch = (int)(e % C);
+  const float mask = key.p > 0.0f ? dropout_mask(key, bt / T, bt % T, ch, C) : 1.0f;
+  if (mode == 0) {
+    a[e] *= mask;
+  } else if (mode == 1) {
+    a[e] = c[e] + g[e] * mask;
+  } else {
+    a[e] += g[e];
+    b[e] += g[e] * mask;
+  }
+}
+
+// qkv rows (B, T, W) ↔ q, k (B, Hqk, T, d) and v (B, H, T, d): one thread per element of a row.
+__global__ void heads_split(float *q, float *k, float *v, float *qkv, long B, long T, int Hqk,
+                            int H, int d, bool backward) {
+  const int W = (2 * Hqk + H) * d, Cqk = Hqk * d;
+  const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (size_t)B * T * W) return;
+  const long bt = (long)(e / W), b = bt / T, t = bt % T;
+  const int w = (int)(e % W);
+  float *x;
+  if (w < Cqk)
+    x = q + (((size_t)b * Hqk + w / d) * T + t) * d + w % d;
+  else if (w < 2 * Cqk)
+    x = k + (((size_t)b * Hqk + (w - Cqk) / d) * T + t) * d + (w - Cqk) % d;
+  else
+    x = v + (((size_t)b * H + (w - 2 * Cqk) / d) * T + t) * d + (w - 2 * Cqk) % d;
+  if (backward)
+    qkv[e] += *x;
+  else
+    *x = qkv[e];
+}
+
+// y (B, T, C) ↔ att (B, H, T, d).
+__global__ void heads_merge(float *y, float *att, long B, long T, int H, int d, bool backward) {
+  const int C = H * d;
+  const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (size_t)B * T * C) return;
+  const long bt = (long)(e / C), b = bt / T, t = bt % T;
+  const int c = (int)(e % C);
+  float *a = att + (((size_t)b * H + c / d) * T + t) * d + c % d;
+  if (backward)
+    *a += y[e];
+  else
+    y[e] = *a;
 }
 
 // One block per row: logits become (softmax − onehot)·scale; row_loss[row] = −log p(target).
@@ -178,86 +310,197 @@ __global__ void softmax_xent(float *logits, const int *targets, double *row_loss
   if (threadIdx.x == 0) row_loss[row] = log((double)s) - (double)(zt - mx);
 }
 
+unsigned elementwise_blocks(size_t n) { return gpu_blocks(n, kThreads); }
+
 }  // namespace
 
 extern "C" void gpu_linear_forward(float *out, const float *inp, const float *weight,
                                    const float *bias, long N, int IC, int OC) {
-  // row-major out (N, OC) = inp (N, IC)·weightᵀ is column-major outᵀ = weightᵀᵀ·inpᵀ
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, IC, &one, weight, IC,
-                           inp, IC, &zero, out, OC));
-  if (bias)
-    add_bias<<<gpu_blocks((size_t)N * OC, kThreads), kThreads, 0, gpu_stream()>>>(out, bias, N, OC);
-  CUDA_CHECK(cudaGetLastError());
+  if (N == 0) return;
+  gpu_gemm(false, true, N, OC, IC, 1.0f, inp, IC, 0, weight, IC, 0, 0.0f, out, OC, 0, 1);
+  if (bias) {
+    add_bias<<<elementwise_blocks((size_t)N * OC), kThreads, 0, gpu_stream()>>>(out, bias, N, OC);
+    LAUNCH_CHECK();
+  }
 }
 
 extern "C" void gpu_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *weight, long N, int IC, int OC) {
-  const float one = 1.0f;
-  if (dinp)  // dinp (N, IC) += dout (N, OC)·weight (OC, IC)
-    CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, IC, (int)N, OC, &one, weight,
-                             IC, dout, OC, &one, dinp, IC));
-  if (dweight)  // dweight (OC, IC) += doutᵀ·inp
-    CUBLAS_CHECK(cublasSgemm(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, (int)N, &one, inp, IC,
-                             dout, OC, &one, dweight, IC));
-  if (dbias)
-    column_sums<<<gpu_blocks(OC, kThreads), kThreads, 0, gpu_stream()>>>(dbias, dout, N, OC);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *token,
-                                      const float *position, long B, long T, int C, long t0) {
-  embedding_fwd<<<gpu_blocks((size_t)B * T * C, kThreads), kThreads, 0, gpu_stream()>>>(
-      out, tokens, token, position, B * T, T, C, t0);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-extern "C" void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout,
-                                       const int *tokens, long B, long T, int C, long t0) {
-  embedding_bwd<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dtoken, dposition, dout,
-                                                                        tokens, B, T, C, t0);
-  CUDA_CHECK(cudaGetLastError());
+  if (N == 0) return;
+  if (dinp)  // dinp (N, IC) += dout (N, OC) · weight (OC, IC)
+    gpu_gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 1.0f, dinp, IC, 0, 1);
+  if (dweight)  // dweight (OC, IC) += doutᵀ · inp
+    gpu_gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
+  if (dbias) column_sums(dbias, dout, N, OC);
 }
 
 extern "C" void gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                       const float *weight, const float *bias, long N, int C) {
+  if (N == 0) return;
   const unsigned rows_per_block = kThreads / kWarp;
   layernorm_fwd<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(out, mean, rstd, inp,
                                                                               weight, bias, N, C);
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCH_CHECK();
 }
 
 extern "C" void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                        const float *inp, const float *weight, const float *mean,
                                        const float *rstd, long N, int C) {
+  if (N == 0) return;
   const unsigned rows_per_block = kThreads / kWarp;
   layernorm_bwd_inp<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(
       dinp, dout, inp, weight, mean, rstd, N, C);
-  layernorm_bwd_params<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(
-      dweight, dbias, dout, inp, mean, rstd, N, C);
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCH_CHECK();
+  float *part = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * 2 * kChunks * C));
+  layernorm_bwd_params<<<dim3(gpu_blocks(C, kThreads), kChunks), kThreads, 0, gpu_stream()>>>(
+      part, part + kChunks * C, dout, inp, mean, rstd, N, C);
+  LAUNCH_CHECK();
+  chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dweight, part, kChunks, C);
+  chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dbias, part + kChunks * C,
+                                                                     kChunks, C);
+  LAUNCH_CHECK();
+  gpu_free(part);
+}
+
+extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *token,
+                                      const float *position, long B, long T, int C, long t0) {
+  if (B * T == 0) return;
+  embedding_fwd<<<elementwise_blocks((size_t)B * T * C), kThreads, 0, gpu_stream()>>>(
+      out, tokens, token, position, B * T, T, C, t0);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout,
+                                       const int *tokens, long B, long T, int C, int V, long t0) {
+  if (B * T == 0) return;
+  const size_t pn = (size_t)kChunks * V * C;
+  float *part = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * pn));
+  embedding_bwd_token<<<dim3(gpu_blocks(C, kThreads), kChunks), kThreads, 0, gpu_stream()>>>(
+      part, dout, tokens, B * T, C, V);
+  LAUNCH_CHECK();
+  // the second stage: token rows (V·C values) summed over the chunks in order
+  chunks_add<<<elementwise_blocks((size_t)V * C), kThreads, 0, gpu_stream()>>>(dtoken, part,
+                                                                               kChunks, V * C);
+  LAUNCH_CHECK();
+  gpu_free(part);
+  if (!dposition) return;
+  embedding_bwd_position<<<elementwise_blocks((size_t)T * C), kThreads, 0, gpu_stream()>>>(
+      dposition, dout, B, T, C, t0);
+  LAUNCH_CHECK();
 }
 
 extern "C" void gpu_gelu_forward(float *out, const float *inp, size_t count) {
-  gelu_fwd<<<gpu_blocks(count, kThreads), kThreads, 0, gpu_stream()>>>(out, inp, count);
-  CUDA_CHECK(cudaGetLastError());
+  if (count == 0) return;
+  gelu_fwd<<<elementwise_blocks(count), kThreads, 0, gpu_stream()>>>(out, inp, count);
+  LAUNCH_CHECK();
 }
 
 extern "C" void gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t count) {
-  gelu_bwd<<<gpu_blocks(count, kThreads), kThreads, 0, gpu_stream()>>>(dinp, dout, inp, count);
-  CUDA_CHECK(cudaGetLastError());
+  if (count == 0) return;
+  gelu_bwd<<<elementwise_blocks(count), kThreads, 0, gpu_stream()>>>(dinp, dout, inp, count);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_sinusoidal_forward(float *x, long B, long T, int C, long t0, float scale) {
+  if (T * (C / 2) == 0 || B == 0) return;
+  sinusoidal<<<elementwise_blocks((size_t)T * (C / 2)), kThreads, 0, gpu_stream()>>>(x, B, T, C, t0,
+                                                                                     scale);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_rope_forward(float *x, long BH, long T, int d, long t0) {
+  if (BH * T * (d / 2) == 0) return;
+  rope<<<elementwise_blocks((size_t)BH * T * (d / 2)), kThreads, 0, gpu_stream()>>>(x, BH, T, d, t0,
+                                                                                    1.0f);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_rope_backward(float *dx, long BH, long T, int d, long t0) {
+  if (BH * T * (d / 2) == 0) return;
+  rope<<<elementwise_blocks((size_t)BH * T * (d / 2)), kThreads, 0, gpu_stream()>>>(dx, BH, T, d,
+                                                                                    t0, -1.0f);
+  LAUNCH_CHECK();
+}
+
+static void dropout_launch(int mode, float *a, float *b, const float *c, const float *g,
+                           const struct dropout_key *key, long B, long T, int C) {
+  if (B * T * C == 0) return;
+  dropout_apply<<<elementwise_blocks((size_t)B * T * C), kThreads, 0, gpu_stream()>>>(
+      mode, a, b, c, g, *key, B, T, C);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_dropout_forward(float *x, const struct dropout_key *key, long B, long T,
+                                    int C) {
+  if (key->p > 0.0f) dropout_launch(0, x, nullptr, nullptr, nullptr, key, B, T, C);
+}
+
+extern "C" void gpu_dropout_backward(float *dx, const struct dropout_key *key, long B, long T,
+                                     int C) {
+  gpu_dropout_forward(dx, key, B, T, C);  // the same mask scales the gradient
+}
+
+extern "C" void gpu_residual_dropout_forward(float *out, const float *res, const float *y,
+                                             const struct dropout_key *key, long B, long T, int C) {
+  dropout_launch(1, out, nullptr, res, y, key, B, T, C);
+}
+
+extern "C" void gpu_residual_dropout_backward(float *dres, float *dy, const float *dout,
+                                              const struct dropout_key *key, long B, long T,
+                                              int C) {
+  dropout_launch(2, dres, dy, nullptr, dout, key, B, T, C);
+}
+
+extern "C" void gpu_heads_split_forward(float *q, float *k, float *v, const float *qkv, long B,
+                                        long T, int Hqk, int H, int d) {
+  const size_t n = (size_t)B * T * (2 * Hqk + H) * d;
+  if (n == 0) return;
+  heads_split<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(
+      q, k, v, const_cast<float *>(qkv), B, T, Hqk, H, d, false);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_heads_split_backward(float *dqkv, const float *dq, const float *dk,
+                                         const float *dv, long B, long T, int Hqk, int H, int d) {
+  const size_t n = (size_t)B * T * (2 * Hqk + H) * d;
+  if (n == 0) return;
+  heads_split<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(
+      const_cast<float *>(dq), const_cast<float *>(dk), const_cast<float *>(dv), dqkv, B, T, Hqk, H,
+      d, true);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_heads_merge_forward(float *y, const float *att, long B, long T, int H, int d) {
+  const size_t n = (size_t)B * T * H * d;
+  if (n == 0) return;
+  heads_merge<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(y, const_cast<float *>(att), B,
+                                                                    T, H, d, false);
+  LAUNCH_CHECK();
+}
+
+extern "C" void gpu_heads_merge_backward(float *datt, const float *dy, long B, long T, int H,
+                                         int d) {
+  const size_t n = (size_t)B * T * H * d;
+  if (n == 0) return;
+  heads_merge<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(const_cast<float *>(dy), datt,
+                                                                    B, T, H, d, true);
+  LAUNCH_CHECK();
 }
 
 extern "C" double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N,
-                                                    int V, float grad_scale) {
-  double *row_loss = static_cast<double *>(gpu_malloc(sizeof(double) * (size_t)N));
-  softmax_xent<<<(unsigned)N, kThreads, 0, gpu_stream()>>>(logits, targets, row_loss, V,
-                                                           grad_scale);
-  CUDA_CHECK(cudaGetLastError());
+                                                    int V, float grad_scale, float *row_loss) {
+  if (N == 0) return 0.0;
+  double *dloss = static_cast<double *>(gpu_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)N));
+  softmax_xent<<<gpu_int(N, "softmax rows"), kThreads, 0, gpu_stream()>>>(logits, targets, dloss, V,
+                                                                          grad_scale);
+  LAUNCH_CHECK();
   std::vector<double> host((size_t)N);
-  gpu_download(host.data(), row_loss, sizeof(double) * (size_t)N);
-  gpu_free(row_loss);
+  gpu_download(host.data(), dloss, sizeof(double) * (size_t)N);
+  gpu_free(dloss);
   double total = 0.0;  // rows in order, as the CPU op's sum over rows
-  for (double l : host) total += l;
+  for (long i = 0; i < N; i++) {
+    total += host[(size_t)i];
+    if (row_loss) row_loss[i] = (float)host[(size_t)i];
+  }
   return total;
 }

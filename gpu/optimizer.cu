@@ -1,34 +1,35 @@
-// AdamW and the gradient norm on the device, mirroring src/optimizer.c: the same update element
-// for element (fp32), and the sum of squares in double. The caller walks the parameter tensors
-// (each with its own weight decay and learning-rate scale) as optimizer_step does.
+// AdamW and the gradient norm on the device, the twin of src/optimizer.c's element work: the same
+// update element for element (fp32), and the sum of squares in double in a fixed order (partial
+// sums of fixed slices, added on the host in order), so the norm does not depend on the launch.
+#include <vector>
+
+#include "backend.h"
 #include "check.h"
 #include "gpu.h"
 
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr unsigned kBlocks = 1024;  // partial sums of gpu_sum_squares, added on the host in order
+constexpr unsigned kBlocks = 1024;  // partial sums of gpu_sum_squares
 
-__global__ void adamw(float *w, const float *g, float *m, float *v, size_t n, float lr, float wd,
-                      float b1, float b2, float eps, float bc1, float bc2, float grad_scale) {
+__global__ void adamw(float *w, const float *g, float *m, float *v, size_t n, adamw_step s) {
   const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= n) return;
-  const float grad = g[e] * grad_scale;
-  const float me = b1 * m[e] + (1.0f - b1) * grad;
-  const float ve = b2 * v[e] + (1.0f - b2) * grad * grad;
+  const float grad = g[e] * s.grad_scale;
+  const float me = s.beta1 * m[e] + (1.0f - s.beta1) * grad;
+  const float ve = s.beta2 * v[e] + (1.0f - s.beta2) * grad * grad;
   m[e] = me;
   v[e] = ve;
-  const float mhat = me / bc1, vhat = ve / bc2;
-  w[e] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w[e]);
+  const float mhat = me / s.bc1, vhat = ve / s.bc2;
+  w[e] -= s.lr * (mhat / (sqrtf(vhat) + s.eps) + s.wd * w[e]);
 }
 
-// part[block] = Σ x² over a grid-stride slice, in double.
+// grid kBlocks, block kThreads: part[block] = Σ x² over the block's contiguous slice, in double.
 __global__ void sum_squares(double *part, const float *x, size_t n) {
   __shared__ double s[kThreads];
+  const size_t lo = n * blockIdx.x / gridDim.x, hi = n * (blockIdx.x + 1) / gridDim.x;
   double acc = 0.0;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
-    acc += (double)x[i] * x[i];
+  for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) acc += (double)x[i] * x[i];
   s[threadIdx.x] = acc;
   __syncthreads();
   for (unsigned o = blockDim.x / 2; o > 0; o /= 2) {
@@ -40,21 +41,20 @@ __global__ void sum_squares(double *part, const float *x, size_t n) {
 
 }  // namespace
 
-extern "C" void gpu_adamw_update(float *w, const float *g, float *m, float *v, size_t n, float lr,
-                                 float wd, float beta1, float beta2, float eps, float bc1,
-                                 float bc2, float grad_scale) {
+extern "C" void gpu_adamw(float *w, const float *g, float *m, float *v, size_t n,
+                          const struct adamw_step *s) {
   if (n == 0) return;
-  adamw<<<gpu_blocks(n, kThreads), kThreads, 0, gpu_stream()>>>(w, g, m, v, n, lr, wd, beta1, beta2,
-                                                                eps, bc1, bc2, grad_scale);
-  CUDA_CHECK(cudaGetLastError());
+  adamw<<<gpu_blocks(n, kThreads), kThreads, 0, gpu_stream()>>>(w, g, m, v, n, *s);
+  LAUNCH_CHECK();
 }
 
 extern "C" double gpu_sum_squares(const float *x, size_t n) {
-  double *part = static_cast<double *>(gpu_malloc(sizeof(double) * kBlocks));
+  if (n == 0) return 0.0;
+  double *part = static_cast<double *>(gpu_alloc(MEM_WORKSPACE, sizeof(double) * kBlocks));
   sum_squares<<<kBlocks, kThreads, 0, gpu_stream()>>>(part, x, n);
-  CUDA_CHECK(cudaGetLastError());
-  double host[kBlocks];
-  gpu_download(host, part, sizeof host);
+  LAUNCH_CHECK();
+  std::vector<double> host(kBlocks);
+  gpu_download(host.data(), part, sizeof(double) * kBlocks);
   gpu_free(part);
   double total = 0.0;
   for (double p : host) total += p;

@@ -1,12 +1,16 @@
-/* The back ends (backend.h): the CPU table — layers.c, memory.c's arenas and optimizer.c's loops —
- * and the choice of a table for parallel.device. This is the one file that knows which back ends
- * were built; nothing else in src/ asks. */
+/* The back ends (backend.h): the CPU table (layers.c, memory.c's arenas, optimizer.c's loops),
+ * the choice of a table for parallel.device, and of the communicator's transport. This is the one
+ * file that knows whether a GPU back end was built (FMATTN_GPU); nothing else in src/ asks. */
 #include "backend.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "optimizer.h"
+
+#ifdef FMATTN_GPU /* built --with-cuda, or --enable-cuda-emulation (FMATTN_GPU_EMULATED too) */
+#include "../gpu/gpu.h"
+#endif
 
 static void *cpu_alloc(enum mem_label label, size_t bytes) { return mem_alloc(label, bytes); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
@@ -49,10 +53,62 @@ static const struct backend cpu = {
 
 const struct backend *backend_cpu(void) { return &cpu; }
 
-const struct backend *backend_for(enum device_kind device, char *err, size_t len) {
-  if (device != DEVICE_GPU) return &cpu;
+/* Whether parallel.device = auto means the GPU: a build with a real CUDA back end (not the
+ * emulation, which is a test harness) and a device this process can see. */
+static bool auto_is_gpu(void) {
+#if defined(FMATTN_GPU) && !defined(FMATTN_GPU_EMULATED)
+  return gpu_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+const struct backend *backend_for(const struct config *cfg, char *err, size_t len) {
+  const enum device_kind want = cfg->parallel.device;
+  if (want == DEVICE_CPU || (want == DEVICE_AUTO && !auto_is_gpu())) return &cpu;
+#ifdef FMATTN_GPU
+  return gpu_backend_open(cfg->parallel.precision == PRECISION_BF16, err, len);
+#else
   snprintf(err, len,
-           "parallel.device = gpu: this fmattn has no GPU back end yet (docs/gpu.md); use cpu "
-           "or auto");
+           "parallel.device = gpu: this fmattn was built without a GPU back end; configure it "
+           "--with-cuda (or --enable-cuda-emulation, to run gpu/ on the CPU) and build again");
   return NULL;
+#endif
+}
+
+int backend_check(const struct backend *be, const struct config *cfg, int world, char *err,
+                  size_t len) {
+  const enum backend_kind want = cfg->parallel.backend;
+  if (cfg->parallel.precision == PRECISION_BF16 && be->device != DEVICE_GPU)
+    snprintf(err, len,
+             "parallel.precision = bf16 is for the GPU's matrix products; the CPU back "
+             "end computes in fp32 (set parallel.device = gpu, or precision = fp32)");
+  else if (be->device != DEVICE_GPU && want == BACKEND_NCCL)
+    snprintf(err, len,
+             "parallel.backend = nccl moves device buffers: it needs parallel.device = "
+             "gpu (the CPU runs over mpi)");
+  else if (be->device == DEVICE_GPU && world > 1 && want == BACKEND_MPI)
+    snprintf(err, len,
+             "parallel.backend = mpi with parallel.device = gpu: the GPU back end's "
+             "exchanges run over NCCL; use parallel.backend = nccl (or auto)");
+  else
+    return 0;
+  return 1;
+}
+
+void backend_attach_comm(const struct backend *be, struct comm *comm) {
+#ifdef FMATTN_GPU
+  if (be->device == DEVICE_GPU && comm->world_size > 1) gpu_comm_attach(comm);
+#else
+  (void)be;
+  (void)comm;
+#endif
+}
+
+void backend_detach_comm(struct comm *comm) {
+#ifdef FMATTN_GPU
+  if (comm->transport_state) gpu_comm_detach(comm);
+#else
+  (void)comm;
+#endif
 }

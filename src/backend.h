@@ -10,9 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm.h"
 #include "config.h"
 #include "layers.h"
 #include "memory.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* One AdamW step's scalars (optimizer.c): lr already times the tensor's lr_scale; bc1, bc2 the
  * bias corrections 1 − β1ᵗ, 1 − β2ᵗ; grad_scale the clipping factor. */
@@ -47,7 +52,7 @@ struct backend {
   void (*embedding_forward)(float *out, const int *tokens, const float *token,
                             const float *position, long B, long T, int C, long t0);
   void (*embedding_backward)(float *dtoken, float *dposition, const float *dout, const int *tokens,
-                             long B, long T, int C, long t0);
+                             long B, long T, int C, int V, long t0);
   void (*sinusoidal_forward)(float *x, long B, long T, int C, long t0, float scale);
   void (*rope_forward)(float *x, long BH, long T, int d, long t0);
   void (*rope_backward)(float *dx, long BH, long T, int d, long t0);
@@ -72,11 +77,24 @@ struct backend {
   void (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const struct adamw_step *s);
 };
 
-/* The back end of parallel.device (auto: the CPU until a GPU back end decides otherwise). A
- * device back end is opened on first use, and registers its attention implementations then.
- * NULL, with the reason in err, when this build or this machine has none. */
-const struct backend *backend_for(enum device_kind device, char *err, size_t len);
+/* The back end of parallel.device (auto: the GPU when this build has a real CUDA back end and
+ * a device is visible, else the CPU), opened on first use (a device back end then registers its
+ * attention implementations). NULL, with the reason in err, when there is none. */
+const struct backend *backend_for(const struct config *cfg, char *err, size_t len);
 /* The CPU back end (always there). */
 const struct backend *backend_cpu(void);
+/* Whether a run on be can take cfg's precision and communication backend on world ranks: 0, or
+ * 1 with the reason in err. */
+int backend_check(const struct backend *be, const struct config *cfg, int world, char *err,
+                  size_t len);
+/* The communicator's transport for a model on be: NCCL over device buffers for a GPU on more
+ * than one rank, else MPI (backend_check first). backend_detach_comm undoes it before
+ * comm_free. Collective. */
+void backend_attach_comm(const struct backend *be, struct comm *comm);
+void backend_detach_comm(struct comm *comm);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -11,12 +11,17 @@
 
 #include "memory.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum comm_scope { COMM_WORLD, COMM_SEQ, COMM_DATA };
 
 struct comm_transport;
 
 struct comm {
   const struct comm_transport *transport; /* the bulk float traffic: MPI (host buffers) */
+  void *transport_state;                  /* what another transport keeps (NCCL communicators) */
   int world_rank, world_size;
   int S, seq_rank; /* ranks sharing one sequence, and my slab index */
   int D, replica;  /* data-parallel replicas, and mine */
@@ -104,5 +109,9 @@ void comm_copy_rows(const struct comm *c, float *dst, size_t dst_stride, const f
                     size_t src_stride, size_t rows, size_t len);
 void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
                    size_t src_stride, size_t rows, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -13,6 +13,10 @@
 
 #include "fma/options.h" /* enum fma_downsample, fma_init_kind, fma_down_lr */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define CONFIG_STR      512
 #define CONFIG_LIST_MAX 32
 
@@ -27,6 +31,7 @@ enum objective_kind { OBJECTIVE_CLM, OBJECTIVE_MLM };
 enum schedule_kind { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
 enum backend_kind { BACKEND_AUTO, BACKEND_MPI, BACKEND_NCCL };
 enum device_kind { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU };
+enum precision_kind { PRECISION_FP32, PRECISION_BF16 };
 enum heads_mode { HEADS_STANDARD, HEADS_FISH };
 
 /* Bench sections, as a bit set. */
@@ -112,6 +117,7 @@ struct config_parallel {
   int seq_ranks;
   enum backend_kind backend;
   enum device_kind device;
+  enum precision_kind precision; /* of the GPU's matrix products */
 };
 
 struct config_bench {
@@ -201,5 +207,9 @@ const char *config_device_name(enum device_kind d);
 
 /* Vocabulary size implied by the objective: 256 bytes, plus the mask symbol for mlm. */
 int config_vocab(const struct config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

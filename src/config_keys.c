@@ -22,6 +22,7 @@ _Static_assert(sizeof(enum run_mode) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum position_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_downsample) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_down_lr) == sizeof(int), "enum storage");
+_Static_assert(sizeof(enum precision_kind) == sizeof(int), "enum storage");
 
 /* ---------------------------------------------------------------------------------------------
  * Names. Each list is in enum order: the index of a word is the enum value it stands for. */
@@ -35,6 +36,7 @@ static const char *const objective_names[] = {"clm", "mlm", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const backend_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const device_names[] = {"auto", "cpu", "gpu", NULL};
+static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const downsample_names[] = {"conv", "m2m", "avg", NULL};
 static const char *const init_names[] = {"mean", "random", NULL};
 static const char *const down_lr_names[] = {"scaled", "plain", NULL};
@@ -236,7 +238,10 @@ const struct key_def config_keys[] = {
           "ranks sharing one sequence; the world size must be a multiple"),
     K_ENUM("parallel", "backend", "auto", backend_names, parallel.backend, "",
            "communication (auto: nccl on GPUs, else mpi)"),
-    K_ENUM("parallel", "device", "auto", device_names, parallel.device, "", "where to compute"),
+    K_ENUM("parallel", "device", "auto", device_names, parallel.device, "",
+           "where to compute (auto: a GPU when fmattn was built --with-cuda and one is visible)"),
+    K_ENUM("parallel", "precision", "fp32", precision_names, parallel.precision, "dtype",
+           "matrix products on the GPU: fp32, or bf16 operands with fp32 accumulation"),
 
     K_LIST("bench", "what", "attention,train", what_list, "", "what to time"),
     K_LIST("bench", "n_list", "1024,4096,16384", n_list, "n lengths",

@@ -7,6 +7,10 @@
 #include <mpi.h>
 #include <stdnoreturn.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Rank stamped on every message; set once MPI is up (-1 before). */
 void error_set_rank(int rank, int nranks);
 int error_rank(void);
@@ -60,5 +64,9 @@ void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t bytes);
 void *xrealloc(void *p, size_t bytes);
 char *xstrdup(const char *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 
 #include "comm.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct halo {
   long n, T, t0;
   long lo, hi; /* my extended range [lo, hi): the slab and its halos */
@@ -29,5 +33,9 @@ void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *
  * to their owners and are added there. */
 void halo_scatter_add(const struct halo *h, struct comm *c, float *local, const float *ext,
                       long rows, long d);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

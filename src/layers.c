@@ -178,7 +178,7 @@ void embedding_forward(float *out, const int *tokens, const float *token, const 
 }
 
 void embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
-                        long B, long T, int C, long t0) {
+                        long B, long T, int C, int V, long t0) {
   /* Token rows are scattered (several positions share a token), so this loop is serial in the
    * token table but parallel over channels: each thread owns a channel range. */
 #pragma omp parallel

@@ -9,6 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* out (N, OC) = inp (N, IC) · weight (OC, IC)ᵀ + bias (OC); bias may be NULL. */
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
                     int IC, int OC);
@@ -33,7 +37,7 @@ void gelu_backward(float *dinp, const float *dout, const float *inp, size_t coun
 void embedding_forward(float *out, const int *tokens, const float *token, const float *position,
                        long B, long T, int C, long t0);
 void embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
-                        long B, long T, int C, long t0);
+                        long B, long T, int C, int V, long t0);
 
 /* x (B, T, C) += scale · PE(t0 + t), the fixed sinusoidal table of Vaswani et al. No parameters,
  * so there is no backward (the gradient passes through unchanged). */
@@ -81,5 +85,9 @@ void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, i
  * given, receives each row's −log p(target) (0 for ignored rows). */
 double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
                                      float grad_scale, float *row_loss);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

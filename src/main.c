@@ -48,8 +48,8 @@ static void check_runnable(const struct config *cfg, int world, bool check_only)
   if (cfg->run.mode != MODE_BENCH &&
       attention_check(cfg, n, cfg->parallel.seq_ranks, err, sizeof err))
     error_collective(err);
-  const struct backend *be = backend_for(cfg->parallel.device, err, sizeof err);
-  if (!be) error_collective(err);
+  const struct backend *be = backend_for(cfg, err, sizeof err);
+  if (!be || backend_check(be, cfg, world, err, sizeof err)) error_collective(err);
   const struct attn_variant *v = attention_select(cfg);
   if (v && !attention_impl(v, be->device)) {
     snprintf(err, sizeof err,
@@ -58,8 +58,6 @@ static void check_runnable(const struct config *cfg, int world, bool check_only)
              cfg->attention.variant, be->name, config_device_name(cfg->parallel.device));
     error_collective(err);
   }
-  if (cfg->parallel.backend == BACKEND_NCCL)
-    error_collective("parallel.backend = nccl needs the GPU training step, which fmattn lacks yet");
 }
 
 /* `fmattn [--check] DECK.in [--set section.key=value ...]`: the deck, whether only to check it,
@@ -152,6 +150,10 @@ int main(int argc, char **argv) {
   threads_setup(MPI_COMM_WORLD);
   struct comm comm;
   comm_init(&comm, cfg.parallel.seq_ranks);
+  char err[CONFIG_ERR_LEN];
+  const struct backend *be = backend_for(&cfg, err, sizeof err);
+  if (!be) error_collective(err);
+  backend_attach_comm(be, &comm);
   if (rank == 0) {
     printf("; fmattn %s resolved deck\n", PACKAGE_VERSION);
     fputs(cfg.resolved, stdout);
@@ -172,6 +174,7 @@ int main(int argc, char **argv) {
       rc = bench_run(&cfg, &comm);
       break;
   }
+  backend_detach_comm(&comm);
   comm_free(&comm);
   config_free(&cfg);
   MPI_Finalize();

@@ -7,6 +7,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum mem_label {
   MEM_PARAMS,
   MEM_GRADS,
@@ -35,5 +39,9 @@ size_t mem_device_peak_total(void);
 
 /* Resident set size high-water mark of this process (from getrusage), bytes. */
 size_t mem_process_peak_rss(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -137,7 +137,7 @@ static void *buf(const struct model *m, enum mem_label label, size_t bytes) {
 
 void model_build(struct model *m, const struct config *cfg, struct comm *comm, long B) {
   char err[256];
-  const struct backend *be = backend_for(cfg->parallel.device, err, sizeof err);
+  const struct backend *be = backend_for(cfg, err, sizeof err);
   if (!be) error("%s", err);
   model_build_on(m, cfg, comm, B, be);
 }
@@ -531,7 +531,7 @@ void model_backward(struct model *m, long step) {
 
   struct dropout_key k0 = drop_key(m, step, 0, m->last_train);
   m->be->dropout_backward(dres, &k0, B, T, C);
-  m->be->embedding_backward(m->G.token, m->G.position, dres, m->dev_tokens, B, T, C, m->t0);
+  m->be->embedding_backward(m->G.token, m->G.position, dres, m->dev_tokens, B, T, C, m->V, m->t0);
   timer_stop(TIMER_BACKWARD);
 }
 

@@ -14,6 +14,10 @@
 #include "config.h"
 #include "params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Pointers into one of the contiguous buffers (params or grads), one set per block. */
 struct block_tensors {
   float *ln1w, *ln1b; /* (C) */
@@ -138,5 +142,9 @@ void model_decode_close(struct model *model, struct model_decoder *dec);
  */
 size_t model_param_count(const struct model *model);
 double model_flops_per_token(struct model *model);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

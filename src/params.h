@@ -9,6 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define PARAM_NAME   160
 #define PARAM_MAXDIM 4
 
@@ -61,5 +65,9 @@ int param_list_find(const struct param_list *list, const char *name);
 void param_init(const struct param_desc *p, float *data, uint64_t seed);
 /* "[3, 256, 256]" style shape text. */
 void param_shape_text(const struct param_desc *p, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Independent streams: one per purpose, so that adding draws to one never shifts another. */
 enum rng_stream {
   RNG_INIT = 1, /* parameter initialisation: (param index, element) */
@@ -29,5 +33,9 @@ double rng_uniform_double(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b
 double rng_normal(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
 /* Uniform integer in [0, n). */
 uint64_t rng_below(uint64_t n, uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

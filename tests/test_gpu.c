@@ -1,12 +1,16 @@
-/* The CUDA back end against the CPU: the layers of src/layers.c and exact attention (full, local)
- * on the same inputs, forward and every gradient (accumulated onto non-zero buffers), fp32;
- * causality by perturbation; the NCCL allreduce against MPI_Allreduce. Built with --with-cuda; on
- * a machine without a GPU the whole program is one TAP skip ("1..0 # SKIP no GPU"), never a pass
- * (it has not yet run on one). */
+/* The CUDA back end's operations against the CPU's on the same inputs: every layer of
+ * src/layers.c (forward and every gradient, accumulated onto non-zero buffers), the products of
+ * gpu_gemm (fp32 and bf16), AdamW and the norm, exact attention and its causality, the device
+ * memory pool and row packing, and the NCCL transport against MPI. Natively on a GPU (--with-cuda),
+ * or through tests/cudaemu; with no GPU the whole program is one TAP skip, never a pass. */
 #include "testutil.h"
+
+#include <cblas.h>
 
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
+#include "../src/backend.h"
+#include "../src/comm.h"
 #include "../src/config.h"
 #include "../src/layers.h"
 
@@ -15,10 +19,13 @@
 
 /* A device copy of a host array. */
 static float *up(const float *h, size_t n) {
-  float *d = gpu_malloc(sizeof(float) * n);
+  float *d = gpu_alloc(MEM_WORKSPACE, sizeof(float) * n);
   gpu_upload(d, h, sizeof(float) * n);
   return d;
 }
+
+/* Uninitialised device memory (NaN under the emulation, so a value never written shows). */
+static void *dev(size_t bytes) { return gpu_alloc(MEM_WORKSPACE, bytes); }
 
 /* Free count host arrays and their device copies. */
 static void free_both(float **host, float **dev, int count) {
@@ -52,7 +59,7 @@ static void test_gpu_linear(void **state) {
   float *dy = randn((size_t)N * OC, 4), *y = malloc(sizeof(float) * N * OC);
   float *dx = randn((size_t)N * IC, 5), *dw = randn((size_t)OC * IC, 6), *db = randn(OC, 7);
   float *gx = up(x, N * IC), *gw = up(w, OC * IC), *gb = up(b, OC), *gdy = up(dy, N * OC);
-  float *gy = gpu_malloc(sizeof(float) * N * OC);
+  float *gy = dev(sizeof(float) * N * OC);
   float *gdx = up(dx, N * IC), *gdw = up(dw, OC * IC), *gdb = up(db, OC);
   linear_forward(y, x, w, b, N, IC, OC);
   gpu_linear_forward(gy, gx, gw, gb, N, IC, OC);
@@ -74,8 +81,8 @@ static void test_gpu_layernorm(void **state) {
   float *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
   float *dx = randn((size_t)N * C, 15), *dw = randn(C, 16), *db = randn(C, 17);
   float *gx = up(x, N * C), *gw = up(w, C), *gb = up(b, C), *gdy = up(dy, N * C);
-  float *gy = gpu_malloc(sizeof(float) * N * C), *gmean = gpu_malloc(sizeof(float) * N),
-        *grstd = gpu_malloc(sizeof(float) * N);
+  float *gy = dev(sizeof(float) * N * C), *gmean = dev(sizeof(float) * N),
+        *grstd = dev(sizeof(float) * N);
   float *gdx = up(dx, N * C), *gdw = up(dw, C), *gdb = up(db, C);
   layernorm_forward(y, mean, rstd, x, w, b, N, C);
   gpu_layernorm_forward(gy, gmean, grstd, gx, gw, gb, N, C);
@@ -95,7 +102,7 @@ static void test_gpu_layernorm(void **state) {
 static void test_gpu_gelu(void **state) {
   const size_t n = 1000;
   float *x = randn(n, 21), *dy = randn(n, 22), *dx = randn(n, 23), *y = malloc(sizeof(float) * n);
-  float *gx = up(x, n), *gdy = up(dy, n), *gdx = up(dx, n), *gy = gpu_malloc(sizeof(float) * n);
+  float *gx = up(x, n), *gdy = up(dy, n), *gdx = up(dx, n), *gy = dev(sizeof(float) * n);
   gelu_forward(y, x, n);
   gpu_gelu_forward(gy, gx, n);
   TU_ASSERT_CLOSE(diff(gy, y, n), TOL, "gelu forward");
@@ -115,15 +122,15 @@ static void test_gpu_embedding(void **state) {
   float *dy = randn((size_t)B * T * C, 73), *y = malloc(sizeof(float) * B * T * C);
   float *dtok = randn((size_t)V * C, 74), *dpos = randn((size_t)n * C, 75);
   float *gtok = up(tok, V * C), *gpos = up(pos, n * C), *gdy = up(dy, B * T * C);
-  float *gy = gpu_malloc(sizeof(float) * B * T * C);
+  float *gy = dev(sizeof(float) * B * T * C);
   float *gdtok = up(dtok, V * C), *gdpos = up(dpos, n * C);
-  int *gtokens = gpu_malloc(sizeof tokens);
+  int *gtokens = dev(sizeof tokens);
   gpu_upload(gtokens, tokens, sizeof tokens);
   embedding_forward(y, tokens, tok, pos, B, T, C, t0);
   gpu_embedding_forward(gy, gtokens, gtok, gpos, B, T, C, t0);
   TU_ASSERT_CLOSE(diff(gy, y, B * T * C), TOL, "embedding forward");
-  embedding_backward(dtok, dpos, dy, tokens, B, T, C, t0);
-  gpu_embedding_backward(gdtok, gdpos, gdy, gtokens, B, T, C, t0);
+  embedding_backward(dtok, dpos, dy, tokens, B, T, C, V, t0);
+  gpu_embedding_backward(gdtok, gdpos, gdy, gtokens, B, T, C, V, t0);
   TU_ASSERT_CLOSE(diff(gdtok, dtok, V * C), TOL, "embedding dtoken (accumulated, shared rows)");
   TU_ASSERT_CLOSE(diff(gdpos, dpos, n * C), TOL, "embedding dposition (accumulated, offset t0)");
   embedding_forward(y, tokens, tok, NULL, B, T, C, t0);
@@ -144,7 +151,8 @@ static void test_gpu_adamw(void **state) {
   float *gw = up(w, n), *gg = up(g, n), *gm = up(mv, n), *gv = up(mv + n, n);
   for (int t = 1; t <= 3; t++) {
     const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-    gpu_adamw_update(gw, gg, gm, gv, n, lr, wd, b1, b2, eps, (float)bc1, (float)bc2, scale);
+    const struct adamw_step st = {lr, wd, b1, b2, eps, (float)bc1, (float)bc2, scale};
+    gpu_adamw(gw, gg, gm, gv, n, &st);
     for (size_t e = 0; e < n; e++) {
       const double grad = (double)g[e] * scale;
       rm[e] = b1 * rm[e] + (1.0 - b1) * grad;
@@ -166,17 +174,177 @@ static void test_gpu_softmax_xent(void **state) {
   const long N = 33;
   const int V = 257; /* the mlm vocabulary: not a multiple of the block */
   float *z = randn((size_t)N * V, 31);
+  for (size_t i = 0; i < (size_t)N * V; i += 37) z[i] *= 100.0f; /* large logits: the max matters */
   int *tgt = malloc(sizeof(int) * N);
   for (long i = 0; i < N; i++) tgt[i] = i % 7 == 3 ? -1 : (int)((i * 97) % V); /* some ignored */
   float *gz = up(z, N * V);
-  int *gt = gpu_malloc(sizeof(int) * N);
+  int *gt = dev(sizeof(int) * N);
   gpu_upload(gt, tgt, sizeof(int) * N);
-  const double cpu = softmax_xent_forward_backward(z, tgt, N, V, 0.25f, NULL);
-  const double gpu = gpu_softmax_xent_forward_backward(gz, gt, N, V, 0.25f);
+  float *rows = malloc(sizeof(float) * N), *grows = malloc(sizeof(float) * N);
+  gpu_sync(); /* the upload has read z before the CPU op overwrites it in place */
+  const double cpu = softmax_xent_forward_backward(z, tgt, N, V, 0.25f, rows);
+  const double gpu = gpu_softmax_xent_forward_backward(gz, gt, N, V, 0.25f, grows);
   TU_ASSERT_CLOSE(fabs(gpu - cpu) / fabs(cpu), TOL, "softmax cross-entropy loss");
   TU_ASSERT_CLOSE(diff(gz, z, N * V), TOL, "softmax cross-entropy dlogits");
-  free(z), free(tgt);
+  double *rref = tu_to_double(rows, N);
+  TU_ASSERT_CLOSE(tu_rel_err(grows, rref, N), TOL, "softmax cross-entropy row losses");
+  free(z), free(tgt), free(rows), free(grows), free(rref);
   gpu_free(gz), gpu_free(gt);
+}
+
+/* gpu_gemm against cblas_sgemm for every transpose pair, with leading dimensions wider than the
+ * matrices, beta = 1 onto non-zero C, and three strided products. */
+static void test_gpu_gemm(void **state) {
+  const long M = 19, N = 23, K = 17, batch = 3, ld = 31, s = 32 * ld, sb = 24 * ld;
+  float *a = randn((size_t)(batch * s), 91), *b = randn((size_t)(batch * sb), 92);
+  float *c = randn((size_t)(batch * s), 93);
+  float *ga = up(a, batch * s), *gb = up(b, batch * sb), *gc = dev(sizeof(float) * batch * s);
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      float *ref = malloc(sizeof(float) * batch * s);
+      memcpy(ref, c, sizeof(float) * batch * s);
+      gpu_upload(gc, c, sizeof(float) * batch * s);
+      for (long i = 0; i < batch; i++)
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)M, (int)N, (int)K, 0.75f, a + i * s, (int)ld, b + i * sb, (int)ld, 1.0f,
+                    ref + i * s, (int)ld);
+      gpu_gemm(ta, tb, M, N, K, 0.75f, ga, ld, s, gb, ld, sb, 1.0f, gc, ld, s, batch);
+      char what[64];
+      snprintf(what, sizeof what, "gemm op(A)=%c op(B)=%c, 3 strided products", ta ? 'T' : 'N',
+               tb ? 'T' : 'N');
+      TU_ASSERT_CLOSE(diff(gc, ref, batch * s), TOL, what);
+      free(ref);
+    }
+  free(a), free(b), free(c);
+  gpu_free(ga), gpu_free(gb), gpu_free(gc);
+}
+
+/* bf16 operands: the product equals the fp32 product of the operands rounded to bf16 (round to
+ * nearest even), accumulated in fp32, and differs from the plain fp32 product. */
+static float round_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+static void test_gpu_gemm_bf16(void **state) {
+  const long M = 33, N = 20, K = 45;
+  float *a = randn((size_t)(M * K), 94), *b = randn((size_t)(K * N), 95);
+  float *ar = malloc(sizeof(float) * M * K), *br = malloc(sizeof(float) * K * N);
+  for (long i = 0; i < M * K; i++) ar[i] = round_bf16(a[i]);
+  for (long i = 0; i < K * N; i++) br[i] = round_bf16(b[i]);
+  float *ref = calloc((size_t)(M * N), sizeof(float)), *plain = calloc((size_t)(M * N), 4);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, ar, (int)K,
+              br, (int)N, 0.0f, ref, (int)N);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)K, b,
+              (int)N, 0.0f, plain, (int)N);
+  float *ga = up(a, M * K), *gb = up(b, K * N), *gc = dev(sizeof(float) * M * N);
+  gpu_set_bf16(true);
+  gpu_gemm(false, false, M, N, K, 1.0f, ga, K, 0, gb, N, 0, 0.0f, gc, N, 0, 1);
+  gpu_set_bf16(false);
+  TU_ASSERT_CLOSE(diff(gc, ref, M * N), 1e-5, "bf16 gemm: rounded operands, fp32 accumulation");
+  assert_true(diff(gc, plain, M * N) > 1e-4); /* and not the fp32 product */
+  free(a), free(b), free(ar), free(br), free(ref), free(plain);
+  gpu_free(ga), gpu_free(gb), gpu_free(gc);
+}
+
+/* Sinusoidal positions and rope (forward and its transpose) against the CPU ops. */
+static void test_gpu_positions(void **state) {
+  const long B = 2, T = 9, t0 = 1000, H = 3;
+  const int C = 24, d = 8;
+  float *x = randn((size_t)(B * T * C), 96), *gx = up(x, B * T * C);
+  sinusoidal_forward(x, B, T, C, t0, 0.03f);
+  gpu_sinusoidal_forward(gx, B, T, C, t0, 0.03f);
+  TU_ASSERT_CLOSE(diff(gx, x, B * T * C), TOL, "sinusoidal positions at t0 = 1000");
+  float *r = randn((size_t)(B * H * T * d), 97), *gr = up(r, B * H * T * d);
+  rope_forward(r, B * H, T, d, t0);
+  gpu_rope_forward(gr, B * H, T, d, t0);
+  TU_ASSERT_CLOSE(diff(gr, r, B * H * T * d), TOL, "rope forward");
+  rope_backward(r, B * H, T, d, t0);
+  gpu_rope_backward(gr, B * H, T, d, t0);
+  TU_ASSERT_CLOSE(diff(gr, r, B * H * T * d), TOL, "rope backward");
+  free(x), free(r);
+  gpu_free(gx), gpu_free(gr);
+}
+
+/* Dropout draws the CPU's masks bit for bit (the same counter-based bits): the outputs agree
+ * exactly, for the embedding's in-place form and the residual form, forward and backward. */
+static void test_gpu_dropout(void **state) {
+  const long B = 3, T = 11;
+  const int C = 21; /* not a multiple of the 4 masks a draw gives */
+  const size_t n = (size_t)(B * T * C);
+  const struct dropout_key key = {77, 5, 3, 40, 128, 0.3f};
+  float *x = randn(n, 101), *y = randn(n, 102), *res = randn(n, 103), *out = malloc(4 * n);
+  float *gx = up(x, n), *gy = up(y, n), *gres = up(res, n), *gout = dev(4 * n);
+  dropout_forward(x, &key, B, T, C);
+  gpu_dropout_forward(gx, &key, B, T, C);
+  TU_ASSERT_CLOSE(diff(gx, x, n), 0.0, "dropout: the CPU's mask, bit for bit");
+  residual_dropout_forward(out, res, y, &key, B, T, C);
+  gpu_residual_dropout_forward(gout, gres, gy, &key, B, T, C);
+  TU_ASSERT_CLOSE(diff(gout, out, n), 0.0, "residual dropout forward");
+  residual_dropout_backward(res, y, x, &key, B, T, C); /* dres, dy += from dout = x */
+  gpu_residual_dropout_backward(gres, gy, gx, &key, B, T, C);
+  TU_ASSERT_CLOSE(diff(gres, res, n), 0.0, "residual dropout dres (accumulated)");
+  TU_ASSERT_CLOSE(diff(gy, y, n), 0.0, "residual dropout dy (accumulated)");
+  free(x), free(y), free(res), free(out);
+  gpu_free(gx), gpu_free(gy), gpu_free(gres), gpu_free(gout);
+}
+
+/* The head layouts: q|k|v rows into heads and back (FiSH's Hqk < H too), heads merged and back. */
+static void test_gpu_heads(void **state) {
+  const long B = 2, T = 7;
+  const int Hqk = 2, H = 3, d = 5, W = (2 * Hqk + H) * d;
+  const size_t nq = (size_t)(B * Hqk * T * d), nv = (size_t)(B * H * T * d),
+               nw = (size_t)(B * T * W);
+  float *qkv = randn(nw, 111), *q = malloc(4 * nq), *k = malloc(4 * nq), *v = malloc(4 * nv);
+  float *gqkv = up(qkv, nw), *gq = dev(4 * nq), *gk = dev(4 * nq), *gv = dev(4 * nv);
+  heads_split_forward(q, k, v, qkv, B, T, Hqk, H, d);
+  gpu_heads_split_forward(gq, gk, gv, gqkv, B, T, Hqk, H, d);
+  TU_ASSERT_CLOSE(diff(gq, q, nq) + diff(gk, k, nq) + diff(gv, v, nv), 0.0, "heads split");
+  heads_split_backward(qkv, q, k, v, B, T, Hqk, H, d);
+  gpu_heads_split_backward(gqkv, gq, gk, gv, B, T, Hqk, H, d);
+  TU_ASSERT_CLOSE(diff(gqkv, qkv, nw), 0.0, "heads split backward (accumulated)");
+  float *y = malloc(4 * nv), *gy = dev(4 * nv);
+  heads_merge_forward(y, v, B, T, H, d);
+  gpu_heads_merge_forward(gy, gv, B, T, H, d);
+  TU_ASSERT_CLOSE(diff(gy, y, nv), 0.0, "heads merge");
+  heads_merge_backward(v, y, B, T, H, d);
+  gpu_heads_merge_backward(gv, gy, B, T, H, d);
+  TU_ASSERT_CLOSE(diff(gv, v, nv), 0.0, "heads merge backward (accumulated)");
+  float *all[] = {qkv, q, k, v, y}, *gall[] = {gqkv, gq, gk, gv, gy};
+  free_both(all, gall, 5);
+}
+
+/* The pool: a freed block serves the next request of its size class without the driver, every
+ * block in use is counted by label, and the row packing of exchanges copies and adds. */
+static void test_gpu_memory(void **state) {
+  gpu_release_cache(); /* an empty pool: the next free block of a class is the one freed below */
+  const size_t before = mem_device_current(MEM_COMM);
+  float *a = gpu_alloc(MEM_COMM, 1000 * sizeof(float));
+  assert_true(mem_device_current(MEM_COMM) >= before + 4000);
+  gpu_free(a);
+  assert_true(mem_device_current(MEM_COMM) == before);
+  float *b = gpu_alloc(MEM_COMM, 990 * sizeof(float));
+  if (getenv("FMATTN_GPU_POOL") == NULL || getenv("FMATTN_GPU_POOL")[0] != '0')
+    assert_ptr_equal(a, b); /* the same class: the pool's block again */
+  gpu_free(b);
+  float *z = gpu_alloc_zero(MEM_COMM, 77 * sizeof(float)), zh[77];
+  gpu_download(zh, z, sizeof zh);
+  for (int i = 0; i < 77; i++) assert_true(zh[i] == 0.0f);
+  const size_t rows = 4, len = 6, ss = 10, ds = 8;
+  float *src = randn(rows * ss, 121), *dst = randn(rows * ds, 122);
+  float *gsrc = up(src, rows * ss), *gdst = up(dst, rows * ds);
+  gpu_add_rows(gdst, ds, gsrc, ss, rows, len);
+  for (size_t r = 0; r < rows; r++)
+    for (size_t i = 0; i < len; i++) dst[r * ds + i] += src[r * ss + i];
+  TU_ASSERT_CLOSE(diff(gdst, dst, rows * ds), 0.0, "rows added between strided layouts");
+  gpu_copy_rows(gdst, ds, gsrc, ss, rows, len);
+  for (size_t r = 0; r < rows; r++) memcpy(dst + r * ds, src + r * ss, sizeof(float) * len);
+  TU_ASSERT_CLOSE(diff(gdst, dst, rows * ds), 0.0, "rows copied between strided layouts");
+  free(src), free(dst);
+  gpu_free(z), gpu_free(gsrc), gpu_free(gdst);
 }
 
 /* The configuration of a CPU exact-attention op: variant full or local (band), n tokens. */
@@ -205,7 +373,7 @@ static void check_exact(long band, bool causal, int d) {
   float *out = malloc(4 * count), *lse = malloc(4 * (size_t)(BH * n));
   float *dq = randn(count, 55), *dk = randn(count, 56), *dv = randn(count, 57);
   float *gq = up(q, count), *gk = up(k, count), *gv = up(v, count), *gg = up(g, count);
-  float *gout = gpu_malloc(4 * count), *glse = gpu_malloc(4 * (size_t)(BH * n));
+  float *gout = dev(4 * count), *glse = dev(4 * (size_t)(BH * n));
   float *gdq = up(dq, count), *gdk = up(dk, count), *gdv = up(dv, count);
   attention_forward(&ctx, out, lse, q, k, v, NULL);
   gpu_exact_attention_forward(gout, glse, gq, gk, gv, BH, n, d, causal, band);
@@ -259,11 +427,11 @@ static void test_gpu_exact_causality(void **state) {
                           n,
                           d,
                           0,
-                          gpu_malloc(4 * count),
-                          gpu_malloc(4 * count),
-                          gpu_malloc(4 * count),
-                          gpu_malloc(4 * count),
-                          gpu_malloc(4 * (size_t)(BH * n))};
+                          dev(4 * count),
+                          dev(4 * count),
+                          dev(4 * count),
+                          dev(4 * count),
+                          dev(4 * (size_t)(BH * n))};
   float *q = randn(count, 61), *k = randn(count, 62), *v = randn(count, 63);
   const long at[] = {p + 1};
   const struct tu_probe probe = {at, 1, TU_MOVE_K | TU_MOVE_V, true};
@@ -274,49 +442,84 @@ static void test_gpu_exact_causality(void **state) {
   gpu_free(g.q), gpu_free(g.k), gpu_free(g.v), gpu_free(g.out), gpu_free(g.lse);
 }
 
-static void test_gpu_nccl_allreduce(void **state) {
+/* The NCCL transport of the communicator against MPI on every rank of the run: allreduce,
+ * allgather and alltoallv on device buffers, with the byte counts comm.c's MPI transport keeps. */
+static void test_gpu_nccl_transport(void **state) {
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  struct comm c;
+  comm_init(&c, size); /* one sequence group of every rank: the seq scope is the world too */
+  gpu_comm_attach(&c);
   const size_t n = 4099;
   float *x = randn(n, 41 + (uint64_t)rank), *sum = malloc(sizeof(float) * n);
   MPI_Allreduce(x, sum, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  struct gpu_nccl *c = gpu_nccl_open(MPI_COMM_WORLD);
   float *gx = up(x, n);
-  gpu_nccl_allreduce_sum(c, gx, n);
+  const uint64_t b0 = c.bytes_sent;
+  comm_allreduce_sum_float(&c, COMM_WORLD, gx, n);
   TU_ASSERT_CLOSE(diff(gx, sum, n), 1e-6, "NCCL allreduce against MPI_Allreduce");
-  const unsigned long long want = (unsigned long long)(2.0 * (size - 1) / size * (double)(n * 4));
-  assert_true(gpu_nccl_bytes_sent(c) == want);
-  gpu_nccl_close(c);
-  free(x), free(sum);
-  gpu_free(gx);
+  assert_true(c.bytes_sent - b0 == (uint64_t)(2.0 * (size - 1) / size * (double)(n * 4)));
+  float *all = malloc(sizeof(float) * n * (size_t)size), *gall = dev(sizeof(float) * n * size);
+  MPI_Allgather(x, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+  gpu_upload(gx, x, sizeof(float) * n);
+  comm_allgather_float(&c, COMM_SEQ, gx, n, gall);
+  TU_ASSERT_CLOSE(diff(gall, all, n * (size_t)size), 0.0, "NCCL allgather against MPI");
+  /* alltoallv: rank r sends r + s + 1 floats to rank s */
+  size_t sc[64], sd[64], rc[64], rd[64], so = 0, ro = 0;
+  for (int r = 0; r < size; r++) {
+    sc[r] = (size_t)(rank + r + 1), sd[r] = so, so += sc[r];
+    rc[r] = (size_t)(r + rank + 1), rd[r] = ro, ro += rc[r];
+  }
+  float *snd = randn(so, 47 + (uint64_t)rank), *rcv = malloc(sizeof(float) * ro);
+  int isc[64], isd[64], irc[64], ird[64];
+  for (int r = 0; r < size; r++)
+    isc[r] = (int)sc[r], isd[r] = (int)sd[r], irc[r] = (int)rc[r], ird[r] = (int)rd[r];
+  MPI_Alltoallv(snd, isc, isd, MPI_FLOAT, rcv, irc, ird, MPI_FLOAT, MPI_COMM_WORLD);
+  float *gsnd = up(snd, so), *grcv = dev(sizeof(float) * ro);
+  comm_alltoallv_float(&c, gsnd, sc, sd, grcv, rc, rd);
+  TU_ASSERT_CLOSE(diff(grcv, rcv, ro), 0.0, "NCCL alltoallv against MPI_Alltoallv");
+  gpu_comm_detach(&c);
+  comm_free(&c);
+  free(x), free(sum), free(all), free(snd), free(rcv);
+  gpu_free(gx), gpu_free(gall), gpu_free(gsnd), gpu_free(grcv);
 }
 
+static const struct CMUnitTest gpu_tests[] = {
+    cmocka_unit_test(test_gpu_linear),
+    cmocka_unit_test(test_gpu_layernorm),
+    cmocka_unit_test(test_gpu_gelu),
+    cmocka_unit_test(test_gpu_embedding),
+    cmocka_unit_test(test_gpu_adamw),
+    cmocka_unit_test(test_gpu_softmax_xent),
+    cmocka_unit_test(test_gpu_gemm),
+    cmocka_unit_test(test_gpu_gemm_bf16),
+    cmocka_unit_test(test_gpu_positions),
+    cmocka_unit_test(test_gpu_dropout),
+    cmocka_unit_test(test_gpu_heads),
+    cmocka_unit_test(test_gpu_memory),
+    cmocka_unit_test(test_gpu_exact_attention),
+    cmocka_unit_test(test_gpu_exact_causality),
+    cmocka_unit_test(test_gpu_nccl_transport),
+};
+
+/* main: the tests on the device of this rank, or one TAP skip when there is none. The emulation's
+ * harness (tests/cudaemu/test_gpu_emu.c) brings its own, which also checks for leaks. */
+#ifndef TEST_GPU_OWN_MAIN
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   char err[256];
-  if (gpu_open(rank, err, sizeof err) != 0) { /* TAP's skip-all plan, with the reason */
+  if (gpu_open(rank, false, err, sizeof err) != 0) { /* TAP's skip-all plan, with the reason */
     err[strcspn(err, "\n")] = '\0';
     printf("1..0 # SKIP no GPU: %s\n", err);
     MPI_Finalize();
     return 0;
   }
   cmocka_set_message_output(CM_OUTPUT_TAP);
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_gpu_linear),
-      cmocka_unit_test(test_gpu_layernorm),
-      cmocka_unit_test(test_gpu_gelu),
-      cmocka_unit_test(test_gpu_embedding),
-      cmocka_unit_test(test_gpu_adamw),
-      cmocka_unit_test(test_gpu_softmax_xent),
-      cmocka_unit_test(test_gpu_exact_attention),
-      cmocka_unit_test(test_gpu_exact_causality),
-      cmocka_unit_test(test_gpu_nccl_allreduce),
-  };
-  const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  const int rc = cmocka_run_group_tests(gpu_tests, NULL, NULL);
   gpu_close();
   MPI_Finalize();
   return rc;
 }
+#endif

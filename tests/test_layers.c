@@ -171,7 +171,7 @@ static void test_embedding(void **state) {
   float dwte[V * C], dwpe[n * C];
   memset(dwte, 0, sizeof dwte);
   memset(dwpe, 0, sizeof dwpe);
-  embedding_backward(dwte, dwpe, g, tok, B, T, C, t0);
+  embedding_backward(dwte, dwpe, g, tok, B, T, C, V, t0);
   double ewte[V * C], ewpe[n * C];
   memset(ewte, 0, sizeof ewte);
   memset(ewpe, 0, sizeof ewpe);

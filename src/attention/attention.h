@@ -13,6 +13,10 @@
 #include "config.h"
 #include "params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct attn_dims {
   long B;      /* local batch */
   long H;      /* heads */
@@ -207,5 +211,9 @@ typedef double (*attention_score_fn)(const struct attn_ctx *ctx, const float *qi
 long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                          const float *k, long width, long max_queries, attention_score_fn score,
                          const void *user);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 
 #include "attention/attention.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The band and causal rule as the tile loops use it. Which keys a query may see: j ≤ i when causal;
  * |i − j| < band when band > 0. */
 struct key_mask {
@@ -127,5 +131,9 @@ void *exact_decode_open_band(const struct attn_ctx *ctx, long band);
 void exact_decode_step_band(const struct attn_ctx *ctx, void *cache, float *out, const float *q,
                             const float *k, const float *v, long pos);
 void exact_decode_close(void *cache);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 
 #include "comm.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Causal: the sequence is cut into 2S chunks of T/2 tokens and rank z works on chunks z and
  * 2S−1−z (pieces 0 and 1); bidirectional, or T odd: on its own slab (one piece). */
 struct ring {
@@ -68,5 +72,9 @@ struct ring_pass {
 void ring_forward(const struct ring *rg, const struct ring_pass *ps);
 /* Needs out no larger than travel (in floats): the outputs come home through the accumulators. */
 void ring_backward(const struct ring *rg, const struct ring_pass *ps);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

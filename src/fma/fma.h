@@ -15,6 +15,10 @@
 #include "fma/tree.h"
 #include "params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Per-thread timings of the operators, in seconds. */
 struct fma_times {
   double p2p, m2p, p2m, m2m;
@@ -183,5 +187,9 @@ struct fma_decoder *fma_decode_open(const struct fma_state *st, const float *par
 void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const float *k,
                      const float *v, long pos);
 void fma_decode_close(struct fma_decoder *dec);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -9,6 +9,10 @@
 #include "fma/fma.h"
 #include "halo.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct fma_let {
   int S, s;
   int lspan;        /* first level whose windows span ranks (levels + 1: none) */
@@ -36,5 +40,9 @@ void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X,
 void fma_let_upward_backward(const struct fma_state *st, struct comm *c, const float *const *X,
                              float *const *dX, int nsets, long count,
                              const struct fma_down_weights *w, struct fma_times *times);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

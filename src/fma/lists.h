@@ -10,6 +10,10 @@
 
 #include "fma/tree.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FMA_LIST_MAX 3
 
 /* Near-field blocks of fine block b: causal b−1, b; bidirectional b−1, b, b+1. Returns the count;
@@ -25,5 +29,9 @@ int fma_lists_level(const struct fma_tree *tree, bool causal, int l, long c, lon
 /* The band through which query i sees key j: 0 = near field, l ≥ 1 = level l, −1 = not seen
  * (masked by causality). Every allowed pair is covered exactly once (tested). */
 int fma_lists_band(const struct fma_tree *tree, bool causal, long i, long j);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,10 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* fma.downsample: how a window is summarised (conv: the paper; m2m: hierarchical; avg: fixed). */
 enum fma_downsample { FMA_DOWN_CONV, FMA_DOWN_M2M, FMA_DOWN_AVG };
 /* fma.init: learned summaries start as the avg one (mean), or uniform ±1/√fan_in (random). */
@@ -22,5 +26,9 @@ struct fma_options {
   bool linear_zero_values;  /* fma.linear_zero_values: fma_linear's value summaries start at 0 */
   bool multiplicity;        /* fma.multiplicity: add log(w_l/p) to coarse scores */
 };
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -8,6 +8,10 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FMA_MAX_LEVELS 40
 
 struct fma_tree {
@@ -27,5 +31,9 @@ bool fma_tree_exact(long n, int m, int p);
 static inline long fma_tree_window_of(const struct fma_tree *tree, int l, long i) {
   return i / tree->window[l];
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

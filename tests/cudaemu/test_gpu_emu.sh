@@ -6,9 +6,9 @@
 . "$EMU_SRC/tap_cmocka.sh"
 G="$EMU_BUILD/test_gpu_emu"
 cmocka_tap "index order" env CUDAEMU_ORDER=index "$G"
-cmocka_tap "reversed order" env CUDAEMU_ORDER=reverse "$G"
+cmocka_tap "reversed order, no memory pool (every block exactly its size)" env CUDAEMU_ORDER=reverse FMATTN_GPU_POOL=0 "$G"
 cmocka_tap "shuffled order (seed 12345)" env CUDAEMU_ORDER=shuffle:12345 "$G"
-cmocka_tap "deferred streams, shuffled order (seed 7)" env CUDAEMU_DEFER=1 CUDAEMU_ORDER=shuffle:7 "$G"
+cmocka_tap "deferred streams, shuffled order (seed 7), no memory pool" env CUDAEMU_DEFER=1 CUDAEMU_ORDER=shuffle:7 FMATTN_GPU_POOL=0 "$G"
 cmocka_tap "2 ranks on 2 emulated devices" "$MPI_RUN" 2 env CUDAEMU_DEVICES=2 "$G"
 cmocka_tap "2 ranks on 2 emulated devices, deferred, shuffled (seed 3)" \
   "$MPI_RUN" 2 env CUDAEMU_DEVICES=2 CUDAEMU_DEFER=1 CUDAEMU_ORDER=shuffle:3 "$G"

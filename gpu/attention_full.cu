@@ -9,6 +9,7 @@
 // shared memory a tile at a time. dq and dk/dv are two kernels, so no atomics: every output row
 // is summed by one thread in key (or query) order. The tensor-core (bf16 mma) kernels replace it
 // once they can be measured against it on a GPU.
+#include "attention/attention.h"
 #include "check.h"
 #include "gpu.h"
 
@@ -242,6 +243,7 @@ extern "C" void gpu_exact_attention_forward(float *out, float *lse, const float 
                                             long band) {
   const Mask mk{causal != 0, band};
   check_heads(BH);
+  if (BH * T == 0) return;
   switch (d) {
     case 16:
       forward_d<16>(out, lse, q, k, v, BH, T, mk);
@@ -268,7 +270,8 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
   const Mask mk{causal != 0, band};
   check_heads(BH);
   const size_t rows = (size_t)BH * T;
-  float *Drow = static_cast<float *>(gpu_malloc(sizeof(float) * rows));
+  if (rows == 0) return;
+  float *Drow = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * rows));
   rowdot<<<gpu_blocks(rows, 256), 256, 0, gpu_stream()>>>(Drow, dout, out, rows, d);
   CUDA_CHECK(cudaGetLastError());
   switch (d) {
@@ -288,5 +291,65 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
       error_at(__FILE__, __func__, __LINE__,
                "exact attention on the GPU: head size %d is not one of 16, 32, 64, 128", d);
   }
-  gpu_free(Drow);  // cudaFree waits for the kernels that read it
+  gpu_free(Drow);  // back to the pool: work queued later on the stream runs after its readers
+}
+
+// ---------------------------------------------------------------------------------------------
+// `full` and `local` as attention implementations on the GPU (attention.h struct attn_impl): the
+// one-slab kernels above; out, dout, q, k, v device arrays in head layout, saved = lse (B·H·T).
+
+namespace {
+
+long band_of(const struct attn_ctx *ctx) {
+  return ctx->variant == attention_find("local") ? ctx->cfg->attention.local_band : 0;
+}
+
+size_t exact_saved_floats(const struct attn_ctx *ctx) {
+  return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T);
+}
+
+void one_slab(const struct attn_ctx *ctx) {
+  if (ctx->comm && ctx->comm->S > 1)
+    error_at(__FILE__, __func__, __LINE__,
+             "attention.variant = %s on the GPU runs on one sequence rank so far "
+             "(parallel.seq_ranks = %d)",
+             ctx->variant->name, ctx->comm->S);
+  if (!gpu_exact_attention_supports((int)ctx->dims.d))
+    error_at(__FILE__, __func__, __LINE__,
+             "attention.variant = %s on the GPU needs a head size of 16, 32, 64 or 128, not %ld",
+             ctx->variant->name, ctx->dims.d);
+}
+
+void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q, const float *k,
+                   const float *v, const float *params) {
+  one_slab(ctx);
+  const struct attn_dims *dm = &ctx->dims;
+  gpu_exact_attention_forward(out, saved, q, k, v, dm->B * dm->H, dm->T, (int)dm->d, dm->causal,
+                              band_of(ctx));
+}
+
+void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                    const float *dout, const float *q, const float *k, const float *v,
+                    const float *params, const float *out, const float *saved) {
+  one_slab(ctx);
+  const struct attn_dims *dm = &ctx->dims;
+  gpu_exact_attention_backward(dq, dk, dv, dout, q, k, v, out, saved, dm->B * dm->H, dm->T,
+                               (int)dm->d, dm->causal, band_of(ctx));
+}
+
+struct attn_impl make_exact() {
+  struct attn_impl impl = {};
+  impl.saved_floats = exact_saved_floats;
+  impl.forward = exact_forward;
+  impl.backward = exact_backward;
+  return impl;
+}
+
+const struct attn_impl exact_impl = make_exact();
+
+}  // namespace
+
+extern "C" void gpu_attention_full_register(void) {
+  attention_register_impl("full", DEVICE_GPU, &exact_impl);
+  attention_register_impl("local", DEVICE_GPU, &exact_impl);
 }

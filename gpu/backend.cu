@@ -1,0 +1,129 @@
+// The CUDA back end's device and table, the twin of src/backend.c: the device this rank uses
+// (its local rank on the node, mod the devices it sees), the one stream and cuBLAS handle every
+// operation is queued on, the precision of the products, and struct backend filled with the
+// gpu_* operations; opening it registers the attention implementations that exist on the GPU.
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "backend.h"
+#include "check.h"
+#include "gpu.h"
+
+// The attention implementations of gpu/ (attention_*.cu), registered when the back end opens.
+extern "C" void gpu_attention_full_register(void);
+
+namespace {
+
+int device = -1;
+cudaStream_t stream = nullptr;
+cublasHandle_t cublas = nullptr;
+bool bf16 = false;
+struct backend table;
+
+void cuda_zero(void *p, size_t bytes) { gpu_memset0(p, bytes); }
+
+void *cuda_alloc(enum mem_label label, size_t bytes) { return gpu_alloc_zero(label, bytes); }
+
+void fill_table() {
+  table.name = "cuda";
+  table.device = DEVICE_GPU;
+  table.host_visible = false;
+  table.alloc = cuda_alloc;
+  table.free = gpu_free;
+  table.zero = cuda_zero;
+  table.upload = gpu_upload;
+  table.download = gpu_download;
+  table.linear_forward = gpu_linear_forward;
+  table.linear_backward = gpu_linear_backward;
+  table.layernorm_forward = gpu_layernorm_forward;
+  table.layernorm_backward = gpu_layernorm_backward;
+  table.gelu_forward = gpu_gelu_forward;
+  table.gelu_backward = gpu_gelu_backward;
+  table.embedding_forward = gpu_embedding_forward;
+  table.embedding_backward = gpu_embedding_backward;
+  table.sinusoidal_forward = gpu_sinusoidal_forward;
+  table.rope_forward = gpu_rope_forward;
+  table.rope_backward = gpu_rope_backward;
+  table.dropout_forward = gpu_dropout_forward;
+  table.dropout_backward = gpu_dropout_backward;
+  table.residual_dropout_forward = gpu_residual_dropout_forward;
+  table.residual_dropout_backward = gpu_residual_dropout_backward;
+  table.heads_split_forward = gpu_heads_split_forward;
+  table.heads_split_backward = gpu_heads_split_backward;
+  table.heads_merge_forward = gpu_heads_merge_forward;
+  table.heads_merge_backward = gpu_heads_merge_backward;
+  table.softmax_xent_forward_backward = gpu_softmax_xent_forward_backward;
+  table.sum_squares = gpu_sum_squares;
+  table.adamw = gpu_adamw;
+}
+
+}  // namespace
+
+cudaStream_t gpu_stream(void) { return stream; }
+cublasHandle_t gpu_cublas(void) { return cublas; }
+
+extern "C" bool gpu_bf16(void) { return bf16; }
+extern "C" void gpu_set_bf16(bool on) { bf16 = on; }
+
+extern "C" int gpu_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver, or no device: not an error here
+    return 0;
+  }
+  return n;
+}
+
+extern "C" int gpu_open(int local_rank, bool use_bf16, char *err, size_t err_len) {
+  if (device >= 0) return 0;
+  const int n = gpu_device_count();
+  if (n == 0) {
+    snprintf(err, err_len,
+             "no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES, --gpus-per-task, "
+             "the driver?)");
+    return 1;
+  }
+  device = local_rank % n;
+  bf16 = use_bf16;
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&cublas));
+  CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  // fp32 products stay fp32 (no TF32): the comparisons with the CPU depend on it
+  CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+  return 0;
+}
+
+extern "C" void gpu_close(void) {
+  if (device < 0) return;
+  gpu_release_cache();
+  if (cublas) cublasDestroy(cublas);
+  if (stream) cudaStreamDestroy(stream);
+  cublas = nullptr;
+  stream = nullptr;
+  device = -1;
+}
+
+extern "C" void gpu_describe(char *out, size_t len) {
+  cudaDeviceProp p;
+  CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  snprintf(out, len, "device %d: %s, %.1f GiB, compute capability %d.%d, %s products", device,
+           p.name, (double)p.totalGlobalMem / (1u << 30), p.major, p.minor, bf16 ? "bf16" : "fp32");
+}
+
+extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size_t err_len) {
+  if (device < 0) {
+    int local = 0;  // this rank's index among the ranks of its node
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+      MPI_Comm_rank(node, &local);
+      MPI_Comm_free(&node);
+    }
+    if (gpu_open(local, use_bf16, err, err_len)) return nullptr;
+    fill_table();
+    gpu_attention_full_register();
+  }
+  return &table;
+}
