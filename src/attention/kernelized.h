@@ -1,7 +1,8 @@
 /* Kernelized attention, the core of `linear` (SPEC §6.3), fmmformer's far field (§6.6) and `rmfa`
  * (§6.8): with F features φ per token, out_i = φ(q_i)ᵀ S_i / den_i, S_i = Σ_{j∈J(i)} φ(k_j) v_jᵀ,
- * den_i = φ(q_i)ᵀ Σ_{j∈J(i)} φ(k_j) (rmfa: max(1, ·)), J(i) = {j ≤ i} causal, else every j; O(n·F·d)
- * time, O(n·d + F·d) memory. Internal to src/attention/; variants supply the map and ops tables. */
+ * den_i = φ(q_i)ᵀ Σ_{j∈J(i)} φ(k_j) (rmfa: max(1, ·)), J(i) = {j ≤ i} causal, else every j;
+ * O(n·F·d) time, O(n·d + F·d) memory. Internal to src/attention/; variants supply the map and ops
+ * tables. */
 #ifndef FMATTN_ATTENTION_KERNELIZED_H
 #define FMATTN_ATTENTION_KERNELIZED_H
 

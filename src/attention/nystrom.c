@@ -2,7 +2,8 @@
  * with the iterative pinv; bidirectional only. F and B are never formed whole (the B-pass streams
  * keys with an online softmax per landmark, the F-pass streams queries): O(n·d + m·d + m²) memory
  * per head. Under sequence parallelism every rank holds whole segments: the landmarks are gathered,
- * the m × m work is alike on every rank, the landmark sums are allreduced, the conv takes a halo. */
+ * the m × m work is alike on every rank, the landmark sums are allreduced, the conv takes a halo.
+ */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>

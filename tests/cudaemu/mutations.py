@@ -91,7 +91,7 @@ MUTANTS = [
      "if (i < (size_t)N * C)", "if (i <= (size_t)N * C)",
      "add_bias (linear): one element past the end", "test_gpu_linear", {}, 1),
     ("linear-forward-lda", "layers.cu", "void gpu_linear_forward(",
-     "IC, inp, IC, &zero, out, OC", "OC, inp, IC, &zero, out, OC",
+     "weight, IC,\n                           inp, IC", "weight, OC,\n                           inp, IC",
      "gpu_linear_forward: cuBLAS lda = OC instead of IC (valid, reads past weight)",
      "test_gpu_linear", {}, 1),
     ("linear-dinp-ldb", "layers.cu", "void gpu_linear_backward(",
