@@ -29,6 +29,7 @@ void fill_table() {
   table.name = "cuda";
   table.device = DEVICE_GPU;
   table.host_visible = false;
+  table.describe = gpu_describe;
   table.alloc = cuda_alloc;
   table.free = gpu_free;
   table.zero = cuda_zero;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "optimizer.h"
+#include "threads.h"
 
 #ifdef FMATTN_GPU /* built --with-cuda, or --enable-cuda-emulation (FMATTN_GPU_EMULATED too) */
 #include "../gpu/gpu.h"
@@ -18,10 +19,16 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
   if (dst != src) memcpy(dst, src, bytes);
 }
 
+static void cpu_describe(char *out, size_t len) {
+  snprintf(out, len, "CPU, %d thread(s) per rank, BLAS core %s", threads_count(),
+           threads_blas_core());
+}
+
 static const struct backend cpu = {
     .name = "cpu",
     .device = DEVICE_CPU,
     .host_visible = true,
+    .describe = cpu_describe,
     .alloc = cpu_alloc,
     .free = mem_free,
     .zero = cpu_zero,

@@ -29,6 +29,7 @@ struct backend {
   const char *name;        /* "cpu", "cuda" */
   enum device_kind device; /* DEVICE_CPU or DEVICE_GPU: whose attention implementations run */
   bool host_visible;       /* its buffers are host memory: host code may read them directly */
+  void (*describe)(char *out, size_t len); /* the device, for the run header */
 
   /* Memory on the device, zeroed, labelled as memory.c's arenas are. */
   void *(*alloc)(enum mem_label label, size_t bytes);

@@ -245,6 +245,11 @@ void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *se
   c->transport->allgather_float(c, scope, send, count, recv);
 }
 
+void comm_allgather_host_float(struct comm *c, enum comm_scope scope, const float *send,
+                               size_t count, float *recv) {
+  comm_mpi_transport.allgather_float(c, scope, send, count, recv);
+}
+
 void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                          size_t rcount, int src, int tag) {
   c->transport->sendrecv_float(c, send, count, dest, recv, rcount, src, tag);

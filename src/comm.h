@@ -40,6 +40,9 @@ void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *bu
 /* Every rank of the scope contributes count floats; recv gets them in rank order (size × count). */
 void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
                           float *recv);
+/* comm_allgather_float on host buffers whatever the transport (host code: diagnostics). */
+void comm_allgather_host_float(struct comm *c, enum comm_scope scope, const float *send,
+                               size_t count, float *recv);
 /* Within the sequence group, every rank contributes count floats: before (count) receives the sum
  * of the contributions of ranks < mine, after (count) that of ranks > mine (zeros at the ends);
  * either may be NULL. Sums run in rank order, so every rank sees the same rounding. The exclusive

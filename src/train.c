@@ -131,6 +131,9 @@ void train_print_decomposition(const struct config *cfg, const struct comm *comm
       "batch: %d sequences per step (%ld per replica), slab of %ld tokens per rank "
       "(tokens [%ld, %ld) on sequence rank %d)",
       cfg->train.batch, m->B, m->T, m->t0, m->t0 + m->T, comm->seq_rank);
+  char device[256];
+  m->be->describe(device, sizeof device);
+  message("device: %s", device);
   message("output: %s", run_dir);
 }
 

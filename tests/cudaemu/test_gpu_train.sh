@@ -1,0 +1,69 @@
+#!/bin/sh
+# fmattn itself on the emulated GPU (fmattn_emu: src/ with the emulated back end linked in, as
+# ./configure --enable-cuda-emulation builds src/fmattn): it trains with the CPU's losses within
+# 1e-4; a GPU checkpoint restarts on the CPU and a CPU checkpoint on the GPU (the same files);
+# 2 ranks over NCCL equal 2 over MPI; bf16 trains; what the GPU cannot run is refused clearly.
+. "$TESTDIR/tap.sh"
+need_h5py "the comparisons read diag.h5 and checkpoints"
+cd "$WORK" || exit 1
+G="$EMU_BUILD/fmattn_emu" DECK="$TESTDIR/decks/gpu_train.in"
+mkdir -p data && ln -s "$SRCDIR/data/kjv.txt" data/kjv.txt
+# run NAME [--set ...]: one run of the deck, output under out/NAME
+run() { name=$1; shift; "$G" "$DECK" --set run.name="$name" "$@" > "$name.log" 2>&1; }
+# same A B TOL [FROM]: the logged losses of runs A and B agree within TOL (relative), from step FROM
+same() {
+  py - "$1" "$2" "$3" "${4:-0}" <<'PY'
+import sys, h5py, numpy as np
+a, b = (h5py.File(f"out/{r}/diag.h5", "r") for r in sys.argv[1:3])
+sa, sb = a["/train/step"][...], b["/train/step"][...]
+first = int(sys.argv[4])
+la = {int(s): l for s, l in zip(sa, a["/train/loss"][...]) if s > first}
+lb = {int(s): l for s, l in zip(sb, b["/train/loss"][...]) if s > first}
+assert la and la.keys() == lb.keys(), f"steps {sorted(la)} and {sorted(lb)}"
+err = max(abs(la[s] - lb[s]) / abs(lb[s]) for s in la)
+sys.exit(0 if err <= float(sys.argv[3]) else f"losses differ by {err:.2e} relative")
+PY
+}
+for v in full local; do
+  for o in clm mlm; do
+    check "$v $o trains on the emulated GPU" run "g_${v}_$o" --set attention.variant=$v --set model.objective=$o --set parallel.device=gpu
+    check "$v $o trains on the CPU" run "c_${v}_$o" --set attention.variant=$v --set model.objective=$o --set parallel.device=cpu
+    check "$v $o: the GPU's losses equal the CPU's within 1e-4" same "g_${v}_$o" "c_${v}_$o" 1e-4
+  done
+done
+check "the run header names the device" grep -q "device: device 0: .*fp32 products" g_full_clm.log
+check "the summary shows device memory by label" grep -q "device activations" g_full_clm.log
+# checkpoints: the same files whichever device wrote them, restarts across devices
+check "a GPU checkpoint has the CPU checkpoint's datasets, shapes and types" py - <<'PY'
+import h5py
+def layout(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, (o.shape, o.dtype.str, sorted(o.attrs))) if isinstance(o, h5py.Dataset) else None)
+    return out
+g, c = layout("out/g_full_clm/ckpt_000003.h5"), layout("out/c_full_clm/ckpt_000003.h5")
+assert g == c, set(g.items()) ^ set(c.items())
+PY
+mkdir -p out/cpu_from_gpu out/gpu_from_cpu
+cp out/g_full_clm/ckpt_000003.h5 out/cpu_from_gpu/ && cp out/g_full_clm/diag.h5 out/cpu_from_gpu/
+cp out/c_full_clm/ckpt_000003.h5 out/gpu_from_cpu/ && cp out/c_full_clm/diag.h5 out/gpu_from_cpu/
+check "the CPU restarts from the GPU's checkpoint" run cpu_from_gpu --set parallel.device=cpu --set output.restart=latest
+check "and continues as the GPU run did (steps 4-6 within 1e-4)" same cpu_from_gpu g_full_clm 1e-4 3
+check "the GPU restarts from the CPU's checkpoint" run gpu_from_cpu --set parallel.device=gpu --set output.restart=latest
+check "and continues as the CPU run did (steps 4-6 within 1e-4)" same gpu_from_cpu c_full_clm 1e-4 3
+# two ranks: data parallel over NCCL on two emulated devices against MPI on the CPU
+check "2 ranks on 2 emulated GPUs (NCCL) train" sh -c "CUDAEMU_DEVICES=2 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_d2 --set parallel.device=gpu > g_d2.log 2>&1"
+check "2 ranks on the CPU (MPI) train" sh -c "'$MPI_RUN' 2 '$G' '$DECK' --set run.name=c_d2 --set parallel.device=cpu > c_d2.log 2>&1"
+check "D = 2: NCCL's losses equal MPI's within 1e-4" same g_d2 c_d2 1e-4
+check "the NCCL run counts bytes" py -c "
+import h5py, sys; f = h5py.File('out/g_d2/diag.h5'); sys.exit(0 if (f['/comm/bytes_per_step'][...] > 0).all() else 1)"
+# bf16 products train, near the fp32 run
+check "bf16 trains on the emulated GPU" run g_bf16 --set parallel.device=gpu --set parallel.precision=bf16
+check "bf16's losses stay within 1e-2 of fp32's" same g_bf16 g_full_clm 1e-2
+# what the GPU back end does not run is refused with the reason, before anything is written
+expect_fail "a variant without a GPU implementation is refused" "has no implementation on the cuda back end" "$G" "$DECK" --set run.name=g_linear --set parallel.device=gpu --set attention.variant=linear
+expect_fail "NCCL on the CPU is refused" "parallel.backend = nccl moves device buffers" "$G" "$DECK" --set run.name=c_nccl --set parallel.device=cpu --set parallel.backend=nccl
+expect_fail "bf16 on the CPU is refused" "parallel.precision = bf16 is for the GPU" "$G" "$DECK" --set run.name=c_bf16 --set parallel.device=cpu --set parallel.precision=bf16
+expect_fail "MPI with GPUs on 2 ranks is refused" "use parallel.backend = nccl" sh -c "CUDAEMU_DEVICES=2 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_mpi --set parallel.device=gpu --set parallel.backend=mpi"
+check "nothing was written for the refused runs" sh -c "! ls out/g_linear out/c_nccl out/c_bf16 out/g_mpi 2>/dev/null | grep -q ."
+tap_done
