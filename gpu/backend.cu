@@ -30,6 +30,8 @@ void fill_table() {
   table.device = DEVICE_GPU;
   table.host_visible = false;
   table.describe = gpu_describe;
+  table.sync = gpu_sync;
+  table.gemm_gflops = gpu_gemm_gflops;
   table.alloc = cuda_alloc;
   table.free = gpu_free;
   table.zero = cuda_zero;

@@ -4,6 +4,8 @@
 // Tensor-core math lives here, behind cuBLAS: the kernels of gpu/ stay plain SIMT.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "check.h"
 #include "gpu.h"
 
@@ -60,4 +62,41 @@ extern "C" void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, 
                                           lc, sC, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   gpu_free(a16);
   gpu_free(b16);
+}
+
+extern "C" double gpu_gemm_gflops(bool bf16) {
+  float *c = nullptr;
+  void *a = nullptr, *b = nullptr;
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const size_t elem = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+  double rate = 0.0;
+  for (int n = 1024;; n *= 2) {
+    a = gpu_alloc_zero(MEM_WORKSPACE, elem * n * n);
+    b = gpu_alloc_zero(MEM_WORKSPACE, elem * n * n);
+    c = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * n * n));
+    double t[5];
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    for (int r = -1; r < 5; r++) {  // r = −1: warm-up
+      CUDA_CHECK(cudaEventRecord(e0, gpu_stream()));
+      CUBLAS_CHECK(cublasGemmEx(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, type, n,
+                                b, type, n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+      CUDA_CHECK(cudaEventRecord(e1, gpu_stream()));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 0) t[r] = ms;
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    gpu_free(a);
+    gpu_free(b);
+    gpu_free(c);
+    std::sort(t, t + 5);
+    rate = 2.0 * n * (double)n * n / (t[2] / 1e3) / 1e9;
+    if (t[2] >= 20.0 || n >= 16384) return rate;
+  }
 }

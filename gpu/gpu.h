@@ -68,6 +68,10 @@ void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, const float
               long sA, const float *B, long ldb, long sB, float beta, float *C, long ldc, long sC,
               long batch);
 
+/* The device's GEMM rate, GFLOP/s: the median of 5 square products of bf16 or fp32 operands (fp32
+ * accumulation), sized up from 1024 until one takes 20 ms (at most 16384). */
+double gpu_gemm_gflops(bool bf16);
+
 /* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */
 
 void gpu_linear_forward(float *out, const float *inp, const float *weight, const float *bias,

@@ -14,6 +14,7 @@
 #endif
 
 static void *cpu_alloc(enum mem_label label, size_t bytes) { return mem_alloc(label, bytes); }
+static void cpu_sync(void) {}
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) {
   if (dst != src) memcpy(dst, src, bytes);
@@ -29,6 +30,7 @@ static const struct backend cpu = {
     .device = DEVICE_CPU,
     .host_visible = true,
     .describe = cpu_describe,
+    .sync = cpu_sync,
     .alloc = cpu_alloc,
     .free = mem_free,
     .zero = cpu_zero,

@@ -30,6 +30,10 @@ struct backend {
   enum device_kind device; /* DEVICE_CPU or DEVICE_GPU: whose attention implementations run */
   bool host_visible;       /* its buffers are host memory: host code may read them directly */
   void (*describe)(char *out, size_t len); /* the device, for the run header */
+  void (*sync)(void);                      /* wait for the work queued on the device (timing) */
+  /* The device's measured matrix-product rate in GFLOP/s, fp32 or bf16 operands (bench's MFU
+   * baseline); NULL on the CPU, whose rate bench measures itself. */
+  double (*gemm_gflops)(bool bf16);
 
   /* Memory on the device, zeroed, labelled as memory.c's arenas are. */
   void *(*alloc)(enum mem_label label, size_t bytes);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "backend.h"
 #include "data.h"
 #include "error.h"
 #include "h5io.h"
@@ -73,9 +74,102 @@ struct attn_row {
   double fwd_ms, bwd_ms, workspace_bytes, gflops, p2p_gflops;
 };
 
-static void fill_normal(float *x, size_t count, uint64_t key) {
+/* One attention op to time, on the back end of the deck's parallel.device: its context, its
+ * parameters, and its tensors on that device — q, k (B, Hqk, T, d), v, dout, out (B, H, T, d),
+ * the gradients and what forward saves — filled with normal draws keyed by global position, so
+ * that the same sequence is timed on any layout. */
+struct timed_op {
+  const struct backend *be;
+  struct attn_ctx ctx;
+  struct attn_params ap;
+  float *q, *k, *v, *g, *out, *dq, *dk, *dv, *saved, *params, *dparams;
+  size_t qcount, count;
+};
+
+/* A device copy of n floats drawn from stream `which` for global positions: element (bh, t, f)
+ * of a (BH, T, d) tensor whose slab starts at token t0 of n. */
+static float *draw_tensor(const struct backend *be, int which, long BH, long T, long d, long n,
+                          long t0) {
+  const size_t count = (size_t)(BH * T * d);
+  float *host = mem_alloc(MEM_DATA, sizeof(float) * (count + 1));
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < count; i++) x[i] = (float)rng_normal(7, RNG_TEST, key, i, 0);
+  for (long bh = 0; bh < BH; bh++)
+    for (long i = 0; i < T * d; i++)
+      host[bh * T * d + i] =
+          (float)rng_normal(7, RNG_TEST, (uint64_t)which, (uint64_t)((bh * n + t0) * d + i), 0);
+  float *dev = be->alloc(MEM_DATA, sizeof(float) * (count + 1));
+  be->upload(dev, host, sizeof(float) * count);
+  mem_free(host);
+  return dev;
+}
+
+static void timed_op_open(struct timed_op *o, const struct config *cfg, struct comm *comm,
+                          struct attn_dims dims) {
+  char err[256];
+  memset(o, 0, sizeof *o);
+  o->be = backend_for(cfg, err, sizeof err);
+  if (!o->be) error("%s", err);
+  const struct attn_variant *v = attention_select(cfg);
+  o->ctx = attention_open(cfg, v, o->be->device, comm, 0, dims);
+  const long BHq = dims.B * attention_qk_heads(cfg), BH = dims.B * dims.H;
+  o->qcount = (size_t)(BHq * dims.T * dims.d);
+  o->count = (size_t)(BH * dims.T * dims.d);
+  o->q = draw_tensor(o->be, 1, BHq, dims.T, dims.d, dims.n, dims.t0);
+  o->k = draw_tensor(o->be, 2, BHq, dims.T, dims.d, dims.n, dims.t0);
+  o->v = draw_tensor(o->be, 3, BH, dims.T, dims.d, dims.n, dims.t0);
+  o->g = draw_tensor(o->be, 4, BH, dims.T, dims.d, dims.n, dims.t0);
+  o->out = o->be->alloc(MEM_DATA, sizeof(float) * o->count);
+  o->dq = o->be->alloc(MEM_DATA, sizeof(float) * o->qcount);
+  o->dk = o->be->alloc(MEM_DATA, sizeof(float) * o->qcount);
+  o->dv = o->be->alloc(MEM_DATA, sizeof(float) * o->count);
+  o->saved = o->be->alloc(MEM_ACTIVATIONS, sizeof(float) * (attention_saved_floats(&o->ctx) + 1));
+  attention_params_make(&o->ap, cfg, v, dims.n);
+  if (o->ap.list.count) {
+    const size_t bytes = sizeof(float) * o->ap.list.total;
+    o->params = o->be->alloc(MEM_PARAMS, bytes);
+    o->dparams = o->be->alloc(MEM_GRADS, bytes);
+    o->be->upload(o->params, o->ap.params, bytes);
+  }
+}
+
+/* One forward and one backward (gradients zeroed between), each timed to its end on the device. */
+static void timed_op_run(struct timed_op *o, double *fwd_s, double *bwd_s) {
+  const double t0 = timer_now();
+  attention_forward(&o->ctx, o->out, o->saved, o->q, o->k, o->v, o->params);
+  o->be->sync();
+  const double t1 = timer_now();
+  o->be->zero(o->dq, sizeof(float) * o->qcount);
+  o->be->zero(o->dk, sizeof(float) * o->qcount);
+  o->be->zero(o->dv, sizeof(float) * o->count);
+  o->be->sync();
+  const double t1b = timer_now();
+  attention_backward(&o->ctx, o->dq, o->dk, o->dv, o->dparams, o->g, o->q, o->k, o->v, o->params,
+                     o->out, o->saved);
+  o->be->sync();
+  *fwd_s = t1 - t0;
+  *bwd_s = timer_now() - t1b;
+}
+
+static void timed_op_close(struct timed_op *o) {
+  attention_close(&o->ctx);
+  float *bufs[] = {o->q,  o->k,  o->v,     o->g,      o->out,    o->dq,
+                   o->dk, o->dv, o->saved, o->params, o->dparams};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) o->be->free(bufs[i]);
+  attention_params_free(&o->ap);
+}
+
+/* Peak workspace bytes of the op's device since the last reset, and the reset. */
+static size_t workspace_peak(const struct backend *be) {
+  return be->host_visible ? mem_peak(MEM_WORKSPACE) : mem_device_peak(MEM_WORKSPACE);
+}
+static size_t workspace_reset(const struct backend *be) {
+  if (be->host_visible) {
+    mem_reset_peak(MEM_WORKSPACE);
+    return mem_current(MEM_WORKSPACE);
+  }
+  mem_device_reset_peak(MEM_WORKSPACE);
+  return mem_device_current(MEM_WORKSPACE);
 }
 
 /* Configuration for one measurement: the deck with variant and context replaced. */
@@ -104,60 +198,31 @@ static int bench_variant_config(const struct config *base, const char *variant, 
   return bad;
 }
 
-static bool bench_attention_one(const struct config *cfg, long n, int repeats, double sgemm,
+static bool bench_attention_one(const struct config *cfg, long n, int repeats, double rate,
                                 struct attn_row *row) {
   const struct attn_variant *v = attention_select(cfg);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
-  struct attn_ctx ctx =
-      attention_open(cfg, v, DEVICE_CPU, NULL, 0,
-                     (struct attn_dims){B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM});
-  double p2p = 0.0, flops = v->flops(&ctx, &p2p);
-  double est = 3.0 * flops / (0.5 * sgemm * 1e9);
+  const struct attn_dims dims = {B, H, n, d, n, 0, cfg->model.objective == OBJECTIVE_CLM};
+  struct timed_op o;
+  timed_op_open(&o, cfg, NULL, dims);
+  double p2p = 0.0, flops = v->flops(&o.ctx, &p2p);
+  const double est = 3.0 * flops / (0.5 * rate * 1e9);
   if (est > BENCH_MAX_SECONDS) {
     message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
-    attention_close(&ctx);
+    timed_op_close(&o);
     return false;
   }
-  const size_t count = (size_t)(B * H * n * d),
-               qcount = (size_t)(B * attention_qk_heads(cfg) * n * d);
-  float *q = mem_alloc(MEM_DATA, sizeof(float) * qcount),
-        *k = mem_alloc(MEM_DATA, sizeof(float) * qcount);
-  float *vv = mem_alloc(MEM_DATA, sizeof(float) * count),
-        *dout = mem_alloc(MEM_DATA, sizeof(float) * count);
-  float *out = mem_alloc(MEM_DATA, sizeof(float) * count),
-        *dq = mem_alloc(MEM_DATA, sizeof(float) * qcount);
-  float *dk = mem_alloc(MEM_DATA, sizeof(float) * qcount),
-        *dv = mem_alloc(MEM_DATA, sizeof(float) * count);
-  fill_normal(q, qcount, 1);
-  fill_normal(k, qcount, 2);
-  fill_normal(vv, count, 3);
-  fill_normal(dout, count, 4);
-  struct attn_params ap;
-  attention_params_make(&ap, cfg, v, n);
-  const float *pp = ap.list.count ? ap.params : NULL;
-  float *dpp = ap.list.count ? ap.dparams : NULL;
-  size_t saved_n = attention_saved_floats(&ctx);
-  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (saved_n + 1));
-
-  const size_t ws0 = mem_current(MEM_WORKSPACE);
-  mem_reset_peak(MEM_WORKSPACE);
+  const size_t ws0 = workspace_reset(o.be);
   double *tf = xmalloc(sizeof(double) * (size_t)repeats),
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
   double p2p_ms = 0.0;
   for (int r = -1; r < repeats; r++) { /* r = −1: warm-up */
-    double p0 = timer_total_ms(TIMER_P2P);
-    double t0 = timer_now();
-    attention_forward(&ctx, out, saved, q, k, vv, pp);
-    double t1 = timer_now();
-    memset(dq, 0, sizeof(float) * qcount);
-    memset(dk, 0, sizeof(float) * qcount);
-    memset(dv, 0, sizeof(float) * count);
-    double t1b = timer_now();
-    attention_backward(&ctx, dq, dk, dv, dpp, dout, q, k, vv, pp, out, saved);
-    double t2 = timer_now();
+    const double p0 = timer_total_ms(TIMER_P2P);
+    double f, b;
+    timed_op_run(&o, &f, &b);
     if (r >= 0) {
-      tf[r] = 1e3 * (t1 - t0);
-      tb[r] = 1e3 * (t2 - t1b);
+      tf[r] = 1e3 * f;
+      tb[r] = 1e3 * b;
       p2p_ms += timer_total_ms(TIMER_P2P) - p0;
     }
   }
@@ -168,10 +233,10 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   row->n = n;
   row->heads = H;
   row->head_dim = d;
-  row->causal = ctx.dims.causal;
+  row->causal = dims.causal;
   row->fwd_ms = median(tf, repeats);
   row->bwd_ms = median(tb, repeats);
-  row->workspace_bytes = (double)(mem_peak(MEM_WORKSPACE) - ws0);
+  row->workspace_bytes = (double)(workspace_peak(o.be) - ws0);
   row->gflops = 3.0 * flops / ((row->fwd_ms + row->bwd_ms) / 1e3) / 1e9;
   /* The near field runs 2 GEMMs of its size forward and 5 backward (scores again, dV, dP, dQ,
    * dK): 3.5 × the forward's executed FLOPs. Its timer sums the threads' seconds, and the threads
@@ -180,18 +245,15 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
       p2p > 0 && p2p_ms > 0 ? 3.5 * p2p / (p2p_ms / repeats / 1e3 / threads_count()) / 1e9 : NAN;
   free(tf);
   free(tb);
-  attention_close(&ctx);
-  float *bufs[] = {q, k, vv, dout, out, dq, dk, dv, saved};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(bufs[i]);
-  attention_params_free(&ap);
+  timed_op_close(&o);
   message(
-      "  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of SGEMM) | "
-      "workspace %8.2f MiB%s",
-      row->variant, n, row->fwd_ms, row->bwd_ms, row->gflops, 100.0 * row->gflops / sgemm,
-      row->workspace_bytes / 1048576.0, "");
+      "  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of GEMM) | "
+      "workspace %8.2f MiB",
+      row->variant, n, row->fwd_ms, row->bwd_ms, row->gflops, 100.0 * row->gflops / rate,
+      row->workspace_bytes / 1048576.0);
   if (!isnan(row->p2p_gflops))
-    message("  %-10s             near field (P2P): %.1f GFLOP/s (%.1f%% of SGEMM)", "",
-            row->p2p_gflops, 100.0 * row->p2p_gflops / sgemm);
+    message("  %-10s             near field (P2P): %.1f GFLOP/s (%.1f%% of GEMM)", "",
+            row->p2p_gflops, 100.0 * row->p2p_gflops / rate);
   return true;
 }
 
@@ -204,65 +266,42 @@ struct comm_row {
 };
 
 static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
-                           double sgemm, struct comm_row *row) {
+                           double rate, struct comm_row *row) {
   const struct attn_variant *v = attention_select(cfg);
   const long B = cfg->bench.batch, H = cfg->model.heads, d = cfg->model.dim / cfg->model.heads;
   const long S = comm->S, T = n / S, t0 = comm->seq_rank * T;
-  struct attn_ctx ctx =
-      attention_open(cfg, v, DEVICE_CPU, comm, 0,
-                     (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM});
-  double p2p = 0.0, flops = v->flops(&ctx, &p2p);
+  struct timed_op o;
+  timed_op_open(&o, cfg, comm,
+                (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM});
+  double p2p = 0.0, flops = v->flops(&o.ctx, &p2p);
   /* judge the time by the whole job's FLOPs against the machine's rate (all ranks) */
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_SUM, comm->seq));
-  double est = 3.0 * flops / (0.5 * sgemm * 1e9);
+  comm_allreduce_sum_double(comm, COMM_SEQ, &flops, 1);
+  const double est = 3.0 * flops / (0.5 * rate * 1e9);
   if (est > BENCH_MAX_SECONDS) {
     message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
-    attention_close(&ctx);
+    timed_op_close(&o);
     return false;
   }
-  const size_t count = (size_t)(B * H * T * d);
-  float *buf = mem_alloc(MEM_DATA, sizeof(float) * count * 8);
-  float *q = buf, *k = q + count, *vv = k + count, *g = vv + count, *out = g + count;
-  float *dq = out + count, *dk = dq + count, *dv = dk + count;
-  /* inputs keyed by global position: the same sequence on any layout */
-  for (long bh = 0; bh < B * H; bh++)
-    for (long i = 0; i < T * d; i++) {
-      const uint64_t key = (uint64_t)((bh * n + t0) * d + i);
-      q[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 1, key, 0);
-      k[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 2, key, 0);
-      vv[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 3, key, 0);
-      g[bh * T * d + i] = (float)rng_normal(7, RNG_TEST, 4, key, 0);
-    }
-  struct attn_params ap;
-  attention_params_make(&ap, cfg, v, n);
-  const float *pp = ap.list.count ? ap.params : NULL;
-  float *dpp = ap.list.count ? ap.dparams : NULL;
-  float *saved = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (attention_saved_floats(&ctx) + 1));
   double *tf = xmalloc(sizeof(double) * (size_t)repeats),
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
-  uint64_t bytes = 0;
+  double bytes = 0;
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_SEQ);
     const uint64_t b0 = comm->bytes_sent;
-    double t0s = timer_now();
-    attention_forward(&ctx, out, saved, q, k, vv, pp);
-    double t1 = timer_now();
-    attention_backward(&ctx, dq, dk, dv, dpp, g, q, k, vv, pp, out, saved);
-    double t2 = timer_now();
-    double t[2] = {t1 - t0s, t2 - t1};
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, comm->seq));
+    double t[3];
+    timed_op_run(&o, &t[0], &t[1]);
+    t[2] = (double)(comm->bytes_sent - b0); /* the busiest rank's bytes, the slowest rank's time */
+    comm_allreduce_max_double(comm, COMM_SEQ, t, 3);
     if (r >= 0) {
       tf[r] = 1e3 * t[0];
       tb[r] = 1e3 * t[1];
-      bytes = comm->bytes_sent - b0;
+      bytes = t[2];
     }
   }
-  unsigned long long maxbytes = bytes;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &maxbytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm->seq));
   snprintf(row->variant, sizeof row->variant, "%s", v->name);
   row->n = n;
   row->seq_ranks = (int)S;
-  row->bytes = (double)maxbytes;
+  row->bytes = bytes;
   row->fwd_ms = median(tf, repeats);
   row->bwd_ms = median(tb, repeats);
   message(
@@ -271,10 +310,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
       v->name, n, row->bytes, row->bytes / 1048576.0, row->fwd_ms, row->bwd_ms);
   free(tf);
   free(tb);
-  attention_close(&ctx);
-  mem_free(buf);
-  mem_free(saved);
-  attention_params_free(&ap);
+  timed_op_close(&o);
   return true;
 }
 
@@ -307,6 +343,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
     model_allreduce_grads(&m);
     double norm = optimizer_grad_norm(&m);
     optimizer_step(&m, r + 2, 1e-4, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
+    m.be->sync();
     double t = timer_now() - t0;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm->world));
     if (r >= 0) ts[r] = t;
@@ -320,7 +357,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   row->mfu = row->tokens_per_s * fpt / (machine_gflops * 1e9);
   message(
       "  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
-      "%.1f%% of SGEMM",
+      "%.1f%% of GEMM",
       m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
       100.0 * row->mfu);
   model_free(&m);
@@ -340,7 +377,8 @@ struct gen_row {
 static bool bench_generate_one(const struct config *cfg, struct comm *comm, int repeats,
                                double sgemm, struct gen_row *row) {
   struct model m;
-  model_build(&m, cfg, NULL, 1); /* one sequence, one rank */
+  model_build_on(&m, cfg, NULL, 1, backend_cpu()); /* one sequence on one rank: the decode
+                                                        caches are host code */
   model_init_params(&m);
   const long n = m.n;
   snprintf(row->variant, sizeof row->variant, "%s", m.attn->name);
@@ -508,7 +546,7 @@ static const struct column train_columns[] = {
     NUM(train_row, n, "tokens per sequence"),
     NUM(train_row, tokens_per_s, "tokens per second, all ranks"),
     NUM(train_row, flops_per_token, "model FLOPs per token, forward + backward"),
-    NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops"),
+    NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops (the GEMM rate of the run's precision)"),
     NUM(train_row, step_ms, "milliseconds, median training step"),
 };
 static const struct column comm_columns[] = {
@@ -551,14 +589,25 @@ static void write_table(hid_t f, const char *group, const void *rows, size_t row
 int bench_run(const struct config *cfg, struct comm *comm) {
   char dir[1024];
   train_make_run_dir(cfg, comm, dir, sizeof dir);
-  /* every rank measures at once, as they will run: the machine's rate is the sum */
+  /* every rank measures at once, as they will run: the machine's rate is the sum; on a GPU the
+   * device's products in both precisions, and the rate of the run's precision is the baseline */
+  char err[256], device[256];
+  const struct backend *be = backend_for(cfg, err, sizeof err);
+  if (!be) error("%s", err);
+  be->describe(device, sizeof device);
   comm_barrier(comm, COMM_WORLD);
-  double rank_rate = bench_sgemm_gflops(), machine_rate = rank_rate;
-  comm_allreduce_sum_double(comm, COMM_WORLD, &machine_rate, 1);
-  message(
-      "bench: %d rank(s) x %d thread(s), BLAS core %s; SGEMM %.1f GFLOP/s per rank, %.1f "
-      "GFLOP/s in all",
-      comm->world_size, threads_count(), threads_blas_core(), rank_rate, machine_rate);
+  double rates[3] = {be->gemm_gflops ? be->gemm_gflops(false) : bench_sgemm_gflops(),
+                     be->gemm_gflops ? be->gemm_gflops(true) : NAN, 0.0};
+  const bool bf16 = cfg->parallel.precision == PRECISION_BF16;
+  double rank_rate = bf16 ? rates[1] : rates[0];
+  rates[2] = rank_rate;
+  comm_allreduce_sum_double(comm, COMM_WORLD, rates, 3);
+  const double machine_rate = rates[2];
+  message("bench on %s; %d rank(s); GEMM %.1f GFLOP/s per rank (%s), %.1f GFLOP/s in all", device,
+          comm->world_size, rank_rate, bf16 ? "bf16 operands" : "fp32", machine_rate);
+  if (be->gemm_gflops)
+    message("bench: the device's GEMM rates, per rank: fp32 %.1f, bf16 %.1f GFLOP/s",
+            rates[0] / comm->world_size, rates[1] / comm->world_size);
   static struct attn_row arows[BENCH_ROWS];
   static struct train_row trows[BENCH_ROWS];
   static struct comm_row crows[BENCH_ROWS];
@@ -574,6 +623,12 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   hid_t f = h5_create(path);
   h5_attr_double(f, "/", "sgemm_gflops", machine_rate);
   h5_attr_double(f, "/", "sgemm_gflops_per_rank", rank_rate);
+  h5_attr_string(f, "/", "device", device);
+  h5_attr_string(f, "/", "precision", bf16 ? "bf16" : "fp32");
+  if (be->gemm_gflops) { /* the device's rates, both precisions, all ranks */
+    h5_attr_double(f, "/", "fp32_gemm_gflops", rates[0]);
+    h5_attr_double(f, "/", "bf16_gemm_gflops", rates[1]);
+  }
   h5_attr_long(f, "/", "threads", threads_count());
   h5_attr_long(f, "/", "ranks", comm->world_size);
   h5_attr_string(f, "/", "deck", cfg->resolved);

@@ -146,6 +146,11 @@ int generate_run(const struct config *cfg, struct comm *comm) {
     error_collective("run.mode = generate needs a causal model (model.objective = clm)");
   struct config one = *cfg;
   one.train.batch = 1;
+  if (cfg->parallel.device == DEVICE_GPU) { /* the decode caches and the sampling are host code */
+    message("note: generation runs on the CPU (parallel.device = gpu trains and evaluates)");
+    one.parallel.device = DEVICE_CPU;
+    one.parallel.precision = PRECISION_FP32;
+  }
   struct run_state rs;
   const long step = train_open_run(&rs, &one, comm, true);
   struct model *m = &rs.model;

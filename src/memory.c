@@ -82,6 +82,7 @@ void mem_device_account(enum mem_label label, long long delta) {
 size_t mem_device_current(enum mem_label label) { return dev_cur_[label]; }
 size_t mem_device_peak(enum mem_label label) { return dev_peak_[label]; }
 size_t mem_device_peak_total(void) { return dev_total_peak_; }
+void mem_device_reset_peak(enum mem_label label) { dev_peak_[label] = dev_cur_[label]; }
 
 size_t mem_process_peak_rss(void) {
   struct rusage ru;

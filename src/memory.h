@@ -36,6 +36,7 @@ void mem_device_account(enum mem_label label, long long delta);
 size_t mem_device_current(enum mem_label label);
 size_t mem_device_peak(enum mem_label label);
 size_t mem_device_peak_total(void);
+void mem_device_reset_peak(enum mem_label label);
 
 /* Resident set size high-water mark of this process (from getrusage), bytes. */
 size_t mem_process_peak_rss(void);
