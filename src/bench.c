@@ -318,12 +318,13 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
  * training steps */
 
 struct train_row {
-  double n, tokens_per_s, flops_per_token, mfu, step_ms;
+  double n, tokens_per_s, flops_per_token, mfu, step_ms, peak_bytes;
 };
 
 static bool bench_train_one(const struct config *cfg, struct comm *comm, int repeats,
                             double machine_gflops, struct train_row *row) {
   struct model m;
+  mem_reset_peaks();
   model_build(&m, cfg, comm, cfg->train.batch / comm->D);
   model_init_params(&m);
   const long N = m.B * m.T;
@@ -350,6 +351,9 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   }
   double s = median(ts, repeats);
   free(ts);
+  /* the step's labelled memory on its device, the largest rank's */
+  row->peak_bytes = (double)(m.be->host_visible ? mem_peak_total() : mem_device_peak_total());
+  comm_allreduce_max_double(comm, COMM_WORLD, &row->peak_bytes, 1);
   row->n = m.n;
   row->step_ms = 1e3 * s;
   row->tokens_per_s = (double)cfg->train.batch * (double)m.n / s;
@@ -357,9 +361,9 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   row->mfu = row->tokens_per_s * fpt / (machine_gflops * 1e9);
   message(
       "  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
-      "%.1f%% of GEMM",
+      "%.1f%% of GEMM | peak %.1f MiB",
       m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
-      100.0 * row->mfu);
+      100.0 * row->mfu, row->peak_bytes / 1048576.0);
   model_free(&m);
   return true;
 }
@@ -548,6 +552,7 @@ static const struct column train_columns[] = {
     NUM(train_row, flops_per_token, "model FLOPs per token, forward + backward"),
     NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops (the GEMM rate of the run's precision)"),
     NUM(train_row, step_ms, "milliseconds, median training step"),
+    NUM(train_row, peak_bytes, "bytes of peak labelled memory on the step's device, largest rank"),
 };
 static const struct column comm_columns[] = {
     TEXT(comm_row, variant, "attention variant"),

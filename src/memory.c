@@ -84,6 +84,12 @@ size_t mem_device_peak(enum mem_label label) { return dev_peak_[label]; }
 size_t mem_device_peak_total(void) { return dev_total_peak_; }
 void mem_device_reset_peak(enum mem_label label) { dev_peak_[label] = dev_cur_[label]; }
 
+void mem_reset_peaks(void) {
+  for (int i = 0; i < MEM_NLABELS; i++) mem_peak_[i] = mem_cur_[i], dev_peak_[i] = dev_cur_[i];
+  mem_total_peak_ = mem_total_cur_;
+  dev_total_peak_ = dev_total_cur_;
+}
+
 size_t mem_process_peak_rss(void) {
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;

@@ -37,6 +37,8 @@ size_t mem_device_current(enum mem_label label);
 size_t mem_device_peak(enum mem_label label);
 size_t mem_device_peak_total(void);
 void mem_device_reset_peak(enum mem_label label);
+/* Every peak, host and device, by label and in all, back to what is in use now. */
+void mem_reset_peaks(void);
 
 /* Resident set size high-water mark of this process (from getrusage), bytes. */
 size_t mem_process_peak_rss(void);

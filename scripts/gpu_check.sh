@@ -1,0 +1,101 @@
+#!/bin/sh
+# The one command to run on a GPU node (docs/gpu.md): build fmattn --with-cuda in a scratch copy
+# of this checkout, run the GPU tests natively, time inputs/bench_gpu.in (fma and full attention
+# n = 4K ... 1M, the enwik8 model's step, a 1M-token fma step) and PyTorch's SDPA, and write
+# docs/gpu/<device>.csv. Usage, from the repository root: sh scripts/gpu_check.sh [--quick]
+set -eu
+
+me=gpu_check.sh
+say() { echo "$me: $*"; }
+die() {
+  echo "$me: $*" >&2
+  exit 1
+}
+
+QUICK=0 # --quick: the pipeline at toy sizes (minutes, and no claim worth keeping)
+[ "${1:-}" = --quick ] && QUICK=1
+WORK=${WORK:-build-gpu}               # the scratch build and the runs
+FMATTN=${FMATTN:-}                    # a built fmattn to use instead of building one
+OUT_DIR=${OUT_DIR:-docs/gpu}
+EXTRA=${EXTRA:-} # more --set arguments for every fmattn run, one string
+if [ ! -f configure.ac ] || [ ! -f inputs/bench_gpu.in ]; then die "run me from the repository root"; fi
+# the first python3 that imports what a step needs (PYTHON, else python3 on PATH, else Debian's)
+python_with() {
+  for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    command -v "$p" >/dev/null 2>&1 && "$p" -c "$1" 2>/dev/null && { echo "$p"; return 0; }
+  done
+  return 1
+}
+H5_PYTHON=$(python_with 'import h5py, numpy') || die "no python3 with h5py and numpy (set PYTHON)"
+mkdir -p "$WORK" "$OUT_DIR"
+WORK=$(cd "$WORK" && pwd)
+
+# ---- build (skipped when FMATTN names a program already built with a GPU back end) -------------
+if [ -z "$FMATTN" ]; then
+  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+  [ -x "$CUDA_HOME/bin/nvcc" ] || die "no nvcc under CUDA_HOME=$CUDA_HOME (set CUDA_HOME)"
+  say "building --with-cuda=$CUDA_HOME in $WORK/tree (log: $WORK/build.log)"
+  rm -rf "$WORK/tree" && mkdir -p "$WORK/tree"
+  git ls-files -z | xargs -0 tar -cf - | tar -xf - -C "$WORK/tree"
+  [ -e data/kjv.txt ] && mkdir -p "$WORK/tree/data" && cp data/kjv.txt "$WORK/tree/data/"
+  (cd "$WORK/tree" && ./bootstrap && ./configure --with-cuda="$CUDA_HOME" &&
+    make -j"$(nproc)" && make -C tests -j"$(nproc)" test_gpu test_gpu_model) \
+    > "$WORK/build.log" 2>&1 || die "the build failed: tail $WORK/build.log"
+  FMATTN="$WORK/tree/src/fmattn"
+  # ---- the GPU tests, natively: every op, the whole model, 2 ranks when there are 2 GPUs -------
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=4
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  for t in test_gpu test_gpu_model; do
+    say "tests/$t"
+    "$WORK/tree/tests/$t" > "$WORK/$t.tap" 2>&1 || die "tests/$t failed: $WORK/$t.tap"
+    grep -c '^ok' "$WORK/$t.tap" | sed "s/^/$me:   passed: /"
+  done
+  if [ "$gpus" -ge 2 ]; then
+    mpirun -n 2 "$WORK/tree/tests/test_gpu_model" > "$WORK/test_gpu_model_2.tap" 2>&1 ||
+      die "tests/test_gpu_model on 2 ranks failed: $WORK/test_gpu_model_2.tap"
+    say "tests/test_gpu_model on 2 GPUs (NCCL): passed"
+  fi
+fi
+
+# ---- benchmarks ---------------------------------------------------------------------------------
+NS=4096,8192,16384,32768,65536,131072,262144,524288,1048576
+STEP_N=1024 LONG_N=1048576 BATCH=32 REPEATS=5
+if [ "$QUICK" = 1 ]; then
+  NS=256,512 STEP_N=128 LONG_N=1024 BATCH=2 REPEATS=1
+fi
+small=""
+[ "$QUICK" = 1 ] && small="--set model.layers=2 --set model.dim=64 --set model.heads=2"
+bench() { # name, then --set arguments
+  name=$1
+  shift
+  say "bench $name"
+  # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
+  "$FMATTN" inputs/bench_gpu.in --set run.name="$name" --set output.dir="$WORK/runs" \
+    --set bench.repeats=$REPEATS $small "$@" $EXTRA > "$WORK/$name.log" 2>&1 ||
+    die "fmattn bench $name failed: $WORK/$name.log"
+}
+bench attention --set bench.n_list=$NS
+bench step --set bench.what=train --set bench.n_list=$STEP_N --set train.batch=$BATCH
+bench long --set bench.what=train --set bench.n_list=$LONG_N --set train.batch=1 \
+  --set train.recompute=true --set model.position=sinusoidal
+
+# ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU -----------------------
+sdpa=""
+if TORCH_PYTHON=$(python_with 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'); then
+  say "PyTorch scaled_dot_product_attention ($TORCH_PYTHON)"
+  "$TORCH_PYTHON" scripts/sdpa_bench.py --n "$NS" --dtype bf16 --repeats $REPEATS \
+    --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 || die "sdpa_bench.py failed: $WORK/sdpa.log"
+  sdpa="--sdpa $WORK/sdpa.json"
+else
+  say "no PyTorch with CUDA here: no SDPA rows"
+fi
+
+# ---- the CSV ------------------------------------------------------------------------------------
+device=$(grep -o 'bench on device [0-9]*: [^,]*' "$WORK/attention.log" | head -n 1 |
+  sed 's/^bench on device [0-9]*: //; s/[^A-Za-z0-9._-]/_/g')
+[ -n "$device" ] || die "$WORK/attention.log does not name a GPU: was fmattn built --with-cuda?"
+[ "$QUICK" = 1 ] && device="$device-quick"
+# shellcheck disable=SC2086 # $sdpa is one option and its value, or nothing
+"$H5_PYTHON" scripts/gpu_csv.py "$OUT_DIR/$device.csv" "$WORK/runs/attention/bench.h5" \
+  "$WORK/runs/step/bench.h5" "$WORK/runs/long/bench.h5" $sdpa
+say "done: $OUT_DIR/$device.csv (the logs and bench.h5 files are in $WORK)"

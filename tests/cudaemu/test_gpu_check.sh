@@ -1,0 +1,55 @@
+#!/bin/sh
+# scripts/gpu_check.sh, the command a GPU node runs, end to end at toy sizes on the emulated GPU
+# (FMATTN=fmattn_emu, --quick): the benchmarks run and docs/gpu/<device>.csv gets its columns and
+# rows (GEMM rates, attention, the two training steps with their peak memory); gpu_csv.py takes
+# SDPA rows; sdpa_bench.py runs where PyTorch has scaled_dot_product_attention.
+. "$TESTDIR/tap.sh"
+need_h5py "gpu_csv.py reads bench.h5"
+cd "$WORK" || exit 1
+ln -s "$SRCDIR/inputs" inputs && ln -s "$SRCDIR/scripts" scripts && touch configure.ac
+# fma has no GPU implementation yet: the deck's fma rows are timed as local's
+check "gpu_check.sh --quick runs on the emulated GPU" env FMATTN="$EMU_BUILD/fmattn_emu" \
+  EXTRA="--set attention.variant=full --set bench.variants=full,local" WORK="$WORK/gc" OUT_DIR="$WORK/csv" PYTHON="$PYTHON3" sh "$SRCDIR/scripts/gpu_check.sh" --quick
+csv=$(ls "$WORK"/csv/*-quick.csv 2>/dev/null | head -n 1)
+check "it writes docs/gpu/<device>.csv (here: $(basename "${csv:-none}"))" test -s "${csv:-none}"
+check "the CSV has the columns and rows the issue names" py - "$csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+need = {"device", "variant", "n", "precision", "fwd_ms", "bwd_ms"}
+assert need <= set(rows[0]), rows[0].keys()
+gemm = {r["precision"]: float(r["tflops"]) for r in rows if r["variant"] == "gemm"}
+assert set(gemm) == {"fp32", "bf16"} and min(gemm.values()) > 0, gemm
+att = [r for r in rows if r["variant"] in ("local", "full") and r["fwd_ms"]]
+assert {int(r["n"]) for r in att} == {256, 512} and all(float(r["bwd_ms"]) > 0 for r in att), att
+steps = sorted(int(r["n"]) for r in rows if r["variant"].startswith("train:"))
+assert steps == [128, 1024], steps
+assert all(int(r["peak_bytes"]) > 0 for r in rows if r["variant"].startswith("train:"))
+assert all(r["precision"] == "bf16" for r in att)
+PY
+cat > sdpa.json <<'EOF2'
+[{"device": "X", "variant": "sdpa", "n": 256, "precision": "bf16", "fwd_ms": 1.5, "bwd_ms": 3.0, "torch": "2.5"}]
+EOF2
+check "gpu_csv.py adds one row per SDPA run" sh -c "'$PYTHON3' '$SRCDIR/scripts/gpu_csv.py' s.csv $WORK/gc/runs/attention/bench.h5 --sdpa sdpa.json > /dev/null && grep -q '^X,sdpa,256,bf16' s.csv"
+# sdpa_bench.py on the CPU; a PyTorch older than 2.0 (Debian's 1.13) is given the causal
+# softmax attention SDPA computes, so the script's timing and its rows are exercised either way
+if "$PYTHON3" -c 'import torch' 2>/dev/null; then
+  cat > sdpa_run.py <<'EOF2'
+import math, runpy, sys
+import torch, torch.nn.functional as F
+if not hasattr(F, "scaled_dot_product_attention"):
+    def sdpa(q, k, v, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            n = s.shape[-1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, -1) @ v
+    F.scaled_dot_product_attention = sdpa
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF2
+  check "sdpa_bench.py times SDPA forward and backward (here on the CPU)" sh -c "'$PYTHON3' sdpa_run.py '$SRCDIR/scripts/sdpa_bench.py' --n 32,64 --device cpu --dtype fp32 --repeats 2 --out sd.json > /dev/null && '$PYTHON3' -c 'import json; r = json.load(open(\"sd.json\")); assert [x[\"n\"] for x in r] == [32, 64] and all(x[\"fwd_ms\"] > 0 and x[\"bwd_ms\"] > 0 for x in r), r'"
+else
+  ok "sdpa_bench.py times SDPA # SKIP no PyTorch here"
+fi
+check "sdpa_bench.py --help works without a GPU" "$PYTHON3" "$SRCDIR/scripts/sdpa_bench.py" --help
+tap_done
