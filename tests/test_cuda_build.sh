@@ -30,12 +30,15 @@ mkdir tree
 git -C "$SRCDIR" ls-files -z | (cd "$SRCDIR" && xargs -0 tar -cf -) | tar -xf - -C tree
 [ -e "$SRCDIR/data/kjv.txt" ] && mkdir -p tree/data && ln -s "$SRCDIR/data/kjv.txt" tree/data/kjv.txt
 cd tree || exit 1
+gpu_tests="test_gpu test_gpu_model"
 check "./bootstrap" ./bootstrap
 check "./configure --with-cuda=$CUDA_HOME" ./configure --with-cuda="$CUDA_HOME"
-check "make: the program, gpu/libfmattn_gpu.a, and tests/test_gpu" sh -c \
-  "make -j2 > make.log 2>&1 && make -C tests test_gpu >> make.log 2>&1 && test -f gpu/libfmattn_gpu.a || { tail -n 30 make.log; exit 1; }"
+check "make: the program, gpu/libfmattn_gpu.a, and every test program (the GPU tests with them)" sh -c \
+  "make -j2 > make.log 2>&1 && make -C tests -j2 check TESTS= >> make.log 2>&1 && test -f gpu/libfmattn_gpu.a || { tail -n 30 make.log; exit 1; }"
 check "the CPU program still runs" sh -c "src/fmattn --version"
-# test_gpu on this machine: passed where it ran on a GPU, a skip where it could not
-tests/test_gpu > gpu.tap 2>&1
-tap_program "tests/test_gpu" $? gpu.tap "no GPU"
+# the GPU tests on this machine: passed where they ran on a GPU, a skip where they could not
+for t in $gpu_tests; do
+  tests/$t > $t.tap 2>&1
+  tap_program "tests/$t" $? $t.tap "no GPU"
+done
 tap_done
