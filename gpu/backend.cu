@@ -12,6 +12,7 @@
 
 // The attention implementations of gpu/ (attention_*.cu), registered when the back end opens.
 extern "C" void gpu_attention_full_register(void);
+extern "C" void gpu_attention_fma_register(void);
 
 namespace {
 
@@ -124,6 +125,7 @@ extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size
     if (gpu_open(local, use_bf16, err, err_len)) return nullptr;
     fill_table();
     gpu_attention_full_register();
+    gpu_attention_fma_register();
   }
   return &table;
 }
