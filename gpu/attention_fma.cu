@@ -133,8 +133,7 @@ void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
     gfma_linear_forward(g, out, lse, lse_far, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_Q],
                         in.X[FMA_K], in.X[FMA_V]);
   else
-    gfma_evaluate_forward(g, out, lse, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_K],
-                          in.X[FMA_V]);
+    gfma_evaluate_forward(g, out, lse, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_K], in.X[FMA_V]);
   release(g, &in);
 }
 
@@ -144,7 +143,8 @@ void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *
   auto *g = static_cast<gfma *>(ctx->impl_state);
   inputs in;
   prepare(ctx, g, &in, q, k, v, params);
-  const size_t nx = (size_t)(g->d * g->BH * g->st->rows + 1), ne = (size_t)(g->BH * in.kstride * g->d);
+  const size_t nx = (size_t)(g->d * g->BH * g->st->rows + 1),
+               ne = (size_t)(g->BH * in.kstride * g->d);
   float *dX[FMA_NSETS] = {nullptr, nullptr, nullptr};
   for (int s = 0; s < nsets(g); s++)
     dX[s] = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * nx));

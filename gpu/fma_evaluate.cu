@@ -96,7 +96,9 @@ __global__ void probabilities(float *S, const float *lse, long ld, long rows, gf
        e += (size_t)gridDim.x * blockDim.x) {
     const long row = (long)(e / ld), c = (long)(e % ld), gl = g0 + row / mk.m;
     float add;
-    S[e] = visible(mk, gl % mk.nbs, row % mk.m, c, &add) ? expf(S[e] + add - lse[gl * mk.m + row % mk.m]) : 0.0f;
+    S[e] = visible(mk, gl % mk.nbs, row % mk.m, c, &add)
+               ? expf(S[e] + add - lse[gl * mk.m + row % mk.m])
+               : 0.0f;
   }
 }
 
@@ -128,8 +130,8 @@ __global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *X
                            const int *far_row, gfma_levels lv, long nbs, int nfmax, long g0,
                            long nblocks) {
   const long d = lv.d;
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-       e < (size_t)(nblocks * nfmax * d); e += (size_t)gridDim.x * blockDim.x) {
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(nblocks * nfmax * d);
+       e += (size_t)gridDim.x * blockDim.x) {
     const long f = (long)(e % d), bs = (long)(e / d), gl = g0 + bs / nfmax;
     const int R = far_row[(gl % nbs) * nfmax + bs % nfmax];
     if (R < 0) {
@@ -190,8 +192,7 @@ __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const floa
 long total_blocks(const gfma *g) { return g->BH * g->nbs; }
 
 gfma_mask mask_of(const gfma *g) {
-  return gfma_mask{g->m,      g->nb,   g->b0,       g->nbs,      g->ns,
-                   g->nfmax,  g->causal, g->far_row, g->far_logw};
+  return gfma_mask{g->m, g->nb, g->b0, g->nbs, g->ns, g->nfmax, g->causal, g->far_row, g->far_logw};
 }
 
 // Query blocks per chunk: as many as the budget holds (at least one), whose workspace is
@@ -211,7 +212,8 @@ template <class F>
 void near_segments(const gfma *g, long g0, long g1, int s, long klo, long kstride, F call) {
   const long m = g->m, d = g->d, nbs = g->nbs;
   if (kstride == g->T && klo == g->st->t0) {
-    const long a = g0 > 1 - s ? g0 : 1 - s, b = g1 < total_blocks(g) + 1 - s ? g1 : total_blocks(g) + 1 - s;
+    const long a = g0 > 1 - s ? g0 : 1 - s,
+               b = g1 < total_blocks(g) + 1 - s ? g1 : total_blocks(g) + 1 - s;
     if (b > a) call(a, b, (a - 1 + s) * m * d);
     return;
   }
@@ -229,7 +231,7 @@ struct chunk {
   long g0, g1;
   const float *q, *k, *v;  // q from flattened block 0, k and v from their array's row 0
   long klo, kstride;
-  float *S, *Kf, *Vf;      // (blocks, m, ld), (blocks, nfmax, d)
+  float *S, *Kf, *Vf;  // (blocks, m, ld), (blocks, nfmax, d)
   long ld;
 };
 
@@ -257,14 +259,14 @@ void values(const gfma *g, const chunk &c, float *o) {
                c.v + ko, d, m * d, 1.0f, o + (ga - c.g0) * m * d, d, m * d, gb - ga);
     });
   if (g->nfmax)
-    gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d,
-             g->nfmax * d, 1.0f, o, d, m * d, c.g1 - c.g0);
+    gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d, g->nfmax * d,
+             1.0f, o, d, m * d, c.g1 - c.g0);
 }
 
 void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   const long rows = (c.g1 - c.g0) * g->m;
   softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, c.ld,
-                                                                           mask_of(g), c.g0);
+                                                                             mask_of(g), c.g0);
   LAUNCH_CHECK();
 }
 
@@ -335,8 +337,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax;
   const float scale = 1.0f / sqrtf((float)d);
   const size_t n = (size_t)(nc * m * ld);
-  probabilities<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.S, lse, ld, nc * m, mask_of(g),
-                                                            c.g0);
+  probabilities<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.S, lse, ld, nc * m, mask_of(g), c.g0);
   LAUNCH_CHECK();
   const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
@@ -353,13 +354,13 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
                dv + ko, d, m * d, b);
     });
   if (nf) {
-    gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m, ld,
-             m * ld, nc);
-    gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf, d,
-             nf * d, nc);
+    gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m,
+             ld, m * ld, nc);
+    gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf,
+             d, nf * d, nc);
   }
   softmax_backward<<<grid_of(n), kThreads, 0, gpu_stream()>>>(w.dP, c.S, D, ld, nc * m, mask_of(g),
-                                                               c.g0);
+                                                              c.g0);
   LAUNCH_CHECK();
   for (int s = 0; s < g->ns; s++)
     near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
@@ -404,10 +405,10 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
   workspace_close(&w);
 }
 
-void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK,
-                            float *dXV, const float *dout, const float *out, const float *q,
-                            const float *k, const float *v, long klo, long kstride,
-                            const float *XK, const float *XV, const float *lse) {
+void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK, float *dXV,
+                            const float *dout, const float *out, const float *q, const float *k,
+                            const float *v, long klo, long kstride, const float *XK,
+                            const float *XV, const float *lse) {
   check_heads(g);
   const long rows = g->BH * g->T;
   float *D = nullptr;  // fma: Σ dout·out per row; fma_linear: per chunk, of the near field alone

@@ -1,7 +1,8 @@
 /* What the files of FMA on the GPU share (attention_fma.cu, fma_lists.cu, fma_upward.cu,
  * fma_evaluate.cu, fma_let.cu): the layouts of the device arrays, the device tables built once
  * per context from src/fma/'s lists, and the entry points between the files. C++ only; C sees
- * gpu.h. Nothing here decides which keys a query sees: that is src/fma/lists.c, read on the host. */
+ * gpu.h. Nothing here decides which keys a query sees: that is src/fma/lists.c, read on the host.
+ */
 #ifndef FMATTN_GPU_FMA_GPU_H
 #define FMATTN_GPU_FMA_GPU_H
 
@@ -38,10 +39,10 @@ __host__ __device__ inline int gfma_level_of(const gfma_levels &lv, long R) {
  * row some source names, its references (source · slots + slot) in increasing source order, so
  * that a gradient is gathered per target row in a fixed order (no float atomics). */
 struct gfma_refs {
-  long nrows;     /* summary rows referenced */
-  int *row;       /* (nrows) their global row */
-  int *off;       /* (nrows + 1) where each one's references start in ref */
-  int *ref;       /* (off[nrows]) source · slots + slot */
+  long nrows; /* summary rows referenced */
+  int *row;   /* (nrows) their global row */
+  int *off;   /* (nrows + 1) where each one's references start in ref */
+  int *ref;   /* (off[nrows]) source · slots + slot */
 };
 
 /* fma_linear's far field: items are (level l, query sub-segment rho) with a query in the slab,
@@ -59,8 +60,8 @@ struct gfma {
   bool linear, causal;
   long B, H, BH, T, d, m, p;
   int L;
-  int ns;    /* near blocks a query block reads: 2 causal (b − 1, b), 3 bidirectional */
-  int nlist; /* windows a level lists at most: 2 causal, 3 bidirectional */
+  int ns;           /* near blocks a query block reads: 2 causal (b − 1, b), 3 bidirectional */
+  int nlist;        /* windows a level lists at most: 2 causal, 3 bidirectional */
   long b0, nbs, nb; /* the slab's first fine block, its blocks, the sequence's blocks */
   gfma_levels lv;
   /* fma: per slab query block lb, its nfmax far slots (level l's at (l − 1)·nlist·p, p rows per
@@ -123,22 +124,21 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
                            const float *XV);
 /* fma backward: dq, dk, dv (k's layout), dXK, dXV += the gradients for dout; for fma_linear the
  * near field's (out, XK, XV, dXK, dXV not read). */
-void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK,
-                            float *dXV, const float *dout, const float *out, const float *q,
-                            const float *k, const float *v, long klo, long kstride,
-                            const float *XK, const float *XV, const float *lse);
+void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK, float *dXV,
+                            const float *dout, const float *out, const float *q, const float *k,
+                            const float *v, long klo, long kstride, const float *XK,
+                            const float *XV, const float *lse);
 /* ---- fma_linear.cu */
 
 /* fma_linear: the near field under its own softmax (lse_near (BH, T)), then every level's term;
  * lse_far (BH, rows). */
-void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_far,
-                         const float *q, const float *k, const float *v, long klo, long kstride,
-                         const float *XQ, const float *XK, const float *XV);
+void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_far, const float *q,
+                         const float *k, const float *v, long klo, long kstride, const float *XQ,
+                         const float *XK, const float *XV);
 void gfma_linear_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXQ, float *dXK,
                           float *dXV, const float *dout, const float *q, const float *k,
-                          const float *v, long klo, long kstride, const float *XQ,
-                          const float *XK, const float *XV, const float *lse_near,
-                          const float *lse_far);
+                          const float *v, long klo, long kstride, const float *XQ, const float *XK,
+                          const float *XV, const float *lse_near, const float *lse_far);
 
 /* ---- fma_let.cu: the locally essential tree on device buffers (src/fma/let.c's plan) */
 struct gfma_let;

@@ -142,7 +142,8 @@ struct gfma_let *gfma_let_open(const gfma *g, const struct comm *c) {
   for (int j = 1; j < let->S && st->down != FMA_DOWN_M2M && plan->lspan <= g->L; j <<= 1) {
     std::vector<int> lw;  // the levels whose window's group has more than j ranks
     for (int l = plan->lspan; l <= g->L; l++)
-      if (st->tree.window[l] / st->T > j) lw.insert(lw.end(), {l, (int)(st->t0 / st->tree.window[l])});
+      if (st->tree.window[l] / st->T > j)
+        lw.insert(lw.end(), {l, (int)(st->t0 / st->tree.window[l])});
     if (lw.empty()) break;
     let->stage.push_back(upload_pairs(lw));
     let->stage_count.push_back((long)lw.size() / 2);

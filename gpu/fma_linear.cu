@@ -33,9 +33,8 @@ __device__ float row_dot(const gfma_levels &lv, int l, long h, const float *X, i
 // V: O (items, BH, d) and lse_far[h·rows + its sub-segment's row]. An item without a term gets 0.
 // CPU twin: linear_level_forward.
 __global__ void level_forward(float *O, float *lse_far, const float *XQ, const float *XK,
-                              const float *XV, const int *qrow, const int *key,
-                              const int *item_row, gfma_levels lv, long rows, int P3,
-                              float scale) {
+                              const float *XV, const int *qrow, const int *key, const int *item_row,
+                              gfma_levels lv, long rows, int P3, float scale) {
   extern __shared__ float a[];
   const long item = blockIdx.x, h = blockIdx.y, d = lv.d;
   float *o = O + ((size_t)item * lv.BH + h) * d;
@@ -72,8 +71,8 @@ __global__ void level_forward(float *O, float *lse_far, const float *XQ, const f
 
 // grid-stride over out (BH, T, d): out += each level's term of the query's sub-segment, levels in
 // order (the CPU adds them one after the other). CPU twin: the adds of linear_level_forward.
-__global__ void level_add(float *out, const float *O, gfma_items it, int L, long BH, long T,
-                          long d, long t0) {
+__global__ void level_add(float *out, const float *O, gfma_items it, int L, long BH, long T, long d,
+                          long t0) {
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(BH * T * d);
        e += (size_t)gridDim.x * blockDim.x) {
     const long f = (long)(e % d), i = (long)(e / d) % T, h = (long)(e / d) / T;
@@ -168,17 +167,17 @@ float *alloc_floats(size_t n) {
 
 }  // namespace
 
-void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_far,
-                         const float *q, const float *k, const float *v, long klo, long kstride,
-                         const float *XQ, const float *XK, const float *XV) {
+void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_far, const float *q,
+                         const float *k, const float *v, long klo, long kstride, const float *XQ,
+                         const float *XK, const float *XV) {
   gfma_evaluate_forward(g, out, lse_near, q, k, v, klo, kstride, nullptr, nullptr);
   const long items = g->items.count, P3 = 3 * g->p;
   if (items == 0) return;
   float *O = alloc_floats((size_t)(items * g->BH * g->d));
   const dim3 grid(gpu_int(items, "fma_linear items"), (unsigned)g->BH);
   level_forward<<<grid, kLin, sizeof(float) * P3, gpu_stream()>>>(
-      O, lse_far, XQ, XK, XV, g->item_qrow, g->item_key, g->item_row, g->lv, g->st->rows,
-      (int)P3, 1.0f / sqrtf((float)g->d));
+      O, lse_far, XQ, XK, XV, g->item_qrow, g->item_key, g->item_row, g->lv, g->st->rows, (int)P3,
+      1.0f / sqrtf((float)g->d));
   LAUNCH_CHECK();
   level_add<<<grid_of((size_t)(g->BH * g->T * g->d)), kThreads, 0, gpu_stream()>>>(
       out, O, g->items, g->L, g->BH, g->T, g->d, g->st->t0);
@@ -188,9 +187,8 @@ void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_
 
 void gfma_linear_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXQ, float *dXK,
                           float *dXV, const float *dout, const float *q, const float *k,
-                          const float *v, long klo, long kstride, const float *XQ,
-                          const float *XK, const float *XV, const float *lse_near,
-                          const float *lse_far) {
+                          const float *v, long klo, long kstride, const float *XQ, const float *XK,
+                          const float *XV, const float *lse_near, const float *lse_far) {
   gfma_evaluate_backward(g, dq, dk, dv, nullptr, nullptr, dout, nullptr, q, k, v, klo, kstride,
                          nullptr, nullptr, lse_near);
   const long items = g->items.count, P3 = 3 * g->p, BH = g->BH;

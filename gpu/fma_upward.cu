@@ -158,8 +158,8 @@ void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *
   const float *x0 = Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
   float *y0 = Xt + gfma_at(g->lv, l, 0, 0, c0 * P);
   for_rows(g->BH, nwin, nc, 2 * P, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
-    gpu_gemm(false, true, M, P, 2 * P, 1.0f, x0 + ox, ldx, g->BH * nc, w->w[l], 2 * P,
-             w->stride[l], 1.0f, y0 + oy, ldy, g->BH * nr, g->d);
+    gpu_gemm(false, true, M, P, 2 * P, 1.0f, x0 + ox, ldx, g->BH * nc, w->w[l], 2 * P, w->stride[l],
+             1.0f, y0 + oy, ldy, g->BH * nr, g->d);
   });
 }
 
@@ -229,8 +229,8 @@ void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const floa
   });
   if (!dparams || st->down == FMA_DOWN_AVG) return;
   float *dW = grad_begin(g, set, l, dparams);
-  param_grads(g, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, g->BH * T},
-              b - a, dW + a, span, bias ? dparams + st->layout.bias[set][l] : nullptr, ones);
+  param_grads(g, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, g->BH * T}, b - a,
+              dW + a, span, bias ? dparams + st->layout.bias[set][l] : nullptr, ones);
   grad_end(g, set, l, dparams, dW);
 }
 
@@ -253,7 +253,7 @@ void gfma_avg_build(gfma *g) {
     const long win = g->st->tree.window[l];
     g->avg_w[l] = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->p * win));
     avg_weights<<<grid_of((size_t)(g->p * win)), kThreads, 0, gpu_stream()>>>(g->avg_w[l], g->p,
-                                                                               win);
+                                                                              win);
     LAUNCH_CHECK();
   }
 }
@@ -275,7 +275,8 @@ void gfma_weights_get(const gfma *g, const float *params, enum fma_set set, gfma
     w->b[l] = params + st->layout.bias[set][l];
     w->stride[l] = g->p * span;
     if (set == FMA_Q && st->causal) {  // the taps a causal query summary may not read: 0
-      w->owned[l] = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->d * g->p * span));
+      w->owned[l] =
+          static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->d * g->p * span));
       masked_taps(w->owned[l], w->w[l], g, l, false);
       w->w[l] = w->owned[l];
     }
@@ -309,8 +310,7 @@ void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weig
   m2m(g, l, cp, cp + 1, Xt, w);
 }
 
-void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt,
-                                const gfma_weights *w) {
+void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const gfma_weights *w) {
   m2m_backward(g, l, cp, cp + 1, dXt, w);
 }
 

@@ -24,23 +24,26 @@ struct fcase {
   bool causal, mult;
   long n;
   int m, p;
+  long d; /* head size (0: 8) */
 };
+
+static long head_size(const struct fcase *t) { return t->d ? t->d : 8; }
 
 static void make_config(struct config *cfg, const struct fcase *t, long H, long d, int S) {
   tu_config(cfg, t->variant, t->n, (int)H, (int)d, t->causal,
             TU_SETS(tu_fmt("attention.fma.m=%d", t->m), tu_fmt("attention.fma.p=%d", t->p),
                     tu_fmt("attention.fma.downsample=%s", t->down),
                     tu_fmt("attention.fma.multiplicity=%s", t->mult ? "true" : "false"),
-                    "attention.fma.linear_zero_values=false",
-                    tu_fmt("parallel.seq_ranks=%d", S)));
+                    "attention.fma.linear_zero_values=false", tu_fmt("parallel.seq_ranks=%d", S)));
   char err[CONFIG_ERR_LEN];
   if (attention_check(cfg, t->n, S, err, sizeof err)) fail_msg("attention_check: %s", err);
 }
 
 static char *case_name(const struct fcase *t, const char *extra) {
   static char buf[200];
-  snprintf(buf, sizeof buf, "%s %s %s multiplicity=%s n=%ld m=%d p=%d%s", t->variant, t->down,
-           t->causal ? "causal" : "bidir", t->mult ? "on" : "off", t->n, t->m, t->p, extra);
+  snprintf(buf, sizeof buf, "%s %s %s multiplicity=%s n=%ld m=%d p=%d d=%ld%s", t->variant, t->down,
+           t->causal ? "causal" : "bidir", t->mult ? "on" : "off", t->n, t->m, t->p, head_size(t),
+           extra);
   return buf;
 }
 
@@ -69,8 +72,8 @@ struct params {
   float *p, *dp0; /* the values; the non-zero start of the gradient buffers */
 };
 
-static void params_make(struct params *pp, const struct config *cfg,
-                        const struct attn_variant *var, long n) {
+static void params_make(struct params *pp, const struct config *cfg, const struct attn_variant *var,
+                        long n) {
   param_list_init(&pp->list);
   attention_register_params(cfg, var, n, 0, &pp->list);
   pp->p = calloc(pp->list.total + 1, sizeof(float));
@@ -131,7 +134,8 @@ static struct result run_cpu(struct attn_ctx *ctx, const struct inputs *in,
                              const struct params *pp) {
   const size_t n = (size_t)(in->BH * in->T * in->d), np = pp->list.total;
   float *saved = calloc(attention_saved_floats(ctx) + 1, sizeof(float));
-  struct result r = {malloc(4 * n), NULL, copy_of(in->dq0, n), copy_of(in->dk0, n),
+  struct result r = {malloc(4 * n),       NULL,
+                     copy_of(in->dq0, n), copy_of(in->dk0, n),
                      copy_of(in->dv0, n), copy_of(pp->dp0, np)};
   const float *params = np ? pp->p : NULL;
   attention_forward(ctx, r.out, saved, in->q, in->k, in->v, params);
@@ -153,9 +157,9 @@ static struct result run_gpu(struct attn_ctx *ctx, const struct inputs *in,
   float *out = gpu_alloc(MEM_WORKSPACE, 4 * n), *saved = gpu_alloc(MEM_WORKSPACE, 4 * (ns + 1));
   attention_forward(ctx, out, saved, q, k, v, np ? p : NULL);
   attention_backward(ctx, dq, dk, dv, np ? dp : NULL, g, q, k, v, np ? p : NULL, out, saved);
-  struct result r = {down(out, n),  down(saved, (size_t)(in->BH * in->T)),
-                     down(dq, n),   down(dk, n),
-                     down(dv, n),   down(dp, np)};
+  struct result r = {down(out, n), down(saved, (size_t)(in->BH * in->T)),
+                     down(dq, n),  down(dk, n),
+                     down(dv, n),  down(dp, np)};
   float *all[] = {q, k, v, g, dq, dk, dv, p, dp, out, saved};
   for (int a = 0; a < 11; a++) gpu_free(all[a]);
   return r;
@@ -197,7 +201,8 @@ static struct errors compare(const struct result *gpu, const struct result *cpu,
   note(&e, rel_err(gpu->dv, cpu->dv, in->dv0, n), "dv (accumulated)");
   for (int i = 0; i < pp->list.count; i++) {
     const struct param_desc *d = &pp->list.p[i];
-    note(&e, rel_err(gpu->dparams + d->offset, cpu->dparams + d->offset, pp->dp0 + d->offset, d->numel),
+    note(&e,
+         rel_err(gpu->dparams + d->offset, cpu->dparams + d->offset, pp->dp0 + d->offset, d->numel),
          d->name);
   }
   return e;
@@ -205,7 +210,7 @@ static struct errors compare(const struct result *gpu, const struct result *cpu,
 
 /* One case on one rank: the GPU op against the CPU op, within tol. */
 static void check_case(const struct fcase *t, double tol) {
-  const long B = 2, H = 2, d = 8;
+  const long B = 2, H = 2, d = head_size(t);
   struct config cfg;
   make_config(&cfg, t, H, d, 1);
   const struct attn_variant *var = attention_select(&cfg);
@@ -226,17 +231,20 @@ static void check_case(const struct fcase *t, double tol) {
   config_free(&cfg);
 }
 
-/* The sizes every combination runs at: n/m = 16, 4, 2; m not a multiple of 32. */
+/* The sizes every combination runs at: n/m = 16, 4, 2; m not a multiple of 32; head sizes on
+ * either side of the transposes' 32-float tiles. */
 static const struct {
   long n;
   int m, p;
-} sizes[] = {{96, 6, 2}, {48, 12, 3}, {20, 10, 2}};
+  long d;
+} sizes[] = {{96, 6, 2, 8}, {48, 12, 3, 36}, {20, 10, 2, 12}};
 
 static void check_variant(const char *variant, const char *down, bool with_mult) {
   for (int causal = 1; causal >= 0; causal--)
     for (int mult = 1; mult >= (with_mult ? 0 : 1); mult--)
       for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
-        const struct fcase t = {variant, down, causal, mult, sizes[s].n, sizes[s].m, sizes[s].p};
+        const struct fcase t = {variant,    down,       causal,     mult,
+                                sizes[s].n, sizes[s].m, sizes[s].p, sizes[s].d};
         check_case(&t, TOL);
       }
 }
@@ -250,10 +258,10 @@ static void test_gpu_fma_linear_m2m(void **state) { check_variant("fma_linear", 
 /* Chunks of 1 and 3 query blocks (a budget of a few KiB): chunk edges inside a head and across
  * heads, every near block and far slot of a block in another chunk than its neighbours'. */
 static void test_gpu_fma_chunks(void **state) {
-  const struct fcase cases[] = {{"fma", "m2m", true, true, 96, 6, 2},
-                                {"fma", "conv", false, true, 96, 6, 2},
-                                {"fma_linear", "m2m", false, true, 96, 6, 2},
-                                {"fma_linear", "conv", true, true, 48, 12, 3}};
+  const struct fcase cases[] = {{"fma", "m2m", true, true, 96, 6, 2, 8},
+                                {"fma", "conv", false, true, 96, 6, 2, 8},
+                                {"fma_linear", "m2m", false, true, 96, 6, 2, 8},
+                                {"fma_linear", "conv", true, true, 48, 12, 3, 8}};
   const size_t budgets[] = {1, 3 * 6 * 4 * (2 * 6 * 48 + 4 * 24 * 8)}; /* bytes: 1 and ~3 blocks */
   for (size_t b = 0; b < 2; b++) {
     gpu_fma_set_workspace(budgets[b]);
@@ -264,9 +272,9 @@ static void test_gpu_fma_chunks(void **state) {
 
 /* bf16 operands with fp32 accumulation against the fp32 CPU op. */
 static void test_gpu_fma_bf16(void **state) {
-  const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2},
-                                {"fma", "m2m", false, true, 48, 12, 3},
-                                {"fma_linear", "m2m", true, true, 96, 6, 2}};
+  const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2, 8},
+                                {"fma", "m2m", false, true, 48, 12, 3, 8},
+                                {"fma_linear", "m2m", true, true, 96, 6, 2, 8}};
   gpu_set_bf16(true);
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) check_case(&cases[c], TOL_BF16);
   gpu_set_bf16(false);
@@ -300,9 +308,14 @@ static void check_causality(const struct fcase *t) {
   struct params pp;
   params_make(&pp, &cfg, var, n);
   const size_t count = (size_t)(B * H * n * d), ns = attention_saved_floats(&ctx);
-  struct gpu_forward f = {&ctx, count, ns, gpu_alloc(MEM_WORKSPACE, 4 * count),
-                          gpu_alloc(MEM_WORKSPACE, 4 * count), gpu_alloc(MEM_WORKSPACE, 4 * count),
-                          gpu_alloc(MEM_WORKSPACE, 4 * count), gpu_alloc(MEM_WORKSPACE, 4 * ns + 4),
+  struct gpu_forward f = {&ctx,
+                          count,
+                          ns,
+                          gpu_alloc(MEM_WORKSPACE, 4 * count),
+                          gpu_alloc(MEM_WORKSPACE, 4 * count),
+                          gpu_alloc(MEM_WORKSPACE, 4 * count),
+                          gpu_alloc(MEM_WORKSPACE, 4 * count),
+                          gpu_alloc(MEM_WORKSPACE, 4 * ns + 4),
                           pp.list.total ? up(pp.p, pp.list.total) : NULL};
   float *q = randn(count, 61, 1.0f), *k = randn(count, 62, 1.0f), *v = randn(count, 63, 1.0f);
   /* in a block, at its first and last token, at a window's edge, and the last token */
@@ -320,10 +333,10 @@ static void check_causality(const struct fcase *t) {
 }
 
 static void test_gpu_fma_causality(void **state) {
-  const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2},
-                                {"fma", "m2m", true, true, 96, 6, 2},
-                                {"fma_linear", "conv", true, true, 96, 6, 2},
-                                {"fma_linear", "m2m", true, true, 96, 6, 2}};
+  const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2, 8},
+                                {"fma", "m2m", true, true, 96, 6, 2, 8},
+                                {"fma_linear", "conv", true, true, 96, 6, 2, 8},
+                                {"fma_linear", "m2m", true, true, 96, 6, 2, 8}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) check_causality(&cases[c]);
 }
 
@@ -358,11 +371,13 @@ static void check_seq(const struct fcase *t, int *failures) {
   MPI_Allreduce(bytes, most, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
   int differ = bytes[0] != bytes[1];
   MPI_Allreduce(MPI_IN_PLACE, &differ, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  print_message("# S=%d %s: worst %s %.2e (rank %d), bytes sent per rank (max) MPI %llu NCCL %llu\n",
-                S, case_name(t, ""), e.what, e.worst, rank, most[0], most[1]);
+  print_message(
+      "# S=%d %s: worst %s %.2e (rank %d), bytes sent per rank (max) MPI %llu NCCL %llu\n", S,
+      case_name(t, ""), e.what, e.worst, rank, most[0], most[1]);
   if (!(worst <= TOL) || differ) {
-    print_message("# S=%d %s: FAILED: worst error %.3e over ranks (tolerance %.0e), byte counts %s\n",
-                  S, case_name(t, ""), worst, TOL, differ ? "differ" : "equal");
+    print_message(
+        "# S=%d %s: FAILED: worst error %.3e over ranks (tolerance %.0e), byte counts %s\n", S,
+        case_name(t, ""), worst, TOL, differ ? "differ" : "equal");
     (*failures)++;
   }
   result_free(&rc), result_free(&rg), inputs_free(&in), params_free(&pp);
@@ -377,10 +392,12 @@ static void check_seq(const struct fcase *t, int *failures) {
  * on 8 ranks of 12, where level-3 windows span 2 ranks (the hypercube exchange of m2m, the
  * partial sums of conv and avg) and the near field's halo is a whole slab. */
 static void test_gpu_fma_seq(void **state) {
-  const struct fcase cases[] = {
-      {"fma", "conv", true, true, 96, 6, 2},        {"fma", "m2m", true, true, 96, 6, 2},
-      {"fma", "m2m", false, false, 96, 6, 2},       {"fma", "avg", false, true, 96, 6, 2},
-      {"fma_linear", "conv", false, true, 96, 6, 2}, {"fma_linear", "m2m", true, true, 96, 6, 2}};
+  const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2, 8},
+                                {"fma", "m2m", true, true, 96, 6, 2, 8},
+                                {"fma", "m2m", false, false, 96, 6, 2, 8},
+                                {"fma", "avg", false, true, 96, 6, 2, 8},
+                                {"fma_linear", "conv", false, true, 96, 6, 2, 8},
+                                {"fma_linear", "m2m", true, true, 96, 6, 2, 8}};
   int failures = 0;
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) check_seq(&cases[c], &failures);
   if (failures) fail_msg("%d of the sequence-parallel cases failed (listed above)", failures);
