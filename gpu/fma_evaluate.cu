@@ -198,8 +198,7 @@ gfma_mask mask_of(const gfma *g) {
 // Query blocks per chunk: as many as the budget holds (at least one), whose workspace is
 // per_block bytes each.
 long chunk_size(const gfma *g, size_t per_block) {
-  const size_t budget = budget_bytes ? budget_bytes : kDefaultBudget;
-  long c = (long)(budget / (per_block ? per_block : 1));
+  long c = (long)(gfma_workspace_budget() / (per_block ? per_block : 1));
   if (c < 1) c = 1;
   return c < total_blocks(g) ? c : total_blocks(g);
 }

@@ -48,24 +48,26 @@ void transpose(float *out, const float *in, long rows, long cols, bool add) {
   LAUNCH_CHECK();
 }
 
-// Rows of windows [c0, c0 + nwin) of level l, every channel and head, set to their bias
-// b[f·p + r] (b null: 0), before the GEMMs add their sums. grid-stride over the elements. CPU
-// twin: the memcpy of the bias in fma_P2M / fma_M2M_window.
-__global__ void init_rows(float *Xt, gfma_levels lv, int l, long c0, long nwin, const float *b) {
-  const long P = lv.p, per_f = lv.BH * nwin * P;
+// Rows of windows [c0, c0 + nwin) of level l, every channel, heads [h0, h0 + hn), set to their
+// bias b[f·p + r] (b null: 0), before the GEMMs add their sums. grid-stride over the elements.
+// CPU twin: the memcpy of the bias in fma_P2M / fma_M2M_window.
+__global__ void init_rows(float *Xt, gfma_levels lv, int l, long c0, long nwin, long h0, long hn,
+                          const float *b) {
+  const long P = lv.p, per_f = hn * nwin * P;
   const size_t total = (size_t)lv.d * per_f;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     const long f = (long)(e / per_f), rem = (long)(e % per_f);
-    const long h = rem / (nwin * P), cr = rem % (nwin * P);
+    const long h = h0 + rem / (nwin * P), cr = rem % (nwin * P);
     Xt[gfma_at(lv, l, f, h, c0 * P + cr)] = b ? b[f * P + cr % P] : 0.0f;
   }
 }
 
-void set_rows(const gfma *g, float *Xt, int l, long c0, long nwin, const float *b) {
-  const size_t total = (size_t)(g->d * g->BH * nwin * g->p);
+void set_rows(const gfma *g, float *Xt, int l, long c0, long nwin, long h0, long hn,
+              const float *b) {
+  const size_t total = (size_t)(g->d * hn * nwin * g->p);
   if (total == 0) return;
-  init_rows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(Xt, g->lv, l, c0, nwin, b);
+  init_rows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(Xt, g->lv, l, c0, nwin, h0, hn, b);
   LAUNCH_CHECK();
 }
 
@@ -134,27 +136,38 @@ void slab_taps(const fma_state *st, int l, long c, long *a, long *b, bool *bias)
   *bias = c * w >= st->t0;
 }
 
-// P2M of level l, windows [c0, c1) of the slab: Xt rows = bias + x·Wᵀ per channel (fma_P2M).
-void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w) {
+// Heads per group of the tokens transposed channel-outermost (xt, and in backward dxt: `copies`
+// arrays of (d, heads·T)): as many as the workspace budget holds, at least one, so that no copy of
+// every head's tokens is made at once.
+long head_group(const gfma *g, int copies) {
+  const size_t per_head = sizeof(float) * (size_t)(copies * g->T * g->d);
+  const long hc = (long)(gfma_workspace_budget() / per_head);
+  return hc < 1 ? 1 : hc < g->BH ? hc : g->BH;
+}
+
+// P2M of level l, windows [c0, c1) of the slab, heads [h0, h0 + hn) whose tokens xt holds as
+// (d, hn·T): Xt rows = bias + x·Wᵀ per channel (fma_P2M).
+void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w, long h0,
+         long hn) {
   const fma_state *st = g->st;
   long c0, c1, a, b;
   bool bias;
   fma_slab_windows(st, l, &c0, &c1);
   slab_taps(st, l, c0, &a, &b, &bias);
   const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
-  set_rows(g, Xt, l, c0, nwin, bias ? w->b[l] : nullptr);
+  set_rows(g, Xt, l, c0, nwin, h0, hn, bias ? w->b[l] : nullptr);
   const float *x0 = xt + (c0 * win + a - st->t0);
-  float *y0 = Xt + gfma_at(g->lv, l, 0, 0, c0 * P);
-  for_rows(g->BH, nwin, T, win, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
-    gpu_gemm(false, true, M, P, b - a, 1.0f, x0 + ox, ldx, g->BH * T, w->w[l] + a,
-             st->layout.span[l], w->stride[l], 1.0f, y0 + oy, ldy, g->BH * nr, g->d);
+  float *y0 = Xt + gfma_at(g->lv, l, 0, h0, c0 * P);
+  for_rows(hn, nwin, T, win, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
+    gpu_gemm(false, true, M, P, b - a, 1.0f, x0 + ox, ldx, hn * T, w->w[l] + a, st->layout.span[l],
+             w->stride[l], 1.0f, y0 + oy, ldy, g->BH * nr, g->d);
   });
 }
 
 // M2M of level l, parents [c0, c1): Xt rows = bias + children·Tᵀ per channel (fma_M2M_window).
 void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *w) {
   const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
-  set_rows(g, Xt, l, c0, nwin, w->b[l]);
+  set_rows(g, Xt, l, c0, nwin, 0, g->BH, w->b[l]);
   const float *x0 = Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
   float *y0 = Xt + gfma_at(g->lv, l, 0, 0, c0 * P);
   for_rows(g->BH, nwin, nc, 2 * P, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
@@ -199,10 +212,10 @@ struct rows_of {
   const float *p;
   long hs, cs, fs;
 };
-void param_grads(const gfma *g, long nwin, rows_of dy, rows_of x, long N, float *dW, long span,
-                 float *db, const float *ones) {
+void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, long N, float *dW,
+                 long span, float *db, const float *ones) {
   const long P = g->p;
-  for_rows(g->BH, nwin, dy.hs, dy.cs, x.hs, x.cs, [&](long oy, long ox, long K, long ly, long lx) {
+  for_rows(heads, nwin, dy.hs, dy.cs, x.hs, x.cs, [&](long oy, long ox, long K, long ly, long lx) {
     gpu_gemm(true, false, P, N, K, 1.0f, dy.p + oy, ly, dy.fs, x.p + ox, lx, x.fs, 1.0f, dW, span,
              P * span, g->d);
     if (db)
@@ -210,11 +223,13 @@ void param_grads(const gfma *g, long nwin, rows_of dy, rows_of x, long N, float 
   });
 }
 
-// The transpose of p2m for level l: dxt += dXt·W per channel; with dparams, the gradients of its
-// weights (this slab's taps) and of its bias (on the window's first rank): fma_P2M_backward and
+// The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) += dXt·W per channel; with
+// dparams, the gradients of its weights (this slab's taps) and of its bias (on the window's first
+// rank), summed over the group's heads onto those of earlier groups: fma_P2M_backward and
 // fma_upward_param_grads.
 void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const float *dXt,
-                  const float *xt, const gfma_weights *w, float *dparams, const float *ones) {
+                  const float *xt, const gfma_weights *w, float *dparams, const float *ones,
+                  long h0, long hn) {
   const fma_state *st = g->st;
   long c0, c1, a, b;
   bool bias;
@@ -222,14 +237,14 @@ void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const floa
   slab_taps(st, l, c0, &a, &b, &bias);
   const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
   const long span = st->layout.span[l], off = c0 * win + a - st->t0;
-  const float *y0 = dXt + gfma_at(g->lv, l, 0, 0, c0 * P);
-  for_rows(g->BH, nwin, nr, P, T, win, [&](long oy, long ox, long M, long ly, long lx) {
+  const float *y0 = dXt + gfma_at(g->lv, l, 0, h0, c0 * P);
+  for_rows(hn, nwin, nr, P, T, win, [&](long oy, long ox, long M, long ly, long lx) {
     gpu_gemm(false, false, M, b - a, P, 1.0f, y0 + oy, ly, g->BH * nr, w->w[l] + a, span,
-             w->stride[l], 1.0f, dxt + off + ox, lx, g->BH * T, g->d);
+             w->stride[l], 1.0f, dxt + off + ox, lx, hn * T, g->d);
   });
   if (!dparams || st->down == FMA_DOWN_AVG) return;
   float *dW = grad_begin(g, set, l, dparams);
-  param_grads(g, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, g->BH * T}, b - a,
+  param_grads(g, hn, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, hn * T}, b - a,
               dW + a, span, bias ? dparams + st->layout.bias[set][l] : nullptr, ones);
   grad_end(g, set, l, dparams, dW);
 }
@@ -240,7 +255,7 @@ void m2m_grads(const gfma *g, enum fma_set set, int l, long c0, long c1, const f
                const float *Xt, float *dparams, const float *ones) {
   const long P = g->p, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   float *dW = grad_begin(g, set, l, dparams);
-  param_grads(g, c1 - c0, rows_of{dXt + gfma_at(g->lv, l, 0, 0, c0 * P), nr, P, g->BH * nr},
+  param_grads(g, g->BH, c1 - c0, rows_of{dXt + gfma_at(g->lv, l, 0, 0, c0 * P), nr, P, g->BH * nr},
               rows_of{Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P), nc, 2 * P, g->BH * nc}, 2 * P,
               dW, 2 * P, dparams + g->st->layout.bias[set][l], ones);
   grad_end(g, set, l, dparams, dW);
@@ -290,20 +305,23 @@ void gfma_weights_release(gfma_weights *w) {
 
 void gfma_upward(const gfma *g, float *Xt, const float *x, const gfma_weights *w) {
   const fma_state *st = g->st;
-  const long N = g->BH * g->T;
-  float *xt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (N * g->d + 1)));
-  transpose(xt, x, N, g->d, false);  // (BH·T, d) → (d, BH·T)
-  for (int l = 1; l <= g->L; l++) {
-    if (st->down == FMA_DOWN_M2M && l > 1) {
-      if (st->tree.window[l] > g->T) break;  // spanning: the LET's exchange of children
-      long c0, c1;
-      fma_slab_windows(st, l, &c0, &c1);
-      m2m(g, l, c0, c1, Xt, w);
-    } else {
-      p2m(g, l, Xt, xt, w);
-    }
+  const bool m2m_levels = st->down == FMA_DOWN_M2M;
+  const int top = m2m_levels ? (g->L > 0 ? 1 : 0) : g->L;  // the P2M levels
+  if (top == 0) return;
+  const long hc = head_group(g, 1);
+  float *xt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (hc * g->T * g->d)));
+  for (long h0 = 0; h0 < g->BH; h0 += hc) {
+    const long hn = g->BH - h0 < hc ? g->BH - h0 : hc;
+    transpose(xt, x + h0 * g->T * g->d, hn * g->T, g->d, false);  // (hn·T, d) → (d, hn·T)
+    for (int l = 1; l <= top; l++) p2m(g, l, Xt, xt, w, h0, hn);
   }
   gpu_free(xt);
+  for (int l = 2; l <= g->L && m2m_levels; l++) {
+    if (st->tree.window[l] > g->T) break;  // spanning: the LET's exchange of children
+    long c0, c1;
+    fma_slab_windows(st, l, &c0, &c1);
+    m2m(g, l, c0, c1, Xt, w);
+  }
 }
 
 void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w) {
@@ -319,7 +337,7 @@ void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt
   const fma_state *st = g->st;
   if (g->L == 0) return;
   const bool grads = dparams && st->down != FMA_DOWN_AVG;
-  const long N = g->BH * g->T, most = g->BH * (g->T / g->m + 1);  // rows (h, c) of a level, at most
+  const long most = g->BH * (g->T / g->m + 1);  // rows (h, c) of a level, at most
   float *ones = nullptr;
   if (grads) {
     ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
@@ -333,15 +351,18 @@ void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt
       if (grads) m2m_grads(g, set, l, c0, c1, dXt, Xt, dparams, ones);
       if (st->tree.window[l] <= g->T) m2m_backward(g, l, c0, c1, dXt, w);  // else: the LET's
     }
-  float *xt = nullptr;
-  if (grads) {
-    xt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (N * g->d + 1)));
-    transpose(xt, x, N, g->d, false);
-  }
-  float *dxt = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (N * g->d + 1)));
   const int top = st->down == FMA_DOWN_M2M ? 1 : g->L;  // the P2M levels
-  for (int l = 1; l <= top; l++) p2m_backward(g, set, l, dxt, dXt, xt, w, dparams, ones);
-  transpose(dx, dxt, g->d, N, true);  // dx (BH·T, d) += dxtᵀ
+  const long hc = head_group(g, grads ? 2 : 1);
+  const size_t group = sizeof(float) * (size_t)(hc * g->T * g->d);
+  float *xt = grads ? static_cast<float *>(gpu_alloc(MEM_WORKSPACE, group)) : nullptr;
+  float *dxt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, group));
+  for (long h0 = 0; h0 < g->BH; h0 += hc) {
+    const long hn = g->BH - h0 < hc ? g->BH - h0 : hc, rows = hn * g->T;
+    gpu_memset0(dxt, sizeof(float) * (size_t)(rows * g->d));
+    if (xt) transpose(xt, x + h0 * g->T * g->d, rows, g->d, false);
+    for (int l = 1; l <= top; l++) p2m_backward(g, set, l, dxt, dXt, xt, w, dparams, ones, h0, hn);
+    transpose(dx + h0 * g->T * g->d, dxt, g->d, rows, true);  // dx (hn·T, d) += dxtᵀ
+  }
   gpu_free(dxt);
   gpu_free(xt);
   gpu_free(ones);

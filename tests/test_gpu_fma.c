@@ -255,15 +255,16 @@ static void test_gpu_fma_m2m(void **state) { check_variant("fma", "m2m", true); 
 static void test_gpu_fma_linear_conv(void **state) { check_variant("fma_linear", "conv", false); }
 static void test_gpu_fma_linear_m2m(void **state) { check_variant("fma_linear", "m2m", false); }
 
-/* Chunks of 1 and 3 query blocks (a budget of a few KiB): chunk edges inside a head and across
- * heads, every near block and far slot of a block in another chunk than its neighbours'. */
+/* Small workspace budgets: chunks of 1, about 6 and about 3 query blocks (chunk edges inside a
+ * head and across heads, a block's near blocks and far slots in other chunks than its own), and
+ * the upward pass's transposed tokens in groups of 1, 3 + 1 and all 4 heads. */
 static void test_gpu_fma_chunks(void **state) {
   const struct fcase cases[] = {{"fma", "m2m", true, true, 96, 6, 2, 8},
                                 {"fma", "conv", false, true, 96, 6, 2, 8},
                                 {"fma_linear", "m2m", false, true, 96, 6, 2, 8},
                                 {"fma_linear", "conv", true, true, 48, 12, 3, 8}};
-  const size_t budgets[] = {1, 3 * 6 * 4 * (2 * 6 * 48 + 4 * 24 * 8)}; /* bytes: 1 and ~3 blocks */
-  for (size_t b = 0; b < 2; b++) {
+  const size_t budgets[] = {1, 9216, 96768}; /* bytes */
+  for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
     gpu_fma_set_workspace(budgets[b]);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) check_case(&cases[c], TOL);
   }

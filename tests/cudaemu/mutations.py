@@ -188,7 +188,7 @@ MUTANTS = [
      "values: the batch stride of the gathered summary values wrong (M2P values)",
      "test_gpu_fma_avg", {}, 1, FMA),
     ("fma-p2m-channel-stride", "fma_upward.cu", "void p2m(",
-     "x0 + ox, ldx, g->BH * T,", "x0 + ox, ldx, T,",
+     "x0 + ox, ldx, hn * T,", "x0 + ox, ldx, T,",
      "p2m: the channel stride of the transposed tokens that of one head",
      "test_gpu_fma_conv", {}, 1, FMA),
     ("fma-transpose-barrier", "fma_upward.cu", "void transpose_tiles(",
