@@ -391,14 +391,17 @@ static void check_seq(const struct fcase *t, int *failures) {
 
 /* n = 96, m = 6: 16 blocks, 3 levels of windows 6, 12, 24 tokens; on 2 ranks slabs of 48 tokens,
  * on 8 ranks of 12, where level-3 windows span 2 ranks (the hypercube exchange of m2m, the
- * partial sums of conv and avg) and the near field's halo is a whole slab. */
+ * partial sums of conv and avg). m = 12: slabs of one block on 8 ranks, the near field's halo a
+ * whole slab on each side, level-2 windows spanning 2 ranks. */
 static void test_gpu_fma_seq(void **state) {
   const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2, 8},
                                 {"fma", "m2m", true, true, 96, 6, 2, 8},
                                 {"fma", "m2m", false, false, 96, 6, 2, 8},
                                 {"fma", "avg", false, true, 96, 6, 2, 8},
+                                {"fma", "conv", false, true, 96, 12, 3, 8},
                                 {"fma_linear", "conv", false, true, 96, 6, 2, 8},
-                                {"fma_linear", "m2m", true, true, 96, 6, 2, 8}};
+                                {"fma_linear", "m2m", true, true, 96, 6, 2, 8},
+                                {"fma_linear", "m2m", false, true, 96, 12, 3, 8}};
   int failures = 0;
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) check_seq(&cases[c], &failures);
   if (failures) fail_msg("%d of the sequence-parallel cases failed (listed above)", failures);
