@@ -277,10 +277,6 @@ void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *
   LAUNCH_CHECK();
 }
 
-}  // namespace
-
-namespace {
-
 // The chunk's workspace: scores (and in backward their gradients), the gathered summaries (and
 // the gradients of their rows).
 struct workspace {
