@@ -12,6 +12,7 @@
 
 // The attention implementations of gpu/ (attention_*.cu), registered when the back end opens.
 extern "C" void gpu_attention_full_register(void);
+extern "C" void gpu_attention_fma_register(void);
 
 namespace {
 
@@ -116,6 +117,7 @@ extern "C" void gpu_describe(char *out, size_t len) {
 }
 
 extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size_t err_len) {
+  static bool registered = false;  // the table and the attention, once per process
   if (device < 0) {
     int local = 0;  // this rank's index among the ranks of its node
     MPI_Comm node;
@@ -125,8 +127,13 @@ extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size
       MPI_Comm_free(&node);
     }
     if (gpu_open(local, use_bf16, err, err_len)) return nullptr;
+  }
+  bf16 = use_bf16;  // a device opened earlier (gpu_open) takes this run's precision
+  if (!registered) {
     fill_table();
     gpu_attention_full_register();
+    gpu_attention_fma_register();
+    registered = true;
   }
   return &table;
 }

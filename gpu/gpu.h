@@ -128,6 +128,14 @@ void gpu_exact_attention_backward(float *dq, float *dk, float *dv, const float *
                                   const float *q, const float *k, const float *v, const float *out,
                                   const float *lse, long BH, long T, int d, int causal, long band);
 
+/* ---- Fast Multipole Attention, `fma` and `fma_linear` (attention_fma.cu, fma_*.cu) */
+
+/* Register the GPU implementations of fma and fma_linear (gpu_backend_open calls it). */
+void gpu_attention_fma_register(void);
+/* The device workspace one chunk of query blocks may take in evaluate (scores, gathered
+ * summaries and, in backward, their gradients), in bytes: default 1 GiB; 0 restores it. */
+void gpu_fma_set_workspace(size_t bytes);
+
 /* ---- communication (comm.cu): the NCCL transport of the communicator (comm.h) */
 
 /* Move c's bulk float traffic onto NCCL over device buffers: one NCCL communicator per scope,

@@ -4,9 +4,11 @@
 Each mutant plants one defect in a copy of one gpu/*.cu file (a removed barrier, an off-by-one
 tile or guard, a wrong causal or band mask, a wrong warp mask, a wrong cuBLAS leading dimension,
 work on the wrong stream), compiles only that file through cu2cc.py at -O1, links it with the
-unmutated objects of test_gpu_emu, runs test_gpu under the emulation and requires it to FAIL.
+unmutated objects of test_gpu_emu, runs test_gpu under the emulation and requires it to FAIL
+(a mutant of FMA's files: test_gpu_fma_emu and tests/test_gpu_fma.c, named by its tenth field).
 A mutant whose anchor or pattern is not found exactly once is itself a failure ("no longer
-applies: update it"), so the check cannot go stale silently. Output: TAP, one line per mutant.
+applies: update it"), so the check cannot go stale silently. Output: TAP, one line per mutant. CUDAEMU_MUTANTS=REGEX runs
+only the mutants whose name matches (while one works on them).
 """
 import os
 import re
@@ -20,8 +22,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cu2cc  # noqa: E402  (its masking of comments and strings)
 
-# (name, file, function anchor, old text, new text, what, tests to run, environment, ranks)
+# (name, file, function anchor, old text, new text, what, tests to run, environment, ranks
+#  [, test program: test_gpu_emu unless given])
 EXACT = "test_gpu_exact*"
+FMA = "test_gpu_fma_emu"
 MUTANTS = [
     ("fwd-barrier-before-restage", "attention_full.cu", "void exact_fwd(",
      "    __syncthreads();  // the previous tile is no longer read\n", "",
@@ -150,6 +154,67 @@ MUTANTS = [
      "ncclFloat32, r, nc, gpu_stream()));\n    if (rcount[r])",
      "ncclFloat32, (r + 1) % size, nc, gpu_stream()));\n    if (rcount[r])",
      "the NCCL transport's alltoallv: sends to the wrong peer (2 ranks)", "test_gpu_nccl*", {}, 2),
+    # fma: gpu/attention_fma.cu and gpu/fma_*.cu, caught by tests/test_gpu_fma.c
+    ("fma-softmax-barrier-after-store", "fma_evaluate.cu", "float block_reduce(",
+     "  red[threadIdx.x] = v;\n  __syncthreads();\n", "  red[threadIdx.x] = v;\n",
+     "block_reduce (the fused softmax): the barrier after the partials are stored removed",
+     "test_gpu_fma_m2m", {}, 1, FMA),
+    ("fma-softmax-barrier-before-reuse", "fma_evaluate.cu", "float block_reduce(",
+     "  const float r = red[0];\n  __syncthreads();", "  const float r = red[0];",
+     "block_reduce (the fused softmax): the barrier before the next reduction reuses red removed",
+     "test_gpu_fma_m2m", {}, 1, FMA),
+    ("fma-near-past-the-end", "fma_evaluate.cu", "bool visible(",
+     "kb >= mk.nb", "kb > mk.nb",
+     "visible: the near block after the sequence's last one seen (off by one)",
+     "test_gpu_fma_avg", {}, 1, FMA),
+    ("fma-causal-diagonal", "fma_evaluate.cu", "bool visible(",
+     "c % mk.m <= (mk.b0 + lb) * mk.m + r", "c % mk.m < (mk.b0 + lb) * mk.m + r",
+     "visible: the causal mask in the query's own block hides the diagonal",
+     "test_gpu_fma_conv", {}, 1, FMA),
+    ("fma-list-window", "fma_lists.cu", "void build_far(",
+     "qb * tr->m / tr->window[l]", "(qb + 1) * tr->m / tr->window[l]",
+     "build_far: each block gets the lists of its successor's window (off by one)",
+     "test_gpu_fma_m2m", {}, 1, FMA),
+    ("fma-multiplicity", "fma_lists.cu", "void build_far(",
+     "logf((float)(tr->window[l] / tr->p))", "logf((float)tr->window[l])",
+     "build_far: the multiplicity log(w_l) instead of log(w_l/p)",
+     "test_gpu_fma_conv", {}, 1, FMA),
+    ("fma-query-taps", "fma_upward.cu", "void query_taps(",
+     "t < (r + 1) * (span / P)", "t <= (r + 1) * (span / P)",
+     "query_taps: a causal query summary reads the first tap of the next sub-segment",
+     "test_gpu_fma_linear_conv", {}, 1, FMA),
+    ("fma-far-values-stride", "fma_evaluate.cu", "void values(",
+     "c.Vf, d, g->nfmax * d,", "c.Vf, d, g->p * d,",
+     "values: the batch stride of the gathered summary values wrong (M2P values)",
+     "test_gpu_fma_avg", {}, 1, FMA),
+    ("fma-p2m-channel-stride", "fma_upward.cu", "void p2m(",
+     "x0 + ox, ldx, hn * T,", "x0 + ox, ldx, T,",
+     "p2m: the channel stride of the transposed tokens that of one head",
+     "test_gpu_fma_conv", {}, 1, FMA),
+    ("fma-transpose-barrier", "fma_upward.cu", "void transpose_tiles(",
+     "  }\n  __syncthreads();\n", "  }\n",
+     "transpose_tiles: the barrier between loading and storing a tile removed",
+     "test_gpu_fma_m2m", {}, 1, FMA),
+    ("fma-scatter-chunk-edge", "fma_evaluate.cu", "void ref_range(",
+     "refs.ref[hi] / slots < s1", "refs.ref[hi] / slots <= s1",
+     "ref_range: a summary row also gathers the first block after the chunk (twice in all)",
+     "test_gpu_fma_chunks", {}, 1, FMA),
+    ("fma-linear-barrier-before-D", "fma_linear.cu", "void level_backward(",
+     "    os[f] = o;\n  }\n  __syncthreads();\n", "    os[f] = o;\n  }\n",
+     "level_backward (fma_linear): the barrier before D = g·o is summed removed",
+     "test_gpu_fma_linear_m2m", {}, 1, FMA),
+    ("fma-gather-wrong-stream", "fma_evaluate.cu", "void launch_gather(",
+     "kThreads, 0, gpu_stream()>>>", "kThreads, 0, 0>>>",
+     "launch_gather: the gather on the legacy default stream (deferred mode)",
+     "test_gpu_fma_avg", {"CUDAEMU_DEFER": "1"}, 1, FMA),
+    ("fma-let-unpack-off-by-one", "fma_let.cu", "void fetch(",
+     "in_lw + 2 * in_off[r],", "in_lw + 2 * in_off[r] + 2,",
+     "fetch: the summaries from each rank unpacked one window along its list (2 ranks)",
+     "test_gpu_fma_seq", {}, 2, FMA),
+    ("fma-let-sibling", "fma_let.cu", "struct gfma_let *gfma_let_open(",
+     "upload_pairs({l - 1, cc ^ 1})", "upload_pairs({l - 1, cc})",
+     "gfma_let_open: m2m's spanning parent made from its own child twice (8 ranks)",
+     "test_gpu_fma_seq", {}, 8, FMA),
 ]
 
 
@@ -210,12 +275,14 @@ class Harness:
         self.link = shlex.split(e["CUDAEMU_LINK"])
         self.libs = shlex.split(e["CUDAEMU_LINK_LIBS"])
         self.gpu_objects = shlex.split(e["CUDAEMU_GPU_OBJECTS"])
-        self.test_objects = shlex.split(e["CUDAEMU_TEST_OBJECTS"])
+        self.test_objects = {"test_gpu_emu": shlex.split(e["CUDAEMU_TEST_OBJECTS"]),
+                             "test_gpu_fma_emu": shlex.split(e.get("CUDAEMU_FMA_TEST_OBJECTS", ""))}
         self.mpi_run = e["MPI_RUN"]
         self.python = e.get("PYTHON3") or sys.executable
 
-    def program(self, name, cu_file, text):
-        """test_gpu_emu with gpu/cu_file replaced by `text`; (path, None) or (None, log)."""
+    def program(self, name, cu_file, text, target):
+        """target (test_gpu_emu, test_gpu_fma_emu) with gpu/cu_file replaced by `text`; (path,
+        None) or (None, log)."""
         d = os.path.join(self.work, name)
         os.makedirs(d, exist_ok=True)
         cu, cpp, obj = (os.path.join(d, cu_file + ext) for ext in ("", ".cpp", ".o"))
@@ -231,7 +298,7 @@ class Harness:
         if obj not in objects:
             return None, "no object of %s among %s" % (cu_file, self.gpu_objects)
         prog = os.path.join(d, "test_gpu_mutant")
-        rc, out = run(self.link + ["-o", prog] + self.test_objects + objects + self.libs,
+        rc, out = run(self.link + ["-o", prog] + self.test_objects[target] + objects + self.libs,
                       cwd=self.build)
         return (prog, None) if rc == 0 else (None, out)
 
@@ -264,17 +331,20 @@ def main():
 
     # the unmutated test_gpu_emu passes every run the mutants get: their failures are theirs,
     # not the harness's
+    only = re.compile(os.environ.get("CUDAEMU_MUTANTS", ""))
+    mutants = [(i, m[:9], m[9] if len(m) > 9 else "test_gpu_emu")
+               for i, m in enumerate(MUTANTS, 1) if only.search(m[0])]
     seen = set()
-    for name, cu_file, anchor, old, new, what, tests, env, ranks in MUTANTS:
-        key = (tests, tuple(sorted(env.items())), ranks)
+    for _, (name, cu_file, anchor, old, new, what, tests, env, ranks), target in mutants:
+        key = (target, tests, tuple(sorted(env.items())), ranks)
         if key in seen:
             continue
         seen.add(key)
-        rc, out = h.test(os.path.join(h.build, "test_gpu_emu"), tests, env, ranks)
-        tap(rc == 0, "control: the unmutated test_gpu passes %s%s%s" % (
-            tests, " with %s" % env if env else "", " on %d ranks" % ranks if ranks > 1 else ""),
-            out if rc else "")
-    for i, (name, cu_file, anchor, old, new, what, tests, env, ranks) in enumerate(MUTANTS, 1):
+        rc, out = h.test(os.path.join(h.build, target), tests, env, ranks)
+        tap(rc == 0, "control: the unmutated %s passes %s%s%s" % (
+            target, tests, " with %s" % env if env else "",
+            " on %d ranks" % ranks if ranks > 1 else ""), out if rc else "")
+    for i, (name, cu_file, anchor, old, new, what, tests, env, ranks), target in mutants:
         with open(os.path.join(h.src, cu_file)) as f:
             src = f.read()
         text, why = apply(src, anchor, old, new)
@@ -282,7 +352,7 @@ def main():
             tap(False, "mutation %d (%s) no longer applies: update it in tests/cudaemu/mutations.py "
                 "(%s)" % (i, name, why))
             continue
-        prog, log = h.program(name, cu_file, text)
+        prog, log = h.program(name, cu_file, text, target)
         if not prog:
             tap(False, "mutation %d (%s): the mutant does not build" % (i, name), log)
             continue
@@ -291,7 +361,7 @@ def main():
         if rc != 0:
             tap(True, label + " -- caught: " + how_caught(out))
         else:
-            tap(False, label + " -- NOT caught: test_gpu passes with the defect", out)
+            tap(False, label + " -- NOT caught: %s passes with the defect" % target, out)
     print("1..%d" % n)
     print("# %d mutants and controls in %.0f s" % (n, time.time() - t0))
     if failed == 0:

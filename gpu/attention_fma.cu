@@ -1,0 +1,197 @@
+// `fma` and `fma_linear` on the GPU (struct attn_impl), the twin of the driver in
+// src/attention/fma.c: the variant's host state (fma_state: tree, slab, parameter layout, LET
+// plan) and its lists as device tables (fma_lists.cu), the upward pass of every set
+// (fma_upward.cu), the locally essential tree on the communicator's device transport
+// (fma_let.cu), evaluate in chunks (fma_evaluate.cu, fma_linear.cu), and backward recomputing the
+// summaries as the CPU does. Arrays are device arrays in the CPU op's layouts.
+#include <cstring>
+
+#include "check.h"
+#include "fma_gpu.h"
+#include "gpu.h"
+
+namespace {
+
+int nsets(const gfma *g) { return g->linear ? 3 : 2; }
+
+void *fma_open(const struct attn_ctx *ctx) {
+  auto *g = new gfma();
+  const auto *st = static_cast<const fma_state *>(ctx->state);
+  g->st = st;
+  g->linear = st->linear;
+  g->causal = st->causal;
+  g->B = ctx->dims.B;
+  g->H = ctx->dims.H;
+  g->BH = g->B * g->H;
+  g->T = st->T;
+  g->d = st->d;
+  g->m = st->tree.m;
+  g->p = st->tree.p;
+  g->L = st->tree.levels;
+  g->ns = g->nlist = st->causal ? 2 : 3;
+  g->b0 = st->t0 / g->m;
+  g->nbs = g->T / g->m;
+  g->nb = st->tree.nblocks;
+  gfma_tables_build(g);
+  gfma_avg_build(g);
+  return g;
+}
+
+void fma_close(void *impl_state) {
+  auto *g = static_cast<gfma *>(impl_state);
+  if (!g) return;
+  gfma_tables_free(g);
+  gfma_avg_free(g);
+  gfma_let_close(g->let);
+  delete g;
+}
+
+size_t fma_saved_floats(const struct attn_ctx *ctx) {
+  const auto *st = static_cast<const fma_state *>(ctx->state);
+  const size_t BH = (size_t)(ctx->dims.B * ctx->dims.H);
+  return BH * (size_t)st->T + (st->linear ? BH * (size_t)st->rows : 0);
+}
+
+// What evaluate reads, as attention/fma.c's struct fma_inputs: the weights and summaries of every
+// set, and the keys and values from global row klo (the slab, or the halo copies).
+struct inputs {
+  gfma_weights w[FMA_NSETS];
+  float *X[FMA_NSETS]; /* (d·BH·rows) each, gfma_levels' layout */
+  const float *k, *v;
+  float *kx, *vx;
+  long klo, kstride;
+};
+
+// The sequence group, when there is one: its LET planned once per layer (on the host, by
+// src/fma/let.c) and its lists uploaded. The exchanges move device buffers, so the transport
+// must be the device's (NCCL: gpu_comm_attach).
+struct comm *sequence_group(struct attn_ctx *ctx, gfma *g) {
+  struct comm *c = ctx->comm;
+  if (!c || c->S == 1) return nullptr;
+  if (!c->transport || strcmp(c->transport->name, "nccl") != 0)
+    error_at(__FILE__, __func__, __LINE__,
+             "attention.variant = %s on the GPU with parallel.seq_ranks = %d needs the NCCL "
+             "transport on device buffers (gpu_comm_attach), not %s",
+             ctx->variant->name, c->S, c->transport ? c->transport->name : "none");
+  auto *st = static_cast<fma_state *>(ctx->state);
+  if (!st->let) {  // as attention/fma.c's prepare: planned once per layer
+    st->let = fma_let_plan(st, c);
+    st->klo = st->let->near.lo;
+  }
+  if (!g->let) g->let = gfma_let_open(g, c);
+  return c;
+}
+
+float *device_floats(size_t n) {
+  return static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (n + 1)));
+}
+
+void prepare(struct attn_ctx *ctx, gfma *g, inputs *in, const float *q, const float *k,
+             const float *v, const float *params) {
+  struct comm *c = sequence_group(ctx, g);
+  *in = inputs{};
+  const float *src[FMA_NSETS] = {k, v, q};
+  for (int s = 0; s < nsets(g); s++) {
+    gfma_weights_get(g, params, (enum fma_set)s, &in->w[s]);
+    in->X[s] = static_cast<float *>(
+        gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (g->d * g->BH * g->st->rows + 1)));
+    gfma_upward(g, in->X[s], src[s], &in->w[s]);
+  }
+  in->k = k;
+  in->v = v;
+  in->klo = g->st->t0;
+  in->kstride = g->T;
+  if (!c) return;
+  gfma_let_upward(g, c, in->X, nsets(g), in->w);
+  const struct halo *h = &g->st->let->near;
+  in->klo = h->lo;
+  in->kstride = h->hi - h->lo;
+  in->kx = device_floats((size_t)(g->BH * in->kstride * g->d));
+  in->vx = device_floats((size_t)(g->BH * in->kstride * g->d));
+  halo_gather(h, c, in->kx, k, g->BH, g->d);
+  halo_gather(h, c, in->vx, v, g->BH, g->d);
+  in->k = in->kx;
+  in->v = in->vx;
+}
+
+void release(gfma *g, inputs *in) {
+  for (int s = 0; s < nsets(g); s++) {
+    gfma_weights_release(&in->w[s]);
+    gpu_free(in->X[s]);
+  }
+  gpu_free(in->kx);
+  gpu_free(in->vx);
+}
+
+void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q, const float *k,
+                 const float *v, const float *params) {
+  auto *g = static_cast<gfma *>(ctx->impl_state);
+  inputs in;
+  prepare(ctx, g, &in, q, k, v, params);
+  float *lse = saved, *lse_far = saved + g->BH * g->T;
+  if (g->linear)
+    gfma_linear_forward(g, out, lse, lse_far, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_Q],
+                        in.X[FMA_K], in.X[FMA_V]);
+  else
+    gfma_evaluate_forward(g, out, lse, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_K], in.X[FMA_V]);
+  release(g, &in);
+}
+
+void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
+                  const float *dout, const float *q, const float *k, const float *v,
+                  const float *params, const float *out, const float *saved) {
+  auto *g = static_cast<gfma *>(ctx->impl_state);
+  inputs in;
+  prepare(ctx, g, &in, q, k, v, params);
+  const size_t nx = (size_t)(g->d * g->BH * g->st->rows + 1),
+               ne = (size_t)(g->BH * in.kstride * g->d);
+  float *dX[FMA_NSETS] = {nullptr, nullptr, nullptr};
+  for (int s = 0; s < nsets(g); s++)
+    dX[s] = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * nx));
+  float *dkx = dk, *dvx = dv;  // the gradients of the keys evaluate read: the slab, or halo copies
+  if (in.kx) {
+    dkx = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (ne + 1)));
+    dvx = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (ne + 1)));
+  }
+  const float *lse = saved, *lse_far = saved + g->BH * g->T;
+  if (g->linear)
+    gfma_linear_backward(g, dq, dkx, dvx, dX[FMA_Q], dX[FMA_K], dX[FMA_V], dout, q, in.k, in.v,
+                         in.klo, in.kstride, in.X[FMA_Q], in.X[FMA_K], in.X[FMA_V], lse, lse_far);
+  else
+    gfma_evaluate_backward(g, dq, dkx, dvx, dX[FMA_K], dX[FMA_V], dout, out, q, in.k, in.v, in.klo,
+                           in.kstride, in.X[FMA_K], in.X[FMA_V], lse);
+  if (in.kx) {  // the transposes of the exchanges, then of the local upward pass
+    const struct halo *h = &g->st->let->near;
+    halo_scatter_add(h, ctx->comm, dk, dkx, g->BH, g->d);
+    halo_scatter_add(h, ctx->comm, dv, dvx, g->BH, g->d);
+    gfma_let_upward_backward(g, ctx->comm, dX, nsets(g), in.w);
+    gpu_free(dkx);
+    gpu_free(dvx);
+  }
+  const float *src[FMA_NSETS] = {k, v, q};
+  float *dsrc[FMA_NSETS] = {dk, dv, dq};
+  for (int s = 0; s < nsets(g); s++) {
+    gfma_upward_backward(g, (enum fma_set)s, dsrc[s], dX[s], in.X[s], src[s], &in.w[s], dparams);
+    gpu_free(dX[s]);
+  }
+  release(g, &in);
+}
+
+struct attn_impl make_fma() {
+  struct attn_impl impl = {};
+  impl.open = fma_open;
+  impl.close = fma_close;
+  impl.saved_floats = fma_saved_floats;
+  impl.forward = fma_forward;
+  impl.backward = fma_backward;
+  return impl;
+}
+
+const struct attn_impl fma_impl = make_fma();
+
+}  // namespace
+
+extern "C" void gpu_attention_fma_register(void) {
+  attention_register_impl("fma", DEVICE_GPU, &fma_impl);
+  attention_register_impl("fma_linear", DEVICE_GPU, &fma_impl);
+}

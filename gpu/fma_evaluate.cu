@@ -1,0 +1,430 @@
+// FMA evaluation on the GPU, the twin of src/fma/evaluate.c: query blocks in chunks sized to a
+// workspace budget; per chunk the near-field scores (P2P) against each of the 2–3 near key blocks
+// and the far-field scores (M2P) against the gathered listed summaries are strided-batched GEMMs
+// into one score row per query, one fused SIMT softmax over [near | far] (fma) or the near field
+// alone (fma_linear), then the value GEMMs. Backward recomputes the scores from lse; gradients that
+// several blocks touch are summed per target row in a fixed order (no float atomics).
+#include "check.h"
+#include "fma_gpu.h"
+#include "gpu.h"
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr unsigned kSoft = 64;  // threads per score row in the softmax
+constexpr unsigned kRow = 32;   // threads per summary row in the gathers
+
+size_t budget_bytes = 0;  // 0: kDefaultBudget
+constexpr size_t kDefaultBudget = size_t(1) << 30;
+
+unsigned grid_of(size_t n) {
+  const size_t b = gpu_blocks(n, kThreads);
+  return (unsigned)(b < 65535 ? b : 65535);
+}
+
+// What the softmax kernels need to know which score columns a query row may see: query block
+// qb = b0 + lb of the slab, near columns [0, ns·m) (key block qb − 1 + s in column s·m + j),
+// far columns [ns·m, ns·m + nfmax) (a listed summary slot, or −1).
+struct gfma_mask {
+  long m, nb, b0, nbs;
+  int ns, nfmax;
+  bool causal;
+  const int *far_row;
+  const float *far_logw;
+};
+
+// Whether query row r of slab block lb sees column c, and the log-weight added to its score: the
+// lists of src/fma/lists.c as fma_block_keys lays them out (near blocks b − 1 .. b (+ 1) that
+// exist, keys after the query masked in causal mode; listed far slots with log(w_l/p)).
+__device__ inline bool visible(const gfma_mask &mk, long lb, long r, long c, float *add) {
+  *add = 0.0f;
+  if (c < mk.ns * mk.m) {
+    const long kb = mk.b0 + lb - 1 + c / mk.m;
+    if (kb < 0 || kb >= mk.nb) return false;
+    return !mk.causal || kb * mk.m + c % mk.m <= (mk.b0 + lb) * mk.m + r;
+  }
+  const long slot = c - mk.ns * mk.m;
+  if (mk.far_row[lb * mk.nfmax + slot] < 0) return false;
+  *add = mk.far_logw[slot];
+  return true;
+}
+
+// Block-wide max or sum of v over kSoft threads through red (kSoft floats); every thread gets it.
+__device__ float block_reduce(float v, float *red, bool take_max) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned o = kSoft / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o)
+      red[threadIdx.x] = take_max ? fmaxf(red[threadIdx.x], red[threadIdx.x + o])
+                                  : red[threadIdx.x] + red[threadIdx.x + o];
+    __syncthreads();
+  }
+  const float r = red[0];
+  __syncthreads();  // red is written again by the next reduction
+  return r;
+}
+
+// grid (rows of the chunk), block kSoft: one query row per block — its scores S (ld columns) become
+// probabilities in place, masked columns 0, and lse = max + log Σ. Chunk row `row` is query r of
+// flattened block g0 + row/m (head h, slab block lb). CPU twin: rows_softmax (evaluate.c), with
+// the masks and log-weights of fma_P2P_scores and fma_M2P_scores.
+__global__ void softmax_forward(float *S, float *lse, long ld, gfma_mask mk, long g0) {
+  __shared__ float red[kSoft];
+  const long row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
+  float *s = S + row * ld;
+  float mx = -INFINITY;
+  for (long c = threadIdx.x; c < ld; c += kSoft) {
+    float add;
+    const float v = visible(mk, lb, r, c, &add) ? s[c] + add : -INFINITY;
+    s[c] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = block_reduce(mx, red, true);
+  float sum = 0.0f;
+  for (long c = threadIdx.x; c < ld; c += kSoft) sum += expf(s[c] - mx);
+  sum = block_reduce(sum, red, false);
+  const float inv = 1.0f / sum;  // sum ≥ 1: the query sees itself
+  for (long c = threadIdx.x; c < ld; c += kSoft) s[c] = expf(s[c] - mx) * inv;
+  if (threadIdx.x == 0) lse[gl * mk.m + r] = mx + logf(sum);
+}
+
+// grid-stride over the chunk's (rows × ld) scores: P = exp(S + log-weight − lse), masked 0.
+// CPU twin: rows_probabilities.
+__global__ void probabilities(float *S, const float *lse, long ld, long rows, gfma_mask mk,
+                              long g0) {
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(rows * ld);
+       e += (size_t)gridDim.x * blockDim.x) {
+    const long row = (long)(e / ld), c = (long)(e % ld), gl = g0 + row / mk.m;
+    float add;
+    S[e] = visible(mk, gl % mk.nbs, row % mk.m, c, &add)
+               ? expf(S[e] + add - lse[gl * mk.m + row % mk.m])
+               : 0.0f;
+  }
+}
+
+// grid-stride: dS = P ∘ (dP − D) in place in dP, masked 0 (never read there). D: the chunk's rows.
+// CPU twin: rows_softmax_backward.
+__global__ void softmax_backward(float *dP, const float *P, const float *D, long ld, long rows,
+                                 gfma_mask mk, long g0) {
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(rows * ld);
+       e += (size_t)gridDim.x * blockDim.x) {
+    const long row = (long)(e / ld), c = (long)(e % ld), gl = g0 + row / mk.m;
+    float add;
+    dP[e] = visible(mk, gl % mk.nbs, row % mk.m, c, &add) ? P[e] * (dP[e] - D[row]) : 0.0f;
+  }
+}
+
+// grid-stride: D[r] = Σ_f a[r, f]·b[r, f] over rows of d. CPU twin: rows_dot (attention/fma.c).
+__global__ void rowdot(float *D, const float *a, const float *b, long rows, long d) {
+  for (long r = (long)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+       r += (long)gridDim.x * blockDim.x) {
+    float acc = 0.0f;
+    for (long f = 0; f < d; f++) acc += a[r * d + f] * b[r * d + f];
+    D[r] = acc;
+  }
+}
+
+// grid-stride over (block, slot, f) of the chunk: Kf, Vf (blocks, nfmax, d) = the listed summary
+// rows of XK, XV (0 where a slot is empty). CPU twin: gather in block_keys.
+__global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *XV,
+                           const int *far_row, gfma_levels lv, long nbs, int nfmax, long g0,
+                           long nblocks) {
+  const long d = lv.d;
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(nblocks * nfmax * d);
+       e += (size_t)gridDim.x * blockDim.x) {
+    const long f = (long)(e % d), bs = (long)(e / d), gl = g0 + bs / nfmax;
+    const int R = far_row[(gl % nbs) * nfmax + bs % nfmax];
+    if (R < 0) {
+      Kf[e] = Vf[e] = 0.0f;
+      continue;
+    }
+    const int l = gfma_level_of(lv, R);
+    const size_t at = gfma_at(lv, l, f, gl / nbs, R - lv.row[l]);
+    Kf[e] = XK[at];
+    Vf[e] = XV[at];
+  }
+}
+
+// The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref.
+__device__ void ref_range(const gfma_refs &refs, long k, int slots, long s0, long s1, int *a,
+                          int *b) {
+  int lo = refs.off[k], hi = refs.off[k + 1];
+  while (lo < hi) {  // the first reference whose source is ≥ s0
+    const int mid = (lo + hi) / 2;
+    if (refs.ref[mid] / slots < s0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  *a = lo;
+  for (hi = lo; hi < refs.off[k + 1] && refs.ref[hi] / slots < s1; hi++) {
+  }
+  *b = hi;
+}
+
+// grid (referenced summary rows, heads of the chunk), block kRow: dXK, dXV += the far gradients
+// dKf, dVf (chunk blocks, nfmax, d) of every reference to the row from the chunk's blocks, in
+// block order: the transpose of the gather, per target row. CPU twin: scatter_add.
+__global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const float *dVf,
+                            gfma_refs refs, gfma_levels lv, long nbs, int nfmax, long g0, long g1) {
+  const long k = blockIdx.x, h = g0 / nbs + blockIdx.y, R = refs.row[k];
+  const long s0 = g0 - h * nbs > 0 ? g0 - h * nbs : 0, s1 = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
+  int a, b;
+  ref_range(refs, k, nfmax, s0, s1, &a, &b);
+  if (a == b) return;
+  const int l = gfma_level_of(lv, R);
+  for (long f = threadIdx.x; f < lv.d; f += kRow) {
+    float ak = 0.0f, av = 0.0f;
+    for (int e = a; e < b; e++) {
+      const long src = ((h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * lv.d;
+      ak += dKf[src + f];
+      av += dVf[src + f];
+    }
+    const size_t at = gfma_at(lv, l, f, h, R - lv.row[l]);
+    dXK[at] += ak;
+    dXV[at] += av;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// the chunk loop
+
+long total_blocks(const gfma *g) { return g->BH * g->nbs; }
+
+gfma_mask mask_of(const gfma *g) {
+  return gfma_mask{g->m, g->nb, g->b0, g->nbs, g->ns, g->nfmax, g->causal, g->far_row, g->far_logw};
+}
+
+// Query blocks per chunk: as many as the budget holds (at least one), whose workspace is
+// per_block bytes each.
+long chunk_size(const gfma *g, size_t per_block) {
+  long c = (long)(gfma_workspace_budget() / (per_block ? per_block : 1));
+  if (c < 1) c = 1;
+  return c < total_blocks(g) ? c : total_blocks(g);
+}
+
+// The near key block s of flattened query blocks [g0, g1), as segments of the key array: call(ga,
+// gb, koff) for blocks [ga, gb) whose key block lies in it, koff the float offset of ga's. One
+// segment when the heads' key rows follow one another as their queries do (no halo); otherwise
+// one per head. A key block outside the sequence is masked by the softmax whatever it holds.
+template <class F>
+void near_segments(const gfma *g, long g0, long g1, int s, long klo, long kstride, F call) {
+  const long m = g->m, d = g->d, nbs = g->nbs;
+  if (kstride == g->T && klo == g->st->t0) {
+    const long a = g0 > 1 - s ? g0 : 1 - s,
+               b = g1 < total_blocks(g) + 1 - s ? g1 : total_blocks(g) + 1 - s;
+    if (b > a) call(a, b, (a - 1 + s) * m * d);
+    return;
+  }
+  const long kmin = klo / m - g->b0 + 1 - s, kmax = (klo + kstride) / m - g->b0 + 1 - s;
+  for (long h = g0 / nbs; h * nbs < g1; h++) {
+    long a = g0 - h * nbs > 0 ? g0 - h * nbs : 0, b = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
+    a = a > kmin ? a : kmin;
+    b = b < kmax ? b : kmax;
+    if (b > a) call(h * nbs + a, h * nbs + b, (h * kstride + (g->b0 + a - 1 + s) * m - klo) * d);
+  }
+}
+
+// The inputs of one chunk's evaluation.
+struct chunk {
+  long g0, g1;
+  const float *q, *k, *v;  // q from flattened block 0, k and v from their array's row 0
+  long klo, kstride;
+  float *S, *Kf, *Vf;  // (blocks, m, ld), (blocks, nfmax, d)
+  long ld;
+};
+
+// S = the chunk's scores, P2P then M2P (block_scores): unmasked, unweighted.
+void scores(const gfma *g, const chunk &c) {
+  const long m = g->m, d = g->d, ld = c.ld;
+  const float scale = 1.0f / sqrtf((float)d);
+  for (int s = 0; s < g->ns; s++)
+    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
+      gpu_gemm(false, true, m, m, d, scale, c.q + ga * m * d, d, m * d, c.k + ko, d, m * d, 0.0f,
+               c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld, gb - ga);
+    });
+  if (g->nfmax)
+    gpu_gemm(false, true, m, g->nfmax, d, scale, c.q + c.g0 * m * d, d, m * d, c.Kf, d,
+             g->nfmax * d, 0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
+}
+
+// o (chunk rows, d) = P·[v_near | V_far] (fma_P2P_values, fma_M2P_values); o zeroed first.
+void values(const gfma *g, const chunk &c, float *o) {
+  const long m = g->m, d = g->d, ld = c.ld;
+  gpu_memset0(o, sizeof(float) * (size_t)((c.g1 - c.g0) * m * d));
+  for (int s = 0; s < g->ns; s++)
+    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
+      gpu_gemm(false, false, m, d, m, 1.0f, c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld,
+               c.v + ko, d, m * d, 1.0f, o + (ga - c.g0) * m * d, d, m * d, gb - ga);
+    });
+  if (g->nfmax)
+    gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d, g->nfmax * d,
+             1.0f, o, d, m * d, c.g1 - c.g0);
+}
+
+void launch_softmax(const gfma *g, const chunk &c, float *lse) {
+  const long rows = (c.g1 - c.g0) * g->m;
+  softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, c.ld,
+                                                                             mask_of(g), c.g0);
+  LAUNCH_CHECK();
+}
+
+void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
+  const size_t n = (size_t)((c.g1 - c.g0) * g->nfmax * g->d);
+  if (n == 0) return;
+  gather_far<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.Kf, c.Vf, XK, XV, g->far_row, g->lv,
+                                                        g->nbs, g->nfmax, c.g0, c.g1 - c.g0);
+  LAUNCH_CHECK();
+}
+
+// The chunk's workspace: scores (and in backward their gradients), the gathered summaries (and
+// the gradients of their rows).
+struct workspace {
+  long blocks;  // query blocks per chunk
+  float *S, *dP, *Kf, *Vf, *dKf, *dVf, *o, *D;
+};
+
+workspace workspace_open(const gfma *g, bool backward) {
+  const long m = g->m, d = g->d, ld = g->ns * m + g->nfmax, nf = g->nfmax * d;
+  // per query block: S (m·ld) and Kf, Vf (nfmax·d each); backward: dP, dKf, dVf too, and for
+  // fma_linear the near field's own output and D (m·d + m)
+  const size_t per = sizeof(float) * (backward ? 2 * m * ld + 4 * nf + m * d + m : m * ld + 2 * nf);
+  workspace w = {};
+  w.blocks = chunk_size(g, per);
+  auto get = [&](long floats) {
+    return static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (w.blocks * floats + 1)));
+  };
+  w.S = get(m * ld);
+  w.Kf = get(nf);
+  w.Vf = get(nf);
+  if (!backward) return w;
+  w.dP = get(m * ld);
+  w.dKf = get(nf);
+  w.dVf = get(nf);
+  if (g->linear) {
+    w.o = get(m * d);
+    w.D = get(m);
+  }
+  return w;
+}
+
+void workspace_close(workspace *w) {
+  for (float *p : {w->S, w->dP, w->Kf, w->Vf, w->dKf, w->dVf, w->o, w->D}) gpu_free(p);
+}
+
+chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const float *k,
+               const float *v, long klo, long kstride) {
+  const long g1 = g0 + w.blocks < total_blocks(g) ? g0 + w.blocks : total_blocks(g);
+  return chunk{g0, g1, q, k, v, klo, kstride, w.S, w.Kf, w.Vf, g->ns * g->m + g->nfmax};
+}
+
+void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
+  if (rows == 0) return;
+  rowdot<<<grid_of((size_t)rows), kThreads, 0, gpu_stream()>>>(D, a, b, rows, d);
+  LAUNCH_CHECK();
+}
+
+// The chunk's transposes after its scores are in c.S (fma_evaluate_backward's block loop): P from
+// lse, dP = dout·[v_near | V_far]ᵀ, dv += P_nᵀ·dout, dVf = P_fᵀ·dout, dS from D (the chunk's
+// rows), dq += dS·[k_near | K_far]/√d, dk += dS_nᵀ·q/√d, dKf = dS_fᵀ·q/√d.
+void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq, float *dk,
+                    float *dv, const float *dout, const float *lse, const float *D) {
+  const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax;
+  const float scale = 1.0f / sqrtf((float)d);
+  const size_t n = (size_t)(nc * m * ld);
+  probabilities<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.S, lse, ld, nc * m, mask_of(g), c.g0);
+  LAUNCH_CHECK();
+  const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
+  if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
+    values(g, c, w.o);
+    launch_rowdot(w.D, dout0, w.o, nc * m, d);
+    D = w.D;
+  }
+  for (int s = 0; s < g->ns; s++)
+    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
+      const long o = (ga - c.g0) * m * ld + s * m, b = gb - ga;
+      gpu_gemm(false, true, m, m, d, 1.0f, dout + ga * m * d, d, m * d, c.v + ko, d, m * d, 0.0f,
+               w.dP + o, ld, m * ld, b);
+      gpu_gemm(true, false, m, d, m, 1.0f, c.S + o, ld, m * ld, dout + ga * m * d, d, m * d, 1.0f,
+               dv + ko, d, m * d, b);
+    });
+  if (nf) {
+    gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m,
+             ld, m * ld, nc);
+    gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf,
+             d, nf * d, nc);
+  }
+  softmax_backward<<<grid_of(n), kThreads, 0, gpu_stream()>>>(w.dP, c.S, D, ld, nc * m, mask_of(g),
+                                                              c.g0);
+  LAUNCH_CHECK();
+  for (int s = 0; s < g->ns; s++)
+    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
+      const long o = (ga - c.g0) * m * ld + s * m, b = gb - ga;
+      gpu_gemm(false, false, m, d, m, scale, w.dP + o, ld, m * ld, c.k + ko, d, m * d, 1.0f,
+               dq + ga * m * d, d, m * d, b);
+      gpu_gemm(true, false, m, d, m, scale, w.dP + o, ld, m * ld, c.q + ga * m * d, d, m * d, 1.0f,
+               dk + ko, d, m * d, b);
+    });
+  if (nf) {
+    gpu_gemm(false, false, m, d, nf, scale, w.dP + g->ns * m, ld, m * ld, c.Kf, d, nf * d, 1.0f,
+             dq + c.g0 * m * d, d, m * d, nc);
+    gpu_gemm(true, false, nf, d, m, scale, w.dP + g->ns * m, ld, m * ld, q0, d, m * d, 0.0f, w.dKf,
+             d, nf * d, nc);
+  }
+}
+
+void check_heads(const gfma *g) {
+  if (g->BH > 65535)
+    error_at(__FILE__, __func__, __LINE__,
+             "fma on the GPU: %ld heads × batch exceed the grid's 65,535", g->BH);
+}
+
+}  // namespace
+
+size_t gfma_workspace_budget(void) { return budget_bytes ? budget_bytes : kDefaultBudget; }
+
+extern "C" void gpu_fma_set_workspace(size_t bytes) { budget_bytes = bytes; }
+
+void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q, const float *k,
+                           const float *v, long klo, long kstride, const float *XK,
+                           const float *XV) {
+  check_heads(g);
+  workspace w = workspace_open(g, false);
+  for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
+    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    launch_gather(g, c, XK, XV);
+    scores(g, c);
+    launch_softmax(g, c, lse);
+    values(g, c, out + g0 * g->m * g->d);
+  }
+  workspace_close(&w);
+}
+
+void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK, float *dXV,
+                            const float *dout, const float *out, const float *q, const float *k,
+                            const float *v, long klo, long kstride, const float *XK,
+                            const float *XV, const float *lse) {
+  check_heads(g);
+  const long rows = g->BH * g->T;
+  float *D = nullptr;  // fma: Σ dout·out per row; fma_linear: per chunk, of the near field alone
+  if (!g->linear) {
+    D = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (rows + 1)));
+    launch_rowdot(D, dout, out, rows, g->d);
+  }
+  workspace w = workspace_open(g, true);
+  for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
+    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    launch_gather(g, c, XK, XV);
+    scores(g, c);
+    chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
+    if (g->far_refs.nrows && g->nfmax) {
+      const dim3 grid(gpu_int(g->far_refs.nrows, "summary rows"),
+                      (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
+      scatter_far<<<grid, kRow, 0, gpu_stream()>>>(dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv,
+                                                   g->nbs, g->nfmax, c.g0, c.g1);
+      LAUNCH_CHECK();
+    }
+  }
+  workspace_close(&w);
+  gpu_free(D);
+}

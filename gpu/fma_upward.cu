@@ -1,0 +1,369 @@
+// The upward pass of FMA on the GPU, the twin of src/fma/upward.c: P2M (tokens → a level's
+// summaries) and M2M (two children → their parent) as GEMMs batched over the d channels — per
+// channel the level is a (BH·windows × p) matrix — with the tokens transposed channel-outermost
+// first; their transposes and the summary-parameter gradients (the GEMM over channels sums over
+// heads and windows in its k dimension). Hand-written kernels here move data only (plain SIMT).
+#include "check.h"
+#include "fma_gpu.h"
+#include "gpu.h"
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr int kTile = 32;  // transpose tiles of 32 × 32 floats
+constexpr int kPass = 8;   // tile rows each thread row handles per pass
+
+unsigned grid_of(size_t n) {
+  const size_t b = gpu_blocks(n, kThreads);
+  return (unsigned)(b < 65535 ? b : 65535);
+}
+
+// out (cols × rows) = inᵀ of in (rows × cols), or out += inᵀ (add): the channel-outermost copy of
+// the tokens and its way back. grid (tiles), block (32, 8): one 32 × 32 tile per block through
+// shared memory. CPU twin: none (upward.c reads (T, d) rows directly).
+__global__ void transpose_tiles(float *out, const float *in, long rows, long cols, bool add) {
+  __shared__ float tile[kTile][kTile + 1];
+  const long ntc = (cols + kTile - 1) / kTile;
+  const long r0 = (long)(blockIdx.x / ntc) * kTile, c0 = (long)(blockIdx.x % ntc) * kTile;
+  for (int y = threadIdx.y; y < kTile; y += kPass) {
+    const long r = r0 + y, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[y][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int y = threadIdx.y; y < kTile; y += kPass) {
+    const long c = c0 + y, r = r0 + threadIdx.x;
+    if (r >= rows || c >= cols) continue;
+    if (add)
+      out[c * rows + r] += tile[threadIdx.x][y];
+    else
+      out[c * rows + r] = tile[threadIdx.x][y];
+  }
+}
+
+void transpose(float *out, const float *in, long rows, long cols, bool add) {
+  const long tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+  if (tiles == 0) return;
+  transpose_tiles<<<gpu_int(tiles, "transpose tiles"), dim3(kTile, kPass), 0, gpu_stream()>>>(
+      out, in, rows, cols, add);
+  LAUNCH_CHECK();
+}
+
+// Rows of windows [c0, c0 + nwin) of level l, every channel, heads [h0, h0 + hn), set to their
+// bias b[f·p + r] (b null: 0), before the GEMMs add their sums. grid-stride over the elements.
+// CPU twin: the memcpy of the bias in fma_P2M / fma_M2M_window.
+__global__ void init_rows(float *Xt, gfma_levels lv, int l, long c0, long nwin, long h0, long hn,
+                          const float *b) {
+  const long P = lv.p, per_f = hn * nwin * P;
+  const size_t total = (size_t)lv.d * per_f;
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+       e += (size_t)gridDim.x * blockDim.x) {
+    const long f = (long)(e / per_f), rem = (long)(e % per_f);
+    const long h = h0 + rem / (nwin * P), cr = rem % (nwin * P);
+    Xt[gfma_at(lv, l, f, h, c0 * P + cr)] = b ? b[f * P + cr % P] : 0.0f;
+  }
+}
+
+void set_rows(const gfma *g, float *Xt, int l, long c0, long nwin, long h0, long hn,
+              const float *b) {
+  const size_t total = (size_t)(g->d * hn * nwin * g->p);
+  if (total == 0) return;
+  init_rows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(Xt, g->lv, l, c0, nwin, h0, hn, b);
+  LAUNCH_CHECK();
+}
+
+// The causal q_down of fma_linear: a copy of one level's weights (d, p, span) in which tap t of
+// row r is 0 unless it lies in sub-segments ≤ r (m2m's M2M levels: child rows ≤ 2r + 1), or
+// (add) dst += the gradient src at the used taps only. grid-stride. CPU twin: query_tap_used
+// in params.c, through fma_weights_load / fma_weights_store_grad.
+__global__ void query_taps(float *dst, const float *src, long d, long P, long span, bool m2m,
+                           bool add) {
+  const size_t total = (size_t)(d * P * span);
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+       e += (size_t)gridDim.x * blockDim.x) {
+    const long t = (long)(e % span), r = (long)(e / span) % P;
+    const bool used = m2m ? t <= 2 * r + 1 : t < (r + 1) * (span / P);
+    if (add)
+      dst[e] += used ? src[e] : 0.0f;
+    else
+      dst[e] = used ? src[e] : 0.0f;
+  }
+}
+
+void masked_taps(float *dst, const float *src, const gfma *g, int l, bool add) {
+  const long span = g->st->layout.span[l];
+  const bool m2m = g->st->down == FMA_DOWN_M2M && l > 1;
+  query_taps<<<grid_of((size_t)(g->d * g->p * span)), kThreads, 0, gpu_stream()>>>(
+      dst, src, g->d, g->p, span, m2m, add);
+  LAUNCH_CHECK();
+}
+
+// avg's fixed weights of one level: (p, w), row r the mean over sub-segment r. grid-stride.
+// CPU twin: the avg branch of fma_P2M (sums of x·(1/seg)).
+__global__ void avg_weights(float *w, long P, long win) {
+  const long seg = win / P;
+  for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < P * win;
+       e += (long)gridDim.x * blockDim.x)
+    w[e] = (e % win) / seg == e / win ? 1.0f / (float)seg : 0.0f;
+}
+
+__global__ void fill_ones(float *x, long n) {
+  for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+       e += (long)gridDim.x * blockDim.x)
+    x[e] = 1.0f;
+}
+
+// The rows (h, c) of a level, h < BH, c < nwin, of two operands at h·hs + c·cs: one GEMM when
+// they fold into one index with one stride per operand (one window per head: the head stride;
+// every window of the level here: the window stride), else one per head. call(offset1, offset2,
+// rows, stride1, stride2).
+template <class F>
+void for_rows(long BH, long nwin, long hs1, long cs1, long hs2, long cs2, F call) {
+  if (nwin == 1) {
+    call(0, 0, BH, hs1, hs2);
+  } else if (hs1 == nwin * cs1 && hs2 == nwin * cs2) {
+    call(0, 0, BH * nwin, cs1, cs2);
+  } else {
+    for (long h = 0; h < BH; h++) call(h * hs1, h * hs2, nwin, cs1, cs2);
+  }
+}
+
+// Taps [*a, *b) of window c of level l in this slab, and whether its bias is added here: the
+// twin of upward.c's slab_taps.
+void slab_taps(const fma_state *st, int l, long c, long *a, long *b, bool *bias) {
+  const long w = st->tree.window[l];
+  *a = st->t0 > c * w ? st->t0 - c * w : 0;
+  *b = c * w + w < st->t0 + st->T ? w : st->t0 + st->T - c * w;
+  *bias = c * w >= st->t0;
+}
+
+// Heads per group of the tokens transposed channel-outermost (xt, and in backward dxt: `copies`
+// arrays of (d, heads·T)): as many as the workspace budget holds, at least one, so that no copy of
+// every head's tokens is made at once.
+long head_group(const gfma *g, int copies) {
+  const size_t per_head = sizeof(float) * (size_t)(copies * g->T * g->d);
+  const long hc = (long)(gfma_workspace_budget() / per_head);
+  return hc < 1 ? 1 : hc < g->BH ? hc : g->BH;
+}
+
+// P2M of level l, windows [c0, c1) of the slab, heads [h0, h0 + hn) whose tokens xt holds as
+// (d, hn·T): Xt rows = bias + x·Wᵀ per channel (fma_P2M).
+void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w, long h0,
+         long hn) {
+  const fma_state *st = g->st;
+  long c0, c1, a, b;
+  bool bias;
+  fma_slab_windows(st, l, &c0, &c1);
+  slab_taps(st, l, c0, &a, &b, &bias);
+  const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
+  set_rows(g, Xt, l, c0, nwin, h0, hn, bias ? w->b[l] : nullptr);
+  const float *x0 = xt + (c0 * win + a - st->t0);
+  float *y0 = Xt + gfma_at(g->lv, l, 0, h0, c0 * P);
+  for_rows(hn, nwin, T, win, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
+    gpu_gemm(false, true, M, P, b - a, 1.0f, x0 + ox, ldx, hn * T, w->w[l] + a, st->layout.span[l],
+             w->stride[l], 1.0f, y0 + oy, ldy, g->BH * nr, g->d);
+  });
+}
+
+// M2M of level l, parents [c0, c1): Xt rows = bias + children·Tᵀ per channel (fma_M2M_window).
+void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *w) {
+  const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
+  set_rows(g, Xt, l, c0, nwin, 0, g->BH, w->b[l]);
+  const float *x0 = Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
+  float *y0 = Xt + gfma_at(g->lv, l, 0, 0, c0 * P);
+  for_rows(g->BH, nwin, nc, 2 * P, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
+    gpu_gemm(false, true, M, P, 2 * P, 1.0f, x0 + ox, ldx, g->BH * nc, w->w[l], 2 * P, w->stride[l],
+             1.0f, y0 + oy, ldy, g->BH * nr, g->d);
+  });
+}
+
+// The transpose of m2m for parents [c0, c1): children += dparent·T per channel
+// (fma_M2M_window_backward over both children).
+void m2m_backward(const gfma *g, int l, long c0, long c1, float *dXt, const gfma_weights *w) {
+  const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
+  const float *y0 = dXt + gfma_at(g->lv, l, 0, 0, c0 * P);
+  float *x0 = dXt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
+  for_rows(g->BH, nwin, nr, P, nc, 2 * P, [&](long oy, long ox, long M, long ldy, long ldx) {
+    gpu_gemm(false, false, M, 2 * P, P, 1.0f, y0 + oy, ldy, g->BH * nr, w->w[l], 2 * P,
+             w->stride[l], 1.0f, x0 + ox, ldx, g->BH * nc, g->d);
+  });
+}
+
+// Where level l's weight gradient of set `set` accumulates: dparams' tensor, or for the causal
+// q_down a zeroed copy whose used taps store_grad adds (fma_weights_store_grad's mask).
+float *grad_begin(const gfma *g, enum fma_set set, int l, float *dparams) {
+  const fma_state *st = g->st;
+  float *W = dparams + st->layout.weight[set][l];
+  if (!(set == FMA_Q && st->causal)) return W;
+  return static_cast<float *>(
+      gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * g->d * g->p * st->layout.span[l]));
+}
+
+void grad_end(const gfma *g, enum fma_set set, int l, float *dparams, float *dW) {
+  float *W = dparams + g->st->layout.weight[set][l];
+  if (dW == W) return;
+  masked_taps(W, dW, g, l, true);
+  gpu_free(dW);
+}
+
+// dW (p, span) += per channel Σ over the rows (h, c) of dY(h, c)ᵀ·X(h, c) for taps [a, a + N),
+// and db += Σ dY(h, c) (when bias): the GEMM sums heads and windows in its k dimension. The rows
+// of dY at dy + h·hy + c·cy (level stride sy), of X at x + h·hx + c·cx (stride sx).
+struct rows_of {
+  const float *p;
+  long hs, cs, fs;
+};
+void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, long N, float *dW,
+                 long span, float *db, const float *ones) {
+  const long P = g->p;
+  for_rows(heads, nwin, dy.hs, dy.cs, x.hs, x.cs, [&](long oy, long ox, long K, long ly, long lx) {
+    gpu_gemm(true, false, P, N, K, 1.0f, dy.p + oy, ly, dy.fs, x.p + ox, lx, x.fs, 1.0f, dW, span,
+             P * span, g->d);
+    if (db)
+      gpu_gemm(true, false, P, 1, K, 1.0f, dy.p + oy, ly, dy.fs, ones, 1, 0, 1.0f, db, 1, P, g->d);
+  });
+}
+
+// The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) += dXt·W per channel; with
+// dparams, the gradients of its weights (this slab's taps) and of its bias (on the window's first
+// rank), summed over the group's heads onto those of earlier groups: fma_P2M_backward and
+// fma_upward_param_grads.
+void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const float *dXt,
+                  const float *xt, const gfma_weights *w, float *dparams, const float *ones,
+                  long h0, long hn) {
+  const fma_state *st = g->st;
+  long c0, c1, a, b;
+  bool bias;
+  fma_slab_windows(st, l, &c0, &c1);
+  slab_taps(st, l, c0, &a, &b, &bias);
+  const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
+  const long span = st->layout.span[l], off = c0 * win + a - st->t0;
+  const float *y0 = dXt + gfma_at(g->lv, l, 0, h0, c0 * P);
+  for_rows(hn, nwin, nr, P, T, win, [&](long oy, long ox, long M, long ly, long lx) {
+    gpu_gemm(false, false, M, b - a, P, 1.0f, y0 + oy, ly, g->BH * nr, w->w[l] + a, span,
+             w->stride[l], 1.0f, dxt + off + ox, lx, hn * T, g->d);
+  });
+  if (!dparams || st->down == FMA_DOWN_AVG) return;
+  float *dW = grad_begin(g, set, l, dparams);
+  param_grads(g, hn, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, hn * T}, b - a,
+              dW + a, span, bias ? dparams + st->layout.bias[set][l] : nullptr, ones);
+  grad_end(g, set, l, dparams, dW);
+}
+
+// The M2M weights' and biases' gradients of level l over parents [c0, c1) (each rank's share of
+// a spanning parent): fma_upward_param_grads' from_children branch.
+void m2m_grads(const gfma *g, enum fma_set set, int l, long c0, long c1, const float *dXt,
+               const float *Xt, float *dparams, const float *ones) {
+  const long P = g->p, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
+  float *dW = grad_begin(g, set, l, dparams);
+  param_grads(g, g->BH, c1 - c0, rows_of{dXt + gfma_at(g->lv, l, 0, 0, c0 * P), nr, P, g->BH * nr},
+              rows_of{Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P), nc, 2 * P, g->BH * nc}, 2 * P,
+              dW, 2 * P, dparams + g->st->layout.bias[set][l], ones);
+  grad_end(g, set, l, dparams, dW);
+}
+
+}  // namespace
+
+void gfma_avg_build(gfma *g) {
+  for (int l = 1; l <= g->L && g->st->down == FMA_DOWN_AVG; l++) {
+    const long win = g->st->tree.window[l];
+    g->avg_w[l] = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->p * win));
+    avg_weights<<<grid_of((size_t)(g->p * win)), kThreads, 0, gpu_stream()>>>(g->avg_w[l], g->p,
+                                                                              win);
+    LAUNCH_CHECK();
+  }
+}
+
+void gfma_avg_free(gfma *g) {
+  for (int l = 0; l <= FMA_MAX_LEVELS; l++) gpu_free(g->avg_w[l]);
+}
+
+void gfma_weights_get(const gfma *g, const float *params, enum fma_set set, gfma_weights *w) {
+  *w = gfma_weights{};
+  const fma_state *st = g->st;
+  for (int l = 1; l <= g->L; l++) {
+    if (st->down == FMA_DOWN_AVG) {
+      w->w[l] = g->avg_w[l];  // one matrix for every channel
+      continue;
+    }
+    const long span = st->layout.span[l];
+    w->w[l] = params + st->layout.weight[set][l];
+    w->b[l] = params + st->layout.bias[set][l];
+    w->stride[l] = g->p * span;
+    if (set == FMA_Q && st->causal) {  // the taps a causal query summary may not read: 0
+      w->owned[l] =
+          static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->d * g->p * span));
+      masked_taps(w->owned[l], w->w[l], g, l, false);
+      w->w[l] = w->owned[l];
+    }
+  }
+}
+
+void gfma_weights_release(gfma_weights *w) {
+  for (int l = 0; l <= FMA_MAX_LEVELS; l++) gpu_free(w->owned[l]);
+  *w = gfma_weights{};
+}
+
+void gfma_upward(const gfma *g, float *Xt, const float *x, const gfma_weights *w) {
+  const fma_state *st = g->st;
+  const bool m2m_levels = st->down == FMA_DOWN_M2M;
+  const int top = m2m_levels ? (g->L > 0 ? 1 : 0) : g->L;  // the P2M levels
+  if (top == 0) return;
+  const long hc = head_group(g, 1);
+  float *xt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (hc * g->T * g->d)));
+  for (long h0 = 0; h0 < g->BH; h0 += hc) {
+    const long hn = g->BH - h0 < hc ? g->BH - h0 : hc;
+    transpose(xt, x + h0 * g->T * g->d, hn * g->T, g->d, false);  // (hn·T, d) → (d, hn·T)
+    for (int l = 1; l <= top; l++) p2m(g, l, Xt, xt, w, h0, hn);
+  }
+  gpu_free(xt);
+  for (int l = 2; l <= g->L && m2m_levels; l++) {
+    if (st->tree.window[l] > g->T) break;  // spanning: the LET's exchange of children
+    long c0, c1;
+    fma_slab_windows(st, l, &c0, &c1);
+    m2m(g, l, c0, c1, Xt, w);
+  }
+}
+
+void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w) {
+  m2m(g, l, cp, cp + 1, Xt, w);
+}
+
+void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const gfma_weights *w) {
+  m2m_backward(g, l, cp, cp + 1, dXt, w);
+}
+
+void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt, const float *Xt,
+                          const float *x, const gfma_weights *w, float *dparams) {
+  const fma_state *st = g->st;
+  if (g->L == 0) return;
+  const bool grads = dparams && st->down != FMA_DOWN_AVG;
+  const long most = g->BH * (g->T / g->m + 1);  // rows (h, c) of a level, at most
+  float *ones = nullptr;
+  if (grads) {
+    ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
+    fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, most);
+    LAUNCH_CHECK();
+  }
+  if (st->down == FMA_DOWN_M2M)  // coarse to fine: level l is complete before it is pushed down
+    for (int l = g->L; l >= 2; l--) {
+      long c0, c1;
+      fma_slab_windows(st, l, &c0, &c1);
+      if (grads) m2m_grads(g, set, l, c0, c1, dXt, Xt, dparams, ones);
+      if (st->tree.window[l] <= g->T) m2m_backward(g, l, c0, c1, dXt, w);  // else: the LET's
+    }
+  const int top = st->down == FMA_DOWN_M2M ? 1 : g->L;  // the P2M levels
+  const long hc = head_group(g, grads ? 2 : 1);
+  const size_t group = sizeof(float) * (size_t)(hc * g->T * g->d);
+  float *xt = grads ? static_cast<float *>(gpu_alloc(MEM_WORKSPACE, group)) : nullptr;
+  float *dxt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, group));
+  for (long h0 = 0; h0 < g->BH; h0 += hc) {
+    const long hn = g->BH - h0 < hc ? g->BH - h0 : hc, rows = hn * g->T;
+    gpu_memset0(dxt, sizeof(float) * (size_t)(rows * g->d));
+    if (xt) transpose(xt, x + h0 * g->T * g->d, rows, g->d, false);
+    for (int l = 1; l <= top; l++) p2m_backward(g, set, l, dxt, dXt, xt, w, dparams, ones, h0, hn);
+    transpose(dx + h0 * g->T * g->d, dxt, g->d, rows, true);  // dx (hn·T, d) += dxtᵀ
+  }
+  gpu_free(dxt);
+  gpu_free(xt);
+  gpu_free(ones);
+}
