@@ -245,9 +245,15 @@ void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *se
   c->transport->allgather_float(c, scope, send, count, recv);
 }
 
-void comm_allgather_host_float(struct comm *c, enum comm_scope scope, const float *send,
-                               size_t count, float *recv) {
-  comm_mpi_transport.allgather_float(c, scope, send, count, recv);
+const struct comm_transport *comm_host_begin(struct comm *c) {
+  if (!c) return NULL;
+  const struct comm_transport *saved = c->transport;
+  c->transport = &comm_mpi_transport;
+  return saved;
+}
+
+void comm_host_end(struct comm *c, const struct comm_transport *saved) {
+  if (c) c->transport = saved;
 }
 
 void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,

@@ -40,9 +40,6 @@ void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *bu
 /* Every rank of the scope contributes count floats; recv gets them in rank order (size × count). */
 void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
                           float *recv);
-/* comm_allgather_float on host buffers whatever the transport (host code: diagnostics). */
-void comm_allgather_host_float(struct comm *c, enum comm_scope scope, const float *send,
-                               size_t count, float *recv);
 /* Within the sequence group, every rank contributes count floats: before (count) receives the sum
  * of the contributions of ranks < mine, after (count) that of ranks > mine (zeros at the ends);
  * either may be NULL. Sums run in rank order, so every rank sees the same rounding. The exclusive
@@ -102,6 +99,12 @@ struct comm_transport {
                    size_t len);
 };
 extern const struct comm_transport comm_mpi_transport;
+
+/* Host code exchanging host arrays (the diagnostics) on a comm whose transport moves device
+ * memory: comm_host_begin switches the bulk traffic to MPI, comm_host_end(c, what it returned)
+ * switches it back. Bytes are counted as ever; c may be NULL. */
+const struct comm_transport *comm_host_begin(struct comm *c);
+void comm_host_end(struct comm *c, const struct comm_transport *saved);
 
 /* The transport's buffers and packing (c may be NULL: one rank, host memory). A halo, a ring or
  * a tree exchange written with these works on whichever memory its transport moves. */

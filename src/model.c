@@ -336,7 +336,7 @@ static void mlp_hidden_forward(struct model *m, const struct block_tensors *w,
 
 /* Block l's attention diagnostics (host code) from what its forward left in a: batch element 0's
  * q, k, v and the block's variant parameters, copied to the host first when the back end's
- * buffers are not host memory. */
+ * buffers are not host memory; their exchanges between ranks go over MPI, on host arrays. */
 static void block_diagnostics(struct model *m, int l, const struct block_acts *a) {
   const size_t qk = (size_t)m->Hqk * m->T * m->d, vv = (size_t)m->H * m->T * m->d;
   const size_t np = m->attn_params_per_block;
@@ -350,9 +350,11 @@ static void block_diagnostics(struct model *m, int l, const struct block_acts *a
     if (params) m->be->download(host + 2 * qk + vv, params, sizeof(float) * np);
     q = host, k = host + qk, v = host + 2 * qk, params = params ? host + 2 * qk + vv : NULL;
   }
+  const struct comm_transport *transport = comm_host_begin(m->comm);
   m->diag_queries =
       m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * m->H * m->diag_bands,
                            m->diag_entropy + (size_t)l * m->H, q, k, v, params);
+  comm_host_end(m->comm, transport);
   mem_free(host);
 }
 

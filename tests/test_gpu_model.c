@@ -25,7 +25,7 @@ static const struct backend *gpu;
 static void model_config(struct config *cfg, const char *variant, bool causal, const char *extra) {
   tu_config(cfg, variant, 64, 2, 16, causal,
             TU_SETS("model.layers=2", "model.dropout=0.1", "model.mlp_ratio=2",
-                    "attention.fma.m=16", "attention.fma.p=4", "attention.local.band=24",
+                    "attention.fma.m=8", "attention.fma.p=2", "attention.local.band=24",
                     "train.batch=2", extra ? extra : "run.seed=11"));
 }
 
@@ -86,7 +86,7 @@ static void compare(const char *variant, bool causal, bool bf16, const char *ext
   char what[256];
   snprintf(what, sizeof what, "%s %s%s%s%s%s: loss", variant, causal ? "clm" : "mlm",
            bf16 ? " bf16" : "", extra ? " (" : "", extra ? extra : "", extra ? ")" : "");
-  print_message("%s %.2e, gradients %.2e relative\n", what, fabs(lg - lc) / fabs(lc), ge);
+  print_message("%s %.2e (%.6f), gradients %.2e relative\n", what, fabs(lg - lc) / fabs(lc), lc, ge);
   assert_true(nc == ng);
   TU_ASSERT_CLOSE(fabs(lg - lc) / fabs(lc), bf16 ? TOL_BF16_LOSS : TOL, what);
   snprintf(what + strlen(what) - 4, sizeof what - strlen(what) + 4, "gradients (worst: %s)", worst);
@@ -107,7 +107,22 @@ static void test_model_local(void **state) {
   compare("local", false, false, "model.position=sinusoidal");
 }
 
-static void test_model_bf16(void **state) { compare("full", true, true, NULL); }
+/* fma with each downsampling, and fma_linear, causal and bidirectional */
+static void test_model_fma(void **state) {
+  const char *down[] = {"attention.fma.downsample=conv", "attention.fma.downsample=avg",
+                        "attention.fma.downsample=m2m"};
+  for (int i = 0; i < 3; i++) {
+    compare("fma", true, false, down[i]);
+    compare("fma", false, false, down[i]);
+  }
+  compare("fma_linear", true, false, NULL);
+  compare("fma_linear", false, false, "attention.fma.downsample=m2m");
+}
+
+static void test_model_bf16(void **state) {
+  compare("full", true, true, NULL);
+  compare("fma", true, true, NULL);
+}
 
 /* Causal on the device: the logits of positions ≤ p do not move, bit for bit, when the tokens
  * after p change; those of p + 1 do (so the probe can fail). */
@@ -174,7 +189,17 @@ static void compare_parallel(const char *variant, bool causal, int S) {
 }
 
 /* D = 2: each rank its own samples, the gradient allreduce over NCCL. */
-static void test_model_data_parallel(void **state) { compare_parallel("full", true, 1); }
+static void test_model_data_parallel(void **state) {
+  compare_parallel("full", true, 1);
+  compare_parallel("fma", true, 1);
+}
+
+/* S = 2: one sequence on two ranks, the attention's exchanges over NCCL. */
+static void test_model_seq_parallel(void **state) {
+  compare_parallel("fma", true, 2);
+  compare_parallel("fma", false, 2);
+  compare_parallel("fma_linear", true, 2);
+}
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
@@ -196,11 +221,13 @@ int main(int argc, char **argv) {
   const struct CMUnitTest one[] = {
       cmocka_unit_test(test_model_full),
       cmocka_unit_test(test_model_local),
+      cmocka_unit_test(test_model_fma),
       cmocka_unit_test(test_model_bf16),
       cmocka_unit_test(test_model_causal),
   };
   const struct CMUnitTest many[] = {
       cmocka_unit_test(test_model_data_parallel),
+      cmocka_unit_test(test_model_seq_parallel),
   };
   const int rc = world == 1 ? cmocka_run_group_tests(one, NULL, NULL)
                             : cmocka_run_group_tests(many, NULL, NULL);

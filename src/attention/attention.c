@@ -277,7 +277,7 @@ long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, co
   for (long s = 0; s < nq; s++)
     memcpy(mine + s * width, q + (s * T / nq) * width, sizeof(float) * (size_t)width);
   if (cm)
-    comm_allgather_host_float(cm, COMM_SEQ, mine, (size_t)(nq * width), qs); /* host rows */
+    comm_allgather_float(cm, COMM_SEQ, mine, (size_t)(nq * width), qs);
   else
     memcpy(qs, mine, sizeof(float) * (size_t)(nq * width));
 #pragma omp parallel

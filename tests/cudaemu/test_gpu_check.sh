@@ -7,9 +7,8 @@
 need_h5py "gpu_csv.py reads bench.h5"
 cd "$WORK" || exit 1
 ln -s "$SRCDIR/inputs" inputs && ln -s "$SRCDIR/scripts" scripts && touch configure.ac
-# fma has no GPU implementation yet: the deck's fma rows are timed as local's
 check "gpu_check.sh --quick runs on the emulated GPU" env FMATTN="$EMU_BUILD/fmattn_emu" \
-  EXTRA="--set attention.variant=full --set bench.variants=full,local" WORK="$WORK/gc" OUT_DIR="$WORK/csv" PYTHON="$PYTHON3" sh "$SRCDIR/scripts/gpu_check.sh" --quick
+  WORK="$WORK/gc" OUT_DIR="$WORK/csv" PYTHON="$PYTHON3" sh "$SRCDIR/scripts/gpu_check.sh" --quick
 csv=$(ls "$WORK"/csv/*-quick.csv 2>/dev/null | head -n 1)
 check "it writes docs/gpu/<device>.csv (here: $(basename "${csv:-none}"))" test -s "${csv:-none}"
 check "the CSV has the columns and rows the issue names" py - "$csv" <<'PY'
@@ -19,9 +18,10 @@ need = {"device", "variant", "n", "precision", "fwd_ms", "bwd_ms"}
 assert need <= set(rows[0]), rows[0].keys()
 gemm = {r["precision"]: float(r["tflops"]) for r in rows if r["variant"] == "gemm"}
 assert set(gemm) == {"fp32", "bf16"} and min(gemm.values()) > 0, gemm
-att = [r for r in rows if r["variant"] in ("local", "full") and r["fwd_ms"]]
+att = [r for r in rows if r["variant"] in ("fma", "full") and r["fwd_ms"]]
+assert {r["variant"] for r in att} == {"fma", "full"}, att
 assert {int(r["n"]) for r in att} == {256, 512} and all(float(r["bwd_ms"]) > 0 for r in att), att
-steps = sorted(int(r["n"]) for r in rows if r["variant"].startswith("train:"))
+steps = sorted(int(r["n"]) for r in rows if r["variant"] == "train:fma")
 assert steps == [128, 1024], steps
 assert all(int(r["peak_bytes"]) > 0 for r in rows if r["variant"].startswith("train:"))
 assert all(r["precision"] == "bf16" for r in att)

@@ -24,8 +24,9 @@ err = max(abs(la[s] - lb[s]) / abs(lb[s]) for s in la)
 sys.exit(0 if err <= float(sys.argv[3]) else f"losses differ by {err:.2e} relative")
 PY
 }
-for v in full local; do
+for v in full local fma fma_linear; do
   for o in clm mlm; do
+    [ "$v" = fma_linear ] && [ $o = mlm ] && continue
     check "$v $o trains on the emulated GPU" run "g_${v}_$o" --set attention.variant=$v --set model.objective=$o --set parallel.device=gpu
     check "$v $o trains on the CPU" run "c_${v}_$o" --set attention.variant=$v --set model.objective=$o --set parallel.device=cpu
     check "$v $o: the GPU's losses equal the CPU's within 1e-4" same "g_${v}_$o" "c_${v}_$o" 1e-4
@@ -57,6 +58,18 @@ check "2 ranks on the CPU (MPI) train" sh -c "'$MPI_RUN' 2 '$G' '$DECK' --set ru
 check "D = 2: NCCL's losses equal MPI's within 1e-4" same g_d2 c_d2 1e-4
 check "the NCCL run counts bytes" py -c "
 import h5py, sys; f = h5py.File('out/g_d2/diag.h5'); sys.exit(0 if (f['/comm/bytes_per_step'][...] > 0).all() else 1)"
+# S = 2: one sequence on two ranks, the attention's exchanges (fma's tree) and the diagnostics
+s2="--set parallel.seq_ranks=2 --set attention.variant=fma --set attention.fma.downsample=m2m"
+check "S = 2: fma on 2 emulated GPUs (NCCL) trains" sh -c "CUDAEMU_DEVICES=2 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_s2 --set parallel.device=gpu $s2 > g_s2.log 2>&1"
+check "S = 2: fma on 2 CPU ranks (MPI) trains" sh -c "'$MPI_RUN' 2 '$G' '$DECK' --set run.name=c_s2 --set parallel.device=cpu $s2 > c_s2.log 2>&1"
+check "S = 2: NCCL's losses equal MPI's within 1e-4" same g_s2 c_s2 1e-4
+check "S = 2: the attention diagnostics and the bytes sent equal MPI's" py - <<'PY'
+import h5py, numpy as np
+g, c = h5py.File("out/g_s2/diag.h5", "r"), h5py.File("out/c_s2/diag.h5", "r")
+for k in ("attention/level_mass", "attention/entropy"):
+    np.testing.assert_allclose(g[k][...], c[k][...], rtol=1e-4, atol=1e-6, err_msg=k)
+assert (g["comm/bytes_per_step"][...] == c["comm/bytes_per_step"][...]).all()
+PY
 # bf16 products train, near the fp32 run
 check "bf16 trains on the emulated GPU" run g_bf16 --set parallel.device=gpu --set parallel.precision=bf16
 check "bf16's losses stay within 1e-2 of fp32's" same g_bf16 g_full_clm 1e-2
