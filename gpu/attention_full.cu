@@ -1,23 +1,21 @@
-// Exact attention on the device — `full` and `local` on one slab (S = 1) — mirroring the one-slab
-// path of src/attention/full.c: out = softmax over the keys j that query i may see (j ≤ i when
-// causal, |i − j| < band when band > 0) of q kᵀ/√d, times v, computed tile by tile with an online
-// softmax so that memory is O(n·d); lse = m + log l saved for backward, which recomputes the
-// probabilities from it and never stores an n × n matrix.
-//
-// This is the REFERENCE form (fp32, CUDA cores, FMATTN_GPU_EXACT=reference): one thread owns one
-// query row (forward, dq) or one key row (dk, dv) and keeps it in registers; the other side's rows
-// pass through shared memory a tile at a time. dq and dk/dv are two kernels, so no atomics: every
-// output row is summed by one thread in key (or query) order. The fast path is the blocked cuBLAS
-// form (attention_full_blocked.cu); both are tested against the CPU op (tests/test_gpu_full.c).
-//
-// Register pressure (nvcc 13.0, -O3 -arch=sm_90, -Xptxas -v): a thread holds its rows in
-// registers, so at d = 128 every kernel hits the 255-register cap and spills — exact_fwd<128>
-// 4708 B of spill stores / 25008 B of loads, exact_bwd_dq<128> 1404 / 3468, exact_bwd_dkv<128>
-// 3080 / 4104; at d = 64 exact_bwd_dq 76 / 180 and exact_bwd_dkv 424 / 848 (exact_fwd<64> 254
-// registers, none); d ≤ 32 none. Acceptable for a reference; the blocked form does not have it.
+// Exact attention's REFERENCE kernels on the device (FMATTN_GPU_EXACT=reference): `full` and
+// `local` on one slab (S = 1), fp32 SIMT, the one-slab path of src/attention/full.c tile by tile
+// with an online softmax (memory O(n·d)); lse saved, backward recomputing from it. The fast path
+// is the blocked form (attention_full_blocked.cu); tests/test_gpu_full.c checks both against the
+// CPU.
 #include "attention_full.cuh"
 #include "check.h"
 #include "gpu.h"
+
+// One thread owns one query row (forward, dq) or one key row (dk, dv) and keeps it in registers;
+// the other side's rows pass through shared memory a tile at a time. dq and dk/dv are two kernels,
+// so no atomics: every output row is summed by one thread in key (or query) order.
+//
+// Register pressure (nvcc 13.0, -O3 -arch=sm_90, -Xptxas -v): at d = 128 every kernel hits the
+// 255-register cap and spills — exact_fwd<128> 4708 B of spill stores / 25008 B of loads,
+// exact_bwd_dq<128> 1404 / 3468, exact_bwd_dkv<128> 3080 / 4104; at d = 64 exact_bwd_dq 76 / 180
+// and exact_bwd_dkv 424 / 848 (exact_fwd<64> 254 registers, none); d ≤ 32 none. Acceptable for a
+// reference; the blocked form's kernels use 20–40 registers.
 
 namespace {
 

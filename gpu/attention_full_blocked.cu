@@ -159,7 +159,8 @@ __global__ void windows_gather(float *dst, const float *src, long hs, long G, lo
 
 // grid-stride over H × (hi − lo) × d, block kGridStride: the transpose of windows_gather, added —
 // row s in [lo, hi) of head h of dst += the sum, in block order, of the rows of the windows of
-// head h that are row s (one thread per element: no atomics, a fixed order).
+// head h that are row s (one thread per element: no atomics, a fixed order). full.c adds a tile's
+// dk, dv in place (g->dk + j0·d).
 __global__ void windows_add(float *dst, long hs, const float *src, long H, long nb, long W,
                             long step, long s0, long lo, long hi, int d) {
   const size_t rows = (size_t)(hi - lo), total = (size_t)H * rows * d;
@@ -176,7 +177,7 @@ __global__ void windows_add(float *dst, long hs, const float *src, long H, long 
 
 // grid-stride over G × R × d, block kGridStride: a band chunk's padded state (tile t, row r at
 // t·R + r) finished into out and lse at row (t / nb)·hs + (t % nb)·R + r of its head when that
-// row exists (< n).
+// row exists (< n); full.c's exact_fold, last step.
 __global__ void band_finish(float *out, float *lse, const float *acc, const float *m,
                             const float *l, long G, long nb, long R, long hs, long n, int d) {
   const size_t total = (size_t)G * R * d;
@@ -215,15 +216,23 @@ float *workspace_alloc(size_t floats) {
 }
 
 // Chunks of `units` (query rows, or query blocks) × heads whose units × heads × per_unit floats
-// fit the budget: every unit of several heads, or part of one head's units (in 64s when many).
+// fit the budget, at most cap units: every unit of several heads, or part of one head's units (in
+// 64s when many).
 struct Chunks {
   long units, heads;
 };
 
-Chunks chunks_plan(long BH, long units, size_t per_unit) {
-  const long fit = (long)std::max<size_t>(1, budget_floats() / std::max<size_t>(1, per_unit));
-  if (fit >= units) return {units, std::min(BH, fit / units)};
+Chunks chunks_plan(long BH, long units, size_t per_unit, long cap) {
+  long fit = (long)std::max<size_t>(1, budget_floats() / std::max<size_t>(1, per_unit));
+  if (fit >= units && cap >= units) return {units, std::min(BH, fit / units)};
+  fit = std::min(fit, cap);
   return {fit > 64 ? fit / 64 * 64 : fit, 1};
+}
+
+// The full form's query rows per chunk, at most: a causal chunk of c rows computes c²/2 masked
+// scores beside the ones it needs, so chunks of n/16 rows (64 at least) keep that under 1/16.
+long rows_cap(const exact_job &job, long n) {
+  return job.mk.causal ? std::max(64L, (n / 16 + 63) / 64 * 64) : LONG_MAX;
 }
 
 // Rows [*lo, *hi) of the key side that some query of [i0, i1] (global) may see (full.c's
@@ -290,7 +299,7 @@ void band_forward(const exact_job &job, exact_side qs, const float *q, float *ou
   const long bq = bd.bq, W = bd.W, d = job.d;
   const float scale = 1.0f / sqrtf((float)d);
   const size_t per = bq * W + 2 * bq * d + 2 * W * d + 2 * bq;  // S, Qp, acc, Kw, Vw, m, l
-  const Chunks ch = chunks_plan(job.BH, bd.nb, per);
+  const Chunks ch = chunks_plan(job.BH, bd.nb, per, LONG_MAX);
   float *ws = workspace_alloc(per * ch.units * ch.heads);
   for (long b0 = 0; b0 < bd.nb; b0 += ch.units) {
     const long nbc = std::min(ch.units, bd.nb - b0), sq = b0 * bq, sk = bd.shift + b0 * bq;
@@ -327,7 +336,7 @@ void band_backward(const exact_job &job, exact_side qs, const float *q, const fl
   const long bq = bd.bq, W = bd.W, d = job.d;
   const float scale = 1.0f / sqrtf((float)d);
   const size_t per = 2 * bq * W + 3 * bq * d + 4 * W * d;  // S, dP, Qp, dOp, dQp, Kw, Vw, dKw, dVw
-  const Chunks ch = chunks_plan(job.BH, bd.nb, per);
+  const Chunks ch = chunks_plan(job.BH, bd.nb, per, LONG_MAX);
   float *ws = workspace_alloc(per * ch.units * ch.heads);
   for (long b0 = 0; b0 < bd.nb; b0 += ch.units) {
     const long nbc = std::min(ch.units, bd.nb - b0), sq = b0 * bq, sk = bd.shift + b0 * bq;
@@ -387,7 +396,7 @@ void exact_fold(const exact_job &job, exact_side qs, const float *q, float *m, f
   if (job.BH == 0 || qs.n == 0 || ks.n == 0) return;
   const long d = job.d;
   const float scale = 1.0f / sqrtf((float)d);
-  const Chunks ch = chunks_plan(job.BH, qs.n, (size_t)ks.n);
+  const Chunks ch = chunks_plan(job.BH, qs.n, (size_t)ks.n, rows_cap(job, qs.n));
   float *S = workspace_alloc((size_t)ch.units * ch.heads * ks.n);
   for (long i0 = 0; i0 < qs.n; i0 += ch.units) {
     const long R = std::min(ch.units, qs.n - i0);
@@ -417,7 +426,7 @@ void exact_grad(const exact_job &job, exact_side qs, const float *q, const float
   if (job.BH == 0 || qs.n == 0 || ks.n == 0) return;
   const long d = job.d;
   const float scale = 1.0f / sqrtf((float)d);
-  const Chunks ch = chunks_plan(job.BH, qs.n, 2 * (size_t)ks.n);
+  const Chunks ch = chunks_plan(job.BH, qs.n, 2 * (size_t)ks.n, rows_cap(job, qs.n));
   const size_t tile = (size_t)ch.units * ch.heads * ks.n;
   float *P = workspace_alloc(2 * tile), *dP = P + tile;
   for (long i0 = 0; i0 < qs.n; i0 += ch.units) {

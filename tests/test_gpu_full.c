@@ -11,11 +11,13 @@
 #include "../src/comm.h"
 #include "../src/config.h"
 
-/* fp32 on both sides, other summation orders; relative to the largest entry (tu_rel_err) */
+/* fp32 on both sides, other summation orders; relative to the largest entry (tu_rel_err). The
+ * emulation measures at most 1.1e-6 (out, lse) and 6e-7 (dq, dk, dv) */
 #define TOL_OUT  2e-5 /* out and lse */
-#define TOL_GRAD 1e-4 /* dq, dk, dv: sums over many more terms */
-/* bf16 operands (8 significant bits) with fp32 accumulation, against the fp32 CPU op */
-#define TOL_BF16 3e-2
+#define TOL_GRAD 2e-5 /* dq, dk, dv */
+/* bf16 operands (8 significant bits) with fp32 accumulation, against the fp32 CPU op: measured
+ * at most 4.7e-3 (out), 1.4e-3 (lse), 3.7e-3 (dq, dk, dv) */
+#define TOL_BF16 1e-2
 
 /* The kernels FMATTN_GPU_EXACT chose when the program started (main sets it). */
 static enum gpu_exact_kernels env_kernels;

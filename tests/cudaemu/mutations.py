@@ -22,6 +22,10 @@ import cu2cc  # noqa: E402  (its masking of comments and strings)
 
 # (name, file, function anchor, old text, new text, what, tests to run, environment, ranks)
 EXACT = "test_gpu_exact*"
+# tests of tests/test_gpu_full.c (exact attention, blocked and distributed) run test_gpu_full_emu
+BLOCKED = "test_gpu_full_blocked"
+CHUNKS = "test_gpu_full_chunks"
+SEQ = "test_gpu_full_seq"
 MUTANTS = [
     ("fwd-barrier-before-restage", "attention_full.cu", "void exact_fwd(",
      "    __syncthreads();  // the previous tile is no longer read\n", "",
@@ -150,7 +154,69 @@ MUTANTS = [
      "ncclFloat32, r, nc, gpu_stream()));\n    if (rcount[r])",
      "ncclFloat32, (r + 1) % size, nc, gpu_stream()));\n    if (rcount[r])",
      "the NCCL transport's alltoallv: sends to the wrong peer (2 ranks)", "test_gpu_nccl*", {}, 2),
+    # exact attention, blocked and distributed (attention_full_blocked.cu, attention_full_seq.cu;
+    # caught by tests/test_gpu_full.c)
+    ("blocked-reduce-barrier", "attention_full_blocked.cu", "float block_reduce(",
+     "  if (lane == 0) red[warp] = v;\n  __syncthreads();  // every warp's partial is written\n",
+     "  if (lane == 0) red[warp] = v;\n",
+     "block_reduce (fold_rows): the barrier after the warps' partials removed", BLOCKED, {}, 1),
+    ("blocked-causal-diagonal", "attention_full_blocked.cu", "bool sees(",
+     "g.mk.causal && j > i", "g.mk.causal && j >= i",
+     "sees: the causal mask hides the diagonal", BLOCKED, {}, 1),
+    ("blocked-band-edge", "attention_full_blocked.cu", "bool sees(",
+     "j > i - g.mk.band", "j >= i - g.mk.band",
+     "sees: the band one key wider on the left", BLOCKED, {}, 1),
+    ("key-rows-short", "attention_full_blocked.cu", "void key_rows(",
+     "std::min(b - ks.off + 1, ks.n)", "std::min(b - ks.off, ks.n)",
+     "key_rows: a query chunk's last visible key left out (the full form)", BLOCKED, {}, 1),
+    ("band-window-shift", "attention_full_blocked.cu", "Band band_layout(",
+     "qs.off - ks.off - (b - 1)", "qs.off - ks.off - b",
+     "band_layout: every key window starts one key early (its last key left out)", BLOCKED, {}, 1),
+    ("windows-add-first-window", "attention_full_blocked.cu", "void windows_add(",
+     "(x - W + step) / step", "(x - W + step + 1) / step",
+     "windows_add: a key row's first window skipped (dk, dv of local)", BLOCKED, {}, 1),
+    ("windows-gather-guard", "attention_full_blocked.cu", "void windows_gather(",
+     "s >= 0 && s < n", "s >= 0 && s <= n",
+     "windows_gather: the row after the key slab read", BLOCKED, {}, 1),
+    ("grad-dv-ldc", "attention_full_blocked.cu", "void exact_grad(",
+     "1.0f, dv + kr * d, d,\n               kst, G);", "1.0f, dv + kr * d, C,\n               kst, G);",
+     "exact_grad: dv's leading dimension the span C instead of d", BLOCKED, {}, 1),
+    ("fold-scores-ldc", "attention_full_blocked.cu", "void exact_fold(",
+     "0.0f, S, C, R * C, G);", "0.0f, S, R, R * C, G);",
+     "exact_fold: the score tile's leading dimension R (rows) instead of C (keys)", CHUNKS, {}, 1),
+    ("band-dk-stride", "attention_full_blocked.cu", "void band_backward(",
+     "Qp, d, bq * d, 0.0f, dKw", "Qp, d, W * d, 0.0f, dKw",
+     "band_backward: dSᵀ Q takes Q's blocks a window's stride apart", BLOCKED, {}, 1),
+    ("fold-wrong-stream", "attention_full_blocked.cu", "void exact_fold(",
+     "kThreads, 0, gpu_stream()>>>", "kThreads, 0, 0>>>",
+     "exact_fold: fold_rows on the legacy default stream (deferred mode)", BLOCKED,
+     {"CUDAEMU_DEFER": "1"}, 1),
+    ("gather-wrong-stream", "attention_full_blocked.cu", "void gather(",
+     "kGridStride, 0, gpu_stream()>>>", "kGridStride, 0, 0>>>",
+     "gather: the band's windows gathered on the legacy default stream (deferred mode)", BLOCKED,
+     {"CUDAEMU_DEFER": "1"}, 1),
+    ("ring-key-offsets", "attention_full_seq.cu", "void ring_fold(",
+     "ring_side(rg, s->src, kp)", "ring_side(rg, rg->me, kp)",
+     "ring_fold: the travelling keys masked as if they were my own slab's (2 ranks)", SEQ, {}, 2),
+    ("ring-state-start", "attention_full_seq.cu", "void ring_fold(",
+     "if (s->t == 0)", "if (s->t == 1)",
+     "ring_fold: the online-softmax state started at step 1, not 0 (2 ranks)", SEQ, {}, 2),
+    ("ring-grad-pieces", "attention_full_seq.cu", "void ring_grad(",
+     "s->dtravel[1] + ko * d", "s->dtravel[1] + qo * d",
+     "ring_grad: dv of a zigzag piece added at the other piece (2 ranks)", SEQ, {}, 2),
+    ("halo-causal-after", "attention_full_seq.cu", "float *halo_keys(",
+     "dm->causal ? 0 : reach", "reach",
+     "halo_keys: a causal halo gathers keys after the slab too (bytes differ from MPI's; 2 ranks)",
+     SEQ, {}, 2),
+    ("halo-dv-from-dk", "attention_full_seq.cu", "void local_backward(",
+     "gpu_add_rows(dv, slab, dkv + slab,", "gpu_add_rows(dv, slab, dkv,",
+     "local_backward: dv takes the halo's dk (2 ranks)", SEQ, {}, 2),
 ]
+
+
+def target(tests):
+    """The test program whose tests the filter names: test_gpu_full_emu or test_gpu_emu."""
+    return "test_gpu_full_emu" if tests.startswith("test_gpu_full") else "test_gpu_emu"
 
 
 def function_span(masked, anchor_pos):
@@ -210,12 +276,14 @@ class Harness:
         self.link = shlex.split(e["CUDAEMU_LINK"])
         self.libs = shlex.split(e["CUDAEMU_LINK_LIBS"])
         self.gpu_objects = shlex.split(e["CUDAEMU_GPU_OBJECTS"])
-        self.test_objects = shlex.split(e["CUDAEMU_TEST_OBJECTS"])
+        self.test_objects = {"test_gpu_emu": shlex.split(e["CUDAEMU_TEST_OBJECTS"]),
+                             "test_gpu_full_emu": shlex.split(e["CUDAEMU_FULL_TEST_OBJECTS"])}
         self.mpi_run = e["MPI_RUN"]
         self.python = e.get("PYTHON3") or sys.executable
 
-    def program(self, name, cu_file, text):
-        """test_gpu_emu with gpu/cu_file replaced by `text`; (path, None) or (None, log)."""
+    def program(self, name, cu_file, text, tests):
+        """The test program of `tests` with gpu/cu_file replaced by `text`; (path, None) or
+        (None, log)."""
         d = os.path.join(self.work, name)
         os.makedirs(d, exist_ok=True)
         cu, cpp, obj = (os.path.join(d, cu_file + ext) for ext in ("", ".cpp", ".o"))
@@ -231,7 +299,7 @@ class Harness:
         if obj not in objects:
             return None, "no object of %s among %s" % (cu_file, self.gpu_objects)
         prog = os.path.join(d, "test_gpu_mutant")
-        rc, out = run(self.link + ["-o", prog] + self.test_objects + objects + self.libs,
+        rc, out = run(self.link + ["-o", prog] + self.test_objects[target(tests)] + objects + self.libs,
                       cwd=self.build)
         return (prog, None) if rc == 0 else (None, out)
 
@@ -270,8 +338,8 @@ def main():
         if key in seen:
             continue
         seen.add(key)
-        rc, out = h.test(os.path.join(h.build, "test_gpu_emu"), tests, env, ranks)
-        tap(rc == 0, "control: the unmutated test_gpu passes %s%s%s" % (
+        rc, out = h.test(os.path.join(h.build, target(tests)), tests, env, ranks)
+        tap(rc == 0, "control: the unmutated %s passes %s%s%s" % (target(tests)[:-4],
             tests, " with %s" % env if env else "", " on %d ranks" % ranks if ranks > 1 else ""),
             out if rc else "")
     for i, (name, cu_file, anchor, old, new, what, tests, env, ranks) in enumerate(MUTANTS, 1):
@@ -282,7 +350,7 @@ def main():
             tap(False, "mutation %d (%s) no longer applies: update it in tests/cudaemu/mutations.py "
                 "(%s)" % (i, name, why))
             continue
-        prog, log = h.program(name, cu_file, text)
+        prog, log = h.program(name, cu_file, text, tests)
         if not prog:
             tap(False, "mutation %d (%s): the mutant does not build" % (i, name), log)
             continue
@@ -291,7 +359,8 @@ def main():
         if rc != 0:
             tap(True, label + " -- caught: " + how_caught(out))
         else:
-            tap(False, label + " -- NOT caught: test_gpu passes with the defect", out)
+            tap(False, label + " -- NOT caught: %s passes with the defect" % target(tests)[:-4],
+                out)
     print("1..%d" % n)
     print("# %d mutants and controls in %.0f s" % (n, time.time() - t0))
     if failed == 0:
