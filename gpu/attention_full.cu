@@ -1,17 +1,21 @@
-// Exact attention on the device — `full` and `local` on one slab (S = 1) — mirroring the one-slab
-// path of src/attention/full.c: out = softmax over the keys j that query i may see (j ≤ i when
-// causal, |i − j| < band when band > 0) of q kᵀ/√d, times v, computed tile by tile with an online
-// softmax so that memory is O(n·d); lse = m + log l saved for backward, which recomputes the
-// probabilities from it and never stores an n × n matrix.
-//
-// This is the correctness-first form (fp32, CUDA cores): one thread owns one query row (forward,
-// dq) or one key row (dk, dv) and keeps it in registers; the other side's rows pass through
-// shared memory a tile at a time. dq and dk/dv are two kernels, so no atomics: every output row
-// is summed by one thread in key (or query) order. The tensor-core (bf16 mma) kernels replace it
-// once they can be measured against it on a GPU.
-#include "attention/attention.h"
+// Exact attention's REFERENCE kernels on the device (FMATTN_GPU_EXACT=reference): `full` and
+// `local` on one slab (S = 1), fp32 SIMT, the one-slab path of src/attention/full.c tile by tile
+// with an online softmax (memory O(n·d)); lse saved, backward recomputing from it. The fast path
+// is the blocked form (attention_full_blocked.cu); tests/test_gpu_full.c checks both against the
+// CPU.
+#include "attention_full.cuh"
 #include "check.h"
 #include "gpu.h"
+
+// One thread owns one query row (forward, dq) or one key row (dk, dv) and keeps it in registers;
+// the other side's rows pass through shared memory a tile at a time. dq and dk/dv are two kernels,
+// so no atomics: every output row is summed by one thread in key (or query) order.
+//
+// Register pressure (nvcc 13.0, -O3 -arch=sm_90, -Xptxas -v): at d = 128 every kernel hits the
+// 255-register cap and spills — exact_fwd<128> 4708 B of spill stores / 25008 B of loads,
+// exact_bwd_dq<128> 1404 / 3468, exact_bwd_dkv<128> 3080 / 4104; at d = 64 exact_bwd_dq 76 / 180
+// and exact_bwd_dkv 424 / 848 (exact_fwd<64> 254 registers, none); d ≤ 32 none. Acceptable for a
+// reference; the blocked form's kernels use 20–40 registers.
 
 namespace {
 
@@ -272,8 +276,7 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
   const size_t rows = (size_t)BH * T;
   if (rows == 0) return;
   float *Drow = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * rows));
-  rowdot<<<gpu_blocks(rows, 256), 256, 0, gpu_stream()>>>(Drow, dout, out, rows, d);
-  CUDA_CHECK(cudaGetLastError());
+  exact_rowdot(Drow, dout, out, (long)rows, d);
   switch (d) {
     case 16:
       backward_d<16>(dq, dk, dv, dout, q, k, v, lse, Drow, BH, T, mk);
@@ -294,62 +297,9 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
   gpu_free(Drow);  // back to the pool: work queued later on the stream runs after its readers
 }
 
-// ---------------------------------------------------------------------------------------------
-// `full` and `local` as attention implementations on the GPU (attention.h struct attn_impl): the
-// one-slab kernels above; out, dout, q, k, v device arrays in head layout, saved = lse (B·H·T).
-
-namespace {
-
-long band_of(const struct attn_ctx *ctx) {
-  return ctx->variant == attention_find("local") ? ctx->cfg->attention.local_band : 0;
-}
-
-size_t exact_saved_floats(const struct attn_ctx *ctx) {
-  return (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T);
-}
-
-void one_slab(const struct attn_ctx *ctx) {
-  if (ctx->comm && ctx->comm->S > 1)
-    error_at(__FILE__, __func__, __LINE__,
-             "attention.variant = %s on the GPU runs on one sequence rank so far "
-             "(parallel.seq_ranks = %d)",
-             ctx->variant->name, ctx->comm->S);
-  if (!gpu_exact_attention_supports((int)ctx->dims.d))
-    error_at(__FILE__, __func__, __LINE__,
-             "attention.variant = %s on the GPU needs a head size of 16, 32, 64 or 128, not %ld",
-             ctx->variant->name, ctx->dims.d);
-}
-
-void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q, const float *k,
-                   const float *v, const float *params) {
-  one_slab(ctx);
-  const struct attn_dims *dm = &ctx->dims;
-  gpu_exact_attention_forward(out, saved, q, k, v, dm->B * dm->H, dm->T, (int)dm->d, dm->causal,
-                              band_of(ctx));
-}
-
-void exact_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
-                    const float *dout, const float *q, const float *k, const float *v,
-                    const float *params, const float *out, const float *saved) {
-  one_slab(ctx);
-  const struct attn_dims *dm = &ctx->dims;
-  gpu_exact_attention_backward(dq, dk, dv, dout, q, k, v, out, saved, dm->B * dm->H, dm->T,
-                               (int)dm->d, dm->causal, band_of(ctx));
-}
-
-struct attn_impl make_exact() {
-  struct attn_impl impl = {};
-  impl.saved_floats = exact_saved_floats;
-  impl.forward = exact_forward;
-  impl.backward = exact_backward;
-  return impl;
-}
-
-const struct attn_impl exact_impl = make_exact();
-
-}  // namespace
-
-extern "C" void gpu_attention_full_register(void) {
-  attention_register_impl("full", DEVICE_GPU, &exact_impl);
-  attention_register_impl("local", DEVICE_GPU, &exact_impl);
+// D (rows) = rowsum(dout ∘ out) (attention_full.cuh), for the reference and the blocked form.
+void exact_rowdot(float *D, const float *dout, const float *out, long rows, int d) {
+  if (rows == 0) return;
+  rowdot<<<gpu_blocks((size_t)rows, 256), 256, 0, gpu_stream()>>>(D, dout, out, (size_t)rows, d);
+  LAUNCH_CHECK();
 }

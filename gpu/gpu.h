@@ -116,7 +116,7 @@ void gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const str
 /* Σ x² over n floats in double, in a fixed order (the global gradient norm's square). */
 double gpu_sum_squares(const float *x, size_t n);
 
-/* ---- exact attention, `full` (band 0) and `local` (attention_full.cu) */
+/* ---- exact attention, `full` (band 0) and `local` (attention_full*.cu, docs/gpu.md) */
 
 /* The SIMT reference kernels on one slab of T tokens for BH heads (attention/exact.h, S = 1): out
  * (BH, T, d) and lse (BH, T) as the CPU op saves them; backward ACCUMULATES dq, dk, dv. fp32;
@@ -127,6 +127,26 @@ void gpu_exact_attention_forward(float *out, float *lse, const float *q, const f
 void gpu_exact_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                   const float *q, const float *k, const float *v, const float *out,
                                   const float *lse, long BH, long T, int d, int causal, long band);
+/* The blocked form (the fast path), same contract, any head size: scores of query chunks by
+ * gpu_gemm (fp32, or bf16 operands when gpu_bf16()), a SIMT masked softmax, P·V by gpu_gemm; a
+ * band reads only its keys. Memory per call: the workspace below, never an n × n buffer. */
+void gpu_exact_blocked_forward(float *out, float *lse, const float *q, const float *k,
+                               const float *v, long BH, long T, int d, int causal, long band);
+void gpu_exact_blocked_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, const float *out, const float *lse,
+                                long BH, long T, int d, int causal, long band);
+/* Which kernels the `full`/`local` implementation runs: FMATTN_GPU_EXACT = blocked (default) or
+ * reference, read at the first call; the setter overrides it (tests). Under sequence parallelism
+ * (the ring, the halo) only the blocked form runs. */
+enum gpu_exact_kernels { GPU_EXACT_BLOCKED, GPU_EXACT_REFERENCE };
+enum gpu_exact_kernels gpu_exact_kernels(void);
+void gpu_set_exact_kernels(enum gpu_exact_kernels k);
+/* The blocked form's workspace per call in bytes: FMATTN_GPU_EXACT_WORKSPACE_MB (default 256 MiB),
+ * read at the first call; the setter overrides it (0: read the environment again). */
+size_t gpu_exact_workspace(void);
+void gpu_set_exact_workspace(size_t bytes);
+/* Register full's and local's GPU implementation (gpu_backend_open does). */
+void gpu_attention_full_register(void);
 
 /* ---- Fast Multipole Attention, `fma` and `fma_linear` (attention_fma.cu, fma_*.cu) */
 

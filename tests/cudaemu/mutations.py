@@ -26,6 +26,11 @@ import cu2cc  # noqa: E402  (its masking of comments and strings)
 #  [, test program: test_gpu_emu unless given])
 EXACT = "test_gpu_exact*"
 FMA = "test_gpu_fma_emu"
+# tests of tests/test_gpu_full.c (exact attention, blocked and distributed) run test_gpu_full_emu
+FULL = "test_gpu_full_emu"
+BLOCKED = "test_gpu_full_blocked"
+CHUNKS = "test_gpu_full_chunks"
+SEQ = "test_gpu_full_seq"
 MUTANTS = [
     ("fwd-barrier-before-restage", "attention_full.cu", "void exact_fwd(",
      "    __syncthreads();  // the previous tile is no longer read\n", "",
@@ -215,7 +220,69 @@ MUTANTS = [
      "upload_pairs({l - 1, cc ^ 1})", "upload_pairs({l - 1, cc})",
      "gfma_let_open: m2m's spanning parent made from its own child twice (8 ranks)",
      "test_gpu_fma_seq", {}, 8, FMA),
+    # exact attention, blocked and distributed (attention_full_blocked.cu, attention_full_seq.cu;
+    # caught by tests/test_gpu_full.c)
+    ("blocked-reduce-barrier", "attention_full_blocked.cu", "float block_reduce(",
+     "  if (lane == 0) red[warp] = v;\n  __syncthreads();  // every warp's partial is written\n",
+     "  if (lane == 0) red[warp] = v;\n",
+     "block_reduce (fold_rows): the barrier after the warps' partials removed", BLOCKED, {}, 1, FULL),
+    ("blocked-causal-diagonal", "attention_full_blocked.cu", "bool sees(",
+     "g.mk.causal && j > i", "g.mk.causal && j >= i",
+     "sees: the causal mask hides the diagonal", BLOCKED, {}, 1, FULL),
+    ("blocked-band-edge", "attention_full_blocked.cu", "bool sees(",
+     "j > i - g.mk.band", "j >= i - g.mk.band",
+     "sees: the band one key wider on the left", BLOCKED, {}, 1, FULL),
+    ("key-rows-short", "attention_full_blocked.cu", "void key_rows(",
+     "std::min(b - ks.off + 1, ks.n)", "std::min(b - ks.off, ks.n)",
+     "key_rows: a query chunk's last visible key left out (the full form)", BLOCKED, {}, 1, FULL),
+    ("band-window-shift", "attention_full_blocked.cu", "Band band_layout(",
+     "qs.off - ks.off - (b - 1)", "qs.off - ks.off - b",
+     "band_layout: every key window starts one key early (its last key left out)", BLOCKED, {}, 1, FULL),
+    ("windows-add-first-window", "attention_full_blocked.cu", "void windows_add(",
+     "(x - W + step) / step", "(x - W + step + 1) / step",
+     "windows_add: a key row's first window skipped (dk, dv of local)", BLOCKED, {}, 1, FULL),
+    ("windows-gather-guard", "attention_full_blocked.cu", "void windows_gather(",
+     "s >= 0 && s < n", "s >= 0 && s <= n",
+     "windows_gather: the row after the key slab read", BLOCKED, {}, 1, FULL),
+    ("grad-dv-ldc", "attention_full_blocked.cu", "void exact_grad(",
+     "1.0f, dv + kr * d, d,\n               kst, G);", "1.0f, dv + kr * d, C,\n               kst, G);",
+     "exact_grad: dv's leading dimension the span C instead of d", BLOCKED, {}, 1, FULL),
+    ("fold-scores-ldc", "attention_full_blocked.cu", "void exact_fold(",
+     "0.0f, S, C, R * C, G);", "0.0f, S, R, R * C, G);",
+     "exact_fold: the score tile's leading dimension R (rows) instead of C (keys)", CHUNKS, {}, 1, FULL),
+    ("band-dk-stride", "attention_full_blocked.cu", "void band_backward(",
+     "Qp, d, bq * d, 0.0f, dKw", "Qp, d, W * d, 0.0f, dKw",
+     "band_backward: dSᵀ Q takes Q's blocks a window's stride apart", BLOCKED, {}, 1, FULL),
+    ("fold-wrong-stream", "attention_full_blocked.cu", "void exact_fold(",
+     "kThreads, 0, gpu_stream()>>>", "kThreads, 0, 0>>>",
+     "exact_fold: fold_rows on the legacy default stream (deferred mode)", BLOCKED,
+     {"CUDAEMU_DEFER": "1"}, 1, FULL),
+    ("gather-wrong-stream", "attention_full_blocked.cu", "void gather(",
+     "kGridStride, 0, gpu_stream()>>>", "kGridStride, 0, 0>>>",
+     "gather: the band's windows gathered on the legacy default stream (deferred mode)", BLOCKED,
+     {"CUDAEMU_DEFER": "1"}, 1, FULL),
+    ("ring-key-offsets", "attention_full_seq.cu", "void ring_fold(",
+     "ring_side(rg, s->src, kp)", "ring_side(rg, rg->me, kp)",
+     "ring_fold: the travelling keys masked as if they were my own slab's (2 ranks)", SEQ, {}, 2, FULL),
+    ("ring-state-start", "attention_full_seq.cu", "void ring_fold(",
+     "if (s->t == 0)", "if (s->t == 1)",
+     "ring_fold: the online-softmax state started at step 1, not 0 (2 ranks)", SEQ, {}, 2, FULL),
+    ("ring-grad-pieces", "attention_full_seq.cu", "void ring_grad(",
+     "s->dtravel[1] + ko * d", "s->dtravel[1] + qo * d",
+     "ring_grad: dv of a zigzag piece added at the other piece (2 ranks)", SEQ, {}, 2, FULL),
+    ("halo-causal-after", "attention_full_seq.cu", "float *halo_keys(",
+     "dm->causal ? 0 : reach", "reach",
+     "halo_keys: a causal halo gathers keys after the slab too (bytes differ from MPI's; 2 ranks)",
+     SEQ, {}, 2, FULL),
+    ("halo-dv-from-dk", "attention_full_seq.cu", "void local_backward(",
+     "gpu_add_rows(dv, slab, dkv + slab,", "gpu_add_rows(dv, slab, dkv,",
+     "local_backward: dv takes the halo's dk (2 ranks)", SEQ, {}, 2, FULL),
 ]
+
+
+def target(tests):
+    """The test program whose tests the filter names: test_gpu_full_emu or test_gpu_emu."""
+    return "test_gpu_full_emu" if tests.startswith("test_gpu_full") else "test_gpu_emu"
 
 
 def function_span(masked, anchor_pos):
@@ -276,7 +343,8 @@ class Harness:
         self.libs = shlex.split(e["CUDAEMU_LINK_LIBS"])
         self.gpu_objects = shlex.split(e["CUDAEMU_GPU_OBJECTS"])
         self.test_objects = {"test_gpu_emu": shlex.split(e["CUDAEMU_TEST_OBJECTS"]),
-                             "test_gpu_fma_emu": shlex.split(e.get("CUDAEMU_FMA_TEST_OBJECTS", ""))}
+                             "test_gpu_fma_emu": shlex.split(e.get("CUDAEMU_FMA_TEST_OBJECTS", "")),
+                             "test_gpu_full_emu": shlex.split(e.get("CUDAEMU_FULL_TEST_OBJECTS", ""))}
         self.mpi_run = e["MPI_RUN"]
         self.python = e.get("PYTHON3") or sys.executable
 
