@@ -1,9 +1,7 @@
-// `fma` and `fma_linear` on the GPU (struct attn_impl), the twin of the driver in
-// src/attention/fma.c: the variant's host state (fma_state: tree, slab, parameter layout, LET
-// plan) and its lists as device tables (fma_lists.cu), the upward pass of every set
-// (fma_upward.cu), the locally essential tree on the communicator's device transport
-// (fma_let.cu), evaluate in chunks (fma_evaluate.cu, fma_linear.cu), and backward recomputing the
-// summaries as the CPU does. Arrays are device arrays in the CPU op's layouts.
+// `fma` and `fma_linear` on the GPU (struct attn_impl), the twin of src/attention/fma.c: the
+// variant's host state and lists as device tables (fma_lists.cu), the upward pass (fma_upward.cu),
+// the locally essential tree over the device transport (fma_let.cu), evaluation in chunks
+// (fma_evaluate.cu, fma_linear.cu); backward recomputes the summaries as the CPU does.
 #include <cstring>
 
 #include "check.h"

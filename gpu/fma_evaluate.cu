@@ -1,9 +1,7 @@
 // FMA evaluation on the GPU, the twin of src/fma/evaluate.c: query blocks in chunks sized to a
-// workspace budget; per chunk the near-field scores (P2P) against each of the 2–3 near key blocks
-// and the far-field scores (M2P) against the gathered listed summaries are strided-batched GEMMs
-// into one score row per query, one fused SIMT softmax over [near | far] (fma) or the near field
-// alone (fma_linear), then the value GEMMs. Backward recomputes the scores from lse; gradients that
-// several blocks touch are summed per target row in a fixed order (no float atomics).
+// budget; per chunk the near (P2P) and far (M2P, gathered listed summaries) scores as batched
+// GEMMs, one fused SIMT softmax over [near | far], then the value GEMMs. Backward recomputes the
+// scores from lse; gradients several blocks touch are summed per target row in a fixed order.
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"

@@ -1,9 +1,7 @@
-// The locally essential tree of FMA on device buffers, the twin of src/fma/let.c and driven by its
-// plan (fma_let_plan: who sends which windows to whom, the first spanning level): windows that
-// span ranks completed by a hypercube exchange (m2m: the sibling child, then the parent's M2M on
-// every rank of the window; conv, avg: the partial sums added), then the listed summaries
-// fetched with one alltoallv; backward the transposes. Packing is a device kernel; the traffic
-// goes through the communicator's transport (NCCL), counted as the MPI path counts it.
+// The locally essential tree on device buffers, the twin of src/fma/let.c driven by its plan:
+// windows spanning ranks completed by a hypercube exchange, then the listed summaries fetched
+// with one alltoallv; backward the transposes. Packing is a device kernel; the traffic goes
+// through the communicator's transport (NCCL), counted as the MPI path counts it.
 #include <vector>
 
 #include "check.h"

@@ -1,9 +1,7 @@
-// fma_linear on the GPU, the twin of the fma_linear part of src/fma/evaluate.c: the near field
-// under its own softmax (fma_evaluate.cu's chunks, without far slots), then every level's query
-// summaries, one item (level, sub-segment) per block: its query row against the ≤ 3p key rows
-// its window lists, a softmax of its own, and the result added to every query of the
-// sub-segment. Backward: the items' terms per block, the key and value gradients gathered per
-// target row in item order (no float atomics). Plain SIMT; the work is O(n·p/m·d).
+// fma_linear on the GPU, the twin of fma_linear in src/fma/evaluate.c: the near field under its
+// own softmax (fma_evaluate.cu's chunks), then one item (level, query sub-segment) per block
+// against the ≤ 3p key rows its window lists, added to every query of the sub-segment. Backward
+// gathers key and value gradients per target row in item order (no float atomics). Plain SIMT.
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"

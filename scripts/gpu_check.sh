@@ -39,13 +39,14 @@ if [ -z "$FMATTN" ]; then
   git ls-files -z | xargs -0 tar -cf - | tar -xf - -C "$WORK/tree"
   [ -e data/kjv.txt ] && mkdir -p "$WORK/tree/data" && cp data/kjv.txt "$WORK/tree/data/"
   (cd "$WORK/tree" && ./bootstrap && ./configure --with-cuda="$CUDA_HOME" &&
-    make -j"$(nproc)" && make -C tests -j"$(nproc)" test_gpu test_gpu_model) \
+    make -j"$(nproc)" &&
+    make -C tests -j"$(nproc)" test_gpu test_gpu_model test_gpu_full test_gpu_fma) \
     > "$WORK/build.log" 2>&1 || die "the build failed: tail $WORK/build.log"
   FMATTN="$WORK/tree/src/fmattn"
-  # ---- the GPU tests, natively: every op, the whole model, 2 ranks when there are 2 GPUs -------
+  # ---- the GPU tests, natively: every op, the whole model, the attentions; 2 ranks on 2 GPUs ---
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=4
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-  for t in test_gpu test_gpu_model; do
+  for t in test_gpu test_gpu_model test_gpu_full test_gpu_fma; do
     say "tests/$t"
     "$WORK/tree/tests/$t" > "$WORK/$t.tap" 2>&1 || die "tests/$t failed: $WORK/$t.tap"
     grep -c '^ok' "$WORK/$t.tap" | sed "s/^/$me:   passed: /"
@@ -76,8 +77,13 @@ bench() { # name, then --set arguments
 }
 bench attention --set bench.n_list=$NS
 bench step --set bench.what=train --set bench.n_list=$STEP_N --set train.batch=$BATCH
+# 1M tokens: the enwik8 model's 28 activation buffers of T x dim floats are 84 GiB at dim 768, so
+# the long step runs at dim 512, 8 heads (d = 64 as above): 56 GiB of them (docs/gpu.md)
+long_width="--set model.dim=512 --set model.heads=8"
+[ "$QUICK" = 1 ] && long_width=""
+# shellcheck disable=SC2086 # $long_width is a list of words
 bench long --set bench.what=train --set bench.n_list=$LONG_N --set train.batch=1 \
-  --set train.recompute=true --set model.position=sinusoidal
+  --set train.recompute=true --set model.position=sinusoidal $long_width
 
 # ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU -----------------------
 sdpa=""

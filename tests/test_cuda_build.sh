@@ -30,7 +30,7 @@ mkdir tree
 git -C "$SRCDIR" ls-files -z | (cd "$SRCDIR" && xargs -0 tar -cf -) | tar -xf - -C tree
 [ -e "$SRCDIR/data/kjv.txt" ] && mkdir -p tree/data && ln -s "$SRCDIR/data/kjv.txt" tree/data/kjv.txt
 cd tree || exit 1
-gpu_tests="test_gpu test_gpu_model"
+gpu_tests="test_gpu test_gpu_model test_gpu_full test_gpu_fma"
 check "./bootstrap" ./bootstrap
 check "./configure --with-cuda=$CUDA_HOME" ./configure --with-cuda="$CUDA_HOME"
 check "make: the program, gpu/libfmattn_gpu.a, and every test program (the GPU tests with them)" sh -c \

@@ -1,10 +1,7 @@
-/* fma and fma_linear on the GPU against the CPU op on the same inputs and parameters: out, the
- * saved log-sum-exp, and dq, dk, dv and every parameter gradient accumulated onto non-zero
- * buffers, for every downsampling × causal/bidirectional × multiplicity, n/m = 2, 4, 16; in
- * chunks of a few query blocks; with bf16 products; causality by perturbation on the device; and
- * under sequence parallelism on every rank of the run (the GPU over NCCL against the CPU over MPI
- * on the same layout, with the same byte counts). Natively on a GPU (--with-cuda), or through
- * tests/cudaemu; with no GPU the whole program is one TAP skip, never a pass. */
+/* fma and fma_linear on the GPU against the CPU op: out, lse, dq, dk, dv and every parameter
+ * gradient for every downsampling × causal/bidirectional × multiplicity, n/m = 2, 4, 16; chunked;
+ * bf16; causality by perturbation; sequence parallelism over NCCL against MPI with the same byte
+ * counts. Natively (--with-cuda) or through tests/cudaemu; with no GPU one TAP skip. */
 #include "testutil.h"
 
 #include "../gpu/gpu.h"

@@ -1,9 +1,7 @@
-/* The whole model on the GPU back end against the same model on the CPU: the same parameters and
- * batch give the loss and every parameter gradient within 1e-4 relative (dropout on: the masks
- * are the same bits), for every variant with a GPU implementation, causal and bidirectional; bf16
- * within a stated tolerance; causal logits untouched by later tokens on the device; and under MPI
- * (2 ranks) the same with D = 2 over NCCL. Runs where a GPU back end is linked (natively, or in
- * tests/cudaemu). */
+/* The whole model on the GPU back end against the CPU: loss and every parameter gradient within
+ * 1e-4 relative for every variant with a GPU implementation, causal and bidirectional; bf16
+ * within a stated tolerance; causal logits on the device; D = 2 and S = 2 over NCCL on 2 ranks.
+ * Runs where a GPU back end is linked (natively, or in tests/cudaemu). */
 #include "testutil.h"
 
 #include "../gpu/gpu.h"
@@ -24,9 +22,9 @@ static const struct backend *gpu;
 /* A small model of every kind of layer: 2 blocks, learned positions, dropout on. */
 static void model_config(struct config *cfg, const char *variant, bool causal, const char *extra) {
   tu_config(cfg, variant, 64, 2, 16, causal,
-            TU_SETS("model.layers=2", "model.dropout=0.1", "model.mlp_ratio=2",
-                    "attention.fma.m=8", "attention.fma.p=2", "attention.local.band=24",
-                    "train.batch=2", extra ? extra : "run.seed=11"));
+            TU_SETS("model.layers=2", "model.dropout=0.1", "model.mlp_ratio=2", "attention.fma.m=8",
+                    "attention.fma.p=2", "attention.local.band=24", "train.batch=2",
+                    extra ? extra : "run.seed=11"));
 }
 
 /* The batch: tokens and next-byte targets (or mlm's masks) from the seed, the same on both. */
@@ -86,7 +84,8 @@ static void compare(const char *variant, bool causal, bool bf16, const char *ext
   char what[256];
   snprintf(what, sizeof what, "%s %s%s%s%s%s: loss", variant, causal ? "clm" : "mlm",
            bf16 ? " bf16" : "", extra ? " (" : "", extra ? extra : "", extra ? ")" : "");
-  print_message("%s %.2e (%.6f), gradients %.2e relative\n", what, fabs(lg - lc) / fabs(lc), lc, ge);
+  print_message("%s %.2e (%.6f), gradients %.2e relative\n", what, fabs(lg - lc) / fabs(lc), lc,
+                ge);
   assert_true(nc == ng);
   TU_ASSERT_CLOSE(fabs(lg - lc) / fabs(lc), bf16 ? TOL_BF16_LOSS : TOL, what);
   snprintf(what + strlen(what) - 4, sizeof what - strlen(what) + 4, "gradients (worst: %s)", worst);
@@ -196,6 +195,10 @@ static void test_model_data_parallel(void **state) {
 
 /* S = 2: one sequence on two ranks, the attention's exchanges over NCCL. */
 static void test_model_seq_parallel(void **state) {
+  compare_parallel("full", true, 2); /* the ring, zigzag */
+  compare_parallel("full", false, 2);
+  compare_parallel("local", true, 2); /* the band's halo */
+  compare_parallel("local", false, 2);
   compare_parallel("fma", true, 2);
   compare_parallel("fma", false, 2);
   compare_parallel("fma_linear", true, 2);
@@ -219,10 +222,8 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   /* one rank: the single-device comparisons; several: the distributed ones */
   const struct CMUnitTest one[] = {
-      cmocka_unit_test(test_model_full),
-      cmocka_unit_test(test_model_local),
-      cmocka_unit_test(test_model_fma),
-      cmocka_unit_test(test_model_bf16),
+      cmocka_unit_test(test_model_full),   cmocka_unit_test(test_model_local),
+      cmocka_unit_test(test_model_fma),    cmocka_unit_test(test_model_bf16),
       cmocka_unit_test(test_model_causal),
   };
   const struct CMUnitTest many[] = {

@@ -155,10 +155,10 @@ MUTANTS = [
     ("allreduce-wrong-op", "comm.cu", "void allreduce_sum_float(",
      "ncclFloat32, ncclSum,", "ncclFloat32, ncclMax,",
      "the NCCL transport's allreduce: max instead of sum (2 ranks)", "test_gpu_nccl*", {}, 2),
-    ("alltoallv-wrong-peer", "comm.cu", "void alltoallv_float(",
-     "ncclFloat32, r, nc, gpu_stream()));\n    if (rcount[r])",
-     "ncclFloat32, (r + 1) % size, nc, gpu_stream()));\n    if (rcount[r])",
-     "the NCCL transport's alltoallv: sends to the wrong peer (2 ranks)", "test_gpu_nccl*", {}, 2),
+    ("alltoallv-wrong-part", "comm.cu", "void alltoallv_float(",
+     "ncclSend(send + sdispl[r],", "ncclSend(send + sdispl[me],",
+     "the NCCL transport's alltoallv: sends every peer its own part, not the peer's (2 ranks; a "
+     "wrong peer would deadlock, as on NCCL, until the time-out)", "test_gpu_nccl*", {}, 2),
     # fma: gpu/attention_fma.cu and gpu/fma_*.cu, caught by tests/test_gpu_fma.c
     ("fma-softmax-barrier-after-store", "fma_evaluate.cu", "float block_reduce(",
      "  red[threadIdx.x] = v;\n  __syncthreads();\n", "  red[threadIdx.x] = v;\n",

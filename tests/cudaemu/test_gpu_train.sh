@@ -70,6 +70,11 @@ for k in ("attention/level_mass", "attention/entropy"):
     np.testing.assert_allclose(g[k][...], c[k][...], rtol=1e-4, atol=1e-6, err_msg=k)
 assert (g["comm/bytes_per_step"][...] == c["comm/bytes_per_step"][...]).all()
 PY
+# full's ring (causal: zigzag) on 2 emulated GPUs against 2 CPU ranks
+s2f="--set parallel.seq_ranks=2 --set attention.variant=full"
+check "S = 2: full on 2 emulated GPUs (NCCL) trains" sh -c "CUDAEMU_DEVICES=2 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_s2f --set parallel.device=gpu $s2f > g_s2f.log 2>&1"
+check "S = 2: full on 2 CPU ranks (MPI) trains" sh -c "'$MPI_RUN' 2 '$G' '$DECK' --set run.name=c_s2f --set parallel.device=cpu $s2f > c_s2f.log 2>&1"
+check "S = 2: full's losses over NCCL equal MPI's within 1e-4" same g_s2f c_s2f 1e-4
 # bf16 products train, near the fp32 run
 check "bf16 trains on the emulated GPU" run g_bf16 --set parallel.device=gpu --set parallel.precision=bf16
 check "bf16's losses stay within 1e-2 of fp32's" same g_bf16 g_full_clm 1e-2
