@@ -19,6 +19,7 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "tasks/tasks.h"
 
 /* Debian's libinih exposes its line limit as a variable; upstream fixes it at build time (200
  * bytes). A weak reference links against either: with the variable we raise the limit while we
@@ -341,18 +342,24 @@ static void check_task_rules(struct parse_ctx *c, const struct config *cfg) {
   const long room = (long)cfg->model.context + 1;
   if (d->source == SOURCE_MQAR) {
     const int q = d->mqar_queries ? d->mqar_queries : d->mqar_pairs;
-    if (d->mqar_queries > d->mqar_pairs)
-      fail_keys(c, "data.mqar.pairs data.mqar.queries",
-                "data.mqar.queries = %d is more than data.mqar.pairs = %d: each key is asked for "
-                "at most once",
-                d->mqar_queries, d->mqar_pairs);
-    else if (2L * d->mqar_pairs + 2L * q > room)
+    const long span = d->mqar_one_hop ? d->mqar_pairs : 2L * d->mqar_pairs;
+    if (d->mqar_one_hop && d->mqar_pairs > MQAR1_KEYS)
+      fail_keys(c, "data.mqar.pairs data.mqar.one_hop",
+                "data.mqar.pairs = %d: the one-hop form has %d keys (set data.mqar.one_hop = "
+                "false for up to 64)",
+                d->mqar_pairs, MQAR1_KEYS);
+    else if (span + 2L * q > room)
       fail_keys(c, "data.mqar.pairs data.mqar.queries model.context",
-                "data.mqar.pairs = %d with %d queries needs 2*pairs + 2*queries = %ld tokens, but "
-                "a sample has model.context+1 = %ld",
-                d->mqar_pairs, q, 2L * d->mqar_pairs + 2L * q, room);
+                "data.mqar.pairs = %d with %d queries needs %s + 2*queries = %ld tokens, but a "
+                "sample has model.context+1 = %ld",
+                d->mqar_pairs, q, d->mqar_one_hop ? "pairs" : "2*pairs", span + 2L * q, room);
   }
-  if (d->source == SOURCE_PASSKEY && 2L * (d->passkey_digits + 1) > room)
+  if (d->source == SOURCE_PASSKEY && d->passkey_one_hop && d->passkey_digits > PASSKEY_TAGGED)
+    fail_keys(c, "data.passkey.digits data.passkey.one_hop",
+              "data.passkey.digits = %d: the one-hop form tags at most %d digits (set "
+              "data.passkey.one_hop = false for more)",
+              d->passkey_digits, PASSKEY_TAGGED);
+  else if (d->source == SOURCE_PASSKEY && 2L * (d->passkey_digits + 1) > room)
     fail_keys(c, "data.passkey.digits model.context",
               "data.passkey.digits = %d needs 2*(digits+1) = %ld tokens (the needle and the "
               "question), but a sample has model.context+1 = %ld",

@@ -52,15 +52,17 @@ struct config_run {
 struct config_data {
   enum data_source source;
   char path[CONFIG_STR];
-  double split[3];     /* fractions (sum 1) or byte counts, as given */
-  bool split_is_bytes; /* true when the split was given in bytes */
-  int symbols;         /* synthetic tasks: alphabet size */
-  int copy_len;        /* copy task: symbols before the separator (0: as many as fit) */
+  double split[3];              /* fractions (sum 1) or byte counts, as given */
+  bool split_is_bytes;          /* true when the split was given in bytes */
+  int symbols;                  /* synthetic tasks: alphabet size */
+  int copy_len;                 /* copy task: symbols before the separator (0: as many as fit) */
   char export_path[CONFIG_STR]; /* data.export: write the run's samples as a task file ("") */
   int mqar_pairs;               /* data.mqar.pairs: key-value pairs */
   int mqar_queries;             /* data.mqar.queries: keys asked for (0: every pair) */
   enum mqar_spread mqar_spread; /* data.mqar.spread */
+  bool mqar_one_hop;            /* data.mqar.one_hop: a pair is one byte */
   int passkey_digits;           /* data.passkey.digits */
+  bool passkey_one_hop;         /* data.passkey.one_hop: digits carry their index */
   double passkey_depth[2];      /* data.passkey.depth: the needle's depth drawn in [lo, hi] */
   int listops_max_args, listops_max_depth, listops_min_length; /* data.listops.* */
 };

@@ -32,7 +32,7 @@ const char *const config_section_names[] = {"run",    "data",     "model", "atte
                                             "output", "parallel", "bench", "generate",  NULL};
 static const char *const mode_names[] = {"train", "eval", "generate", "bench", NULL};
 static const char *const source_names[] = {"file", "copy",    "majority", "task",
-                                            "mqar", "passkey", "listops",  NULL};
+                                           "mqar", "passkey", "listops",  NULL};
 static const char *const mqar_spread_names[] = {"compact", "uniform", "log", NULL};
 static const char *const position_names[] = {"learned", "sinusoidal", "rope", "none", NULL};
 static const char *const objective_names[] = {"clm", "mlm", NULL};
@@ -140,19 +140,27 @@ const struct key_def config_keys[] = {
            "write the run's samples as a task file at start-up (every step's training rows, then "
            "the valid and test sets; docs/tasks.md); empty: none"),
     K_NUM("data", "mqar.pairs", KEY_INT, "8", 1, 64, LOHI, data.mqar_pairs, "pairs",
-          "mqar: key-value pairs at the start of a sample"),
-    K_NUM("data", "mqar.queries", KEY_INT, "0", 0, 64, LOHI, data.mqar_queries, "queries",
-          "mqar: keys asked for, in random order, each once (0: every pair)"),
+          "mqar: key-value pairs at the start of a sample (one_hop: at most 16)"),
+    K_BOOL("data", "mqar.one_hop", "true", data.mqar_one_hop, "fused",
+           "mqar: a pair is one byte (16 keys x 8 values), so one attention hop retrieves it; "
+           "false: a key byte then a value byte (Zoology; retrieval needs a two-layer induction "
+           "circuit)"),
+    K_NUM("data", "mqar.queries", KEY_INT, "0", 0, 0, LO1, data.mqar_queries, "queries",
+          "mqar: queries (0: one per pair); up to mqar.pairs each key is asked for once, in "
+          "random order; beyond, every round of pairs queries asks for each key again"),
     K_ENUM("data", "mqar.spread", "log", mqar_spread_names, data.mqar_spread, "spread",
            "mqar: where the queries go after the pairs (compact: right after them; uniform: "
            "anywhere; log: log-uniform gaps, every distance octave alike)"),
     K_NUM("data", "passkey.digits", KEY_INT, "5", 1, 64, LOHI, data.passkey_digits, "digits",
-          "passkey: digits of the pass key"),
+          "passkey: digits of the pass key (one_hop: at most 12)"),
+    K_BOOL("data", "passkey.one_hop", "true", data.passkey_one_hop, "tagged",
+           "passkey: each digit byte carries its index, so one attention hop fetches it; false: "
+           "plain digits (an induction circuit must find each)"),
     K_LIST("data", "passkey.depth", "0,1", depth_list, "depth",
            "passkey: depth of the needle in the filler (0: the start, 1: just before the "
            "question), or lo,hi to draw it uniformly per sample"),
-    K_NUM("data", "listops.max_args", KEY_INT, "10", 2, 20, LOHI, data.listops_max_args,
-          "max_args", "listops: most arguments of one operator (LRA: 10)"),
+    K_NUM("data", "listops.max_args", KEY_INT, "10", 2, 20, LOHI, data.listops_max_args, "max_args",
+          "listops: most arguments of one operator (LRA: 10)"),
     K_NUM("data", "listops.max_depth", KEY_INT, "10", 1, 20, LOHI, data.listops_max_depth,
           "max_depth", "listops: deepest nesting (LRA: 10)"),
     K_NUM("data", "listops.min_length", KEY_INT, "64", 4, 0, LO1, data.listops_min_length,

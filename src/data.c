@@ -1,5 +1,5 @@
-/* Corpus windows, task-file rows, evaluation windows and synthetic tasks (data.h). A sample is n + 1
- * bytes with, for each of its n targets, whether it is scored and how far back its information
+/* Corpus windows, task-file rows, evaluation windows and synthetic tasks (data.h). A sample is n +
+ * 1 bytes with, for each of its n targets, whether it is scored and how far back its information
  * lies (tasks.h); unscored targets are masked (−1). This file must stay free of MPI: which samples
  * a rank takes is decided by the caller. */
 #include "data.h"
@@ -302,8 +302,7 @@ static void eval_key(enum data_split split, long k, uint64_t *a, uint64_t *b) {
 }
 
 void data_eval_rows(const struct dataset *ds, enum data_split split, long first, long stride,
-                    long count, long B, long t0, long T, int *tokens, int *targets,
-                    int *distance) {
+                    long count, long B, long t0, long T, int *tokens, int *targets, int *distance) {
   struct task_sample s;
   task_sample_alloc(&s, ds->cfg->model.context);
   for (long b = 0; b < B; b++) {
@@ -344,9 +343,10 @@ void data_export(const struct dataset *ds, const char *path) {
           cfg->train.steps);
   char split[96];
   snprintf(split, sizeof split, "%ld,%ld,%ld", train_rows, valid, test);
-  message("data.export: writing %ld rows of %ld tokens (%s: train.steps x train.batch, valid, "
-          "test) to %s",
-          rows, n + 1, split, path);
+  message(
+      "data.export: writing %ld rows of %ld tokens (%s: train.steps x train.batch, valid, "
+      "test) to %s",
+      rows, n + 1, split, path);
   struct task_writer *w =
       task_writer_open(path, rows, n, config_source_name(cfg->data.source), cfg->resolved, split);
   struct task_sample s;

@@ -93,8 +93,8 @@ double train_evaluate(struct model *m, const struct dataset *ds, struct comm *co
     if (!m->row_pred) m->row_pred = own_pred = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * (size_t)BT);
   }
   for (long first = 0; first < windows; first += per_round) {
-    data_eval_rows(ds, split, first + comm->replica, comm->D, windows, m->B, m->t0, m->T,
-                   m->tokens, m->targets, distance);
+    data_eval_rows(ds, split, first + comm->replica, comm->D, windows, m->B, m->t0, m->T, m->tokens,
+                   m->targets, distance);
     long c = 0;
     sums[0] += model_forward(m, 0, false, 0.0f, &c);
     sums[1] += (double)c;
@@ -355,8 +355,7 @@ static double train_validate(struct run_state *rs, long step, enum data_split sp
   long cnt;
   const bool task = data_is_task(&rs->ds);
   struct task_score score;
-  const double l =
-      train_evaluate(&rs->model, &rs->ds, rs->comm, split, &cnt, task ? &score : NULL);
+  const double l = train_evaluate(&rs->model, &rs->ds, rs->comm, split, &cnt, task ? &score : NULL);
   char acc[128] = "";
   if (task) {
     struct task_accuracy r;
@@ -365,8 +364,8 @@ static double train_validate(struct run_state *rs, long step, enum data_split sp
              r.sample_accuracy);
   }
   if (split == SPLIT_VALID) {
-    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes%s", step, l,
-            l / log(2.0), cnt, acc);
+    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes%s", step, l, l / log(2.0),
+            cnt, acc);
     diag_eval(&rs->diag, step, l);
     if (task) diag_task(&rs->diag, step, &score);
   } else {

@@ -99,8 +99,8 @@ static int check_shapes(hid_t f, const char *path, long n, long *rows, long *L, 
       snprintf(err, len,
                "task file '%s': %s has shape (%ld, %ld), but tokens (%ld, %ld) needs (%ld, %ld): "
                "one entry per target tokens[:, 1:]",
-               path, names[i], nd == 2 ? (long)d2[0] : -1L, nd == 2 ? (long)d2[1] : -1L, *rows,
-               *L, *rows, *L - 1);
+               path, names[i], nd == 2 ? (long)d2[0] : -1L, nd == 2 ? (long)d2[1] : -1L, *rows, *L,
+               *rows, *L - 1);
       return 1;
     }
     if (cls != H5T_INTEGER && cls != H5T_ENUM) {
@@ -124,8 +124,8 @@ static int check_values(const char *path, struct task_file *tf, const long long 
   const long L = tf->L, rows = tf->rows;
   for (long i = 0; i < rows * L; i++) {
     if (tok[i] < 0 || tok[i] > 255) {
-      snprintf(err, len, "task file '%s': tokens[%ld, %ld] = %lld is outside [0, 256)", path,
-               i / L, i % L, tok[i]);
+      snprintf(err, len, "task file '%s': tokens[%ld, %ld] = %lld is outside [0, 256)", path, i / L,
+               i % L, tok[i]);
       return 1;
     }
     tf->tokens[i] = (uint8_t)tok[i];
@@ -135,8 +135,7 @@ static int check_values(const char *path, struct task_file *tf, const long long 
     for (long t = 0; t < L - 1; t++) {
       const long long v = sc[r * (L - 1) + t];
       if (v != 0 && v != 1) {
-        snprintf(err, len, "task file '%s': scored[%ld, %ld] = %lld is not 0 or 1", path, r, t,
-                 v);
+        snprintf(err, len, "task file '%s': scored[%ld, %ld] = %lld is not 0 or 1", path, r, t, v);
         return 1;
       }
       tf->scored[r * (L - 1) + t] = (uint8_t)v;

@@ -44,91 +44,102 @@ void task_sample_clear(struct task_sample *s) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * mqar: P pairs "key value" at positions 0 .. 2P − 1 (P distinct keys), then filler in which Q
- * of the keys (random order, each once) appear at query slots, each followed by its value: the
- * scored target. A slot is two tokens; slot s starts at 2P + 2s. */
+ * mqar: P pairs (P distinct keys) at the start, then filler in which Q queries appear at query
+ * slots, each a key followed by its value: the scored target. The queries ask for the keys in
+ * random order, each once while Q ≤ P (Zoology's MQAR); beyond P every round of P queries asks
+ * for each key once more, in a fresh order. Two-token form: pair i is "key value" at 2i, 2i + 1;
+ * one-hop form: pair i is one byte at i. A query slot is two tokens; slot s starts right after
+ * the pairs, at span + 2s. */
 
 /* Q distinct slots of S, ascending, placed as data.mqar.spread says. */
-static void mqar_slots(const struct config *cfg, struct draws *d, long S, int Q, long *slot) {
-  int have = 0;
-  for (int i = 0; i < Q; i++) {
+static void mqar_slots(const struct config *cfg, struct draws *d, long S, long Q, long *slot) {
+  uint8_t *used = xcalloc((size_t)S, 1);
+  for (long i = 0; i < Q; i++) {
     long s = i;
     if (cfg->data.mqar_spread != MQAR_COMPACT) {
-      for (int tries = 0;; tries++) {
-        if (cfg->data.mqar_spread == MQAR_UNIFORM) {
-          s = (long)draw_below(d, (uint64_t)S);
-        } else { /* a gap of g slots, log-uniform in [1, S] */
-          const double g = floor(exp(draw_uniform(d) * log((double)S + 1.0)));
-          s = (long)g - 1;
-          if (s < 0) s = 0;
-          if (s >= S) s = S - 1;
-        }
-        bool taken = false;
-        for (int j = 0; j < have; j++) taken = taken || slot[j] == s;
-        if (!taken) break;
-        if (tries == 64) { /* a crowded context: the next free slot after s */
-          for (;; s = (s + 1) % S) {
-            bool used = false;
-            for (int j = 0; j < have; j++) used = used || slot[j] == s;
-            if (!used) break;
-          }
-          break;
-        }
+      if (cfg->data.mqar_spread == MQAR_UNIFORM) {
+        s = (long)draw_below(d, (uint64_t)S);
+      } else { /* a gap of g slots, log-uniform in [1, S] */
+        s = (long)floor(exp(draw_uniform(d) * log((double)S + 1.0))) - 1;
+        s = s < 0 ? 0 : s >= S ? S - 1 : s;
       }
+      while (used[s]) s = (s + 1) % S; /* taken: the next free slot (Q ≤ S) */
     }
-    slot[have++] = s;
+    used[s] = 1;
   }
-  for (int i = 1; i < Q; i++) /* insertion sort: Q ≤ 64 */
-    for (int j = i; j > 0 && slot[j - 1] > slot[j]; j--) {
-      long t = slot[j];
-      slot[j] = slot[j - 1];
-      slot[j - 1] = t;
+  long k = 0;
+  for (long s = 0; s < S; s++)
+    if (used[s]) slot[k++] = s;
+  free(used);
+}
+
+/* order[i] for i < Q: rounds of P, each a random permutation of the pairs. */
+static void mqar_order(struct draws *d, int P, long Q, int *order) {
+  for (long r = 0; r < Q; r += P) {
+    int *o = order + r;
+    const long m = Q - r < P ? Q - r : P; /* the last round asks for m of the keys */
+    int perm[MQAR_KEYS];
+    for (int i = 0; i < P; i++) perm[i] = i;
+    for (long i = 0; i < m; i++) {
+      const int j = (int)i + (int)draw_below(d, (uint64_t)(P - i));
+      const int t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
+      o[i] = perm[i];
     }
+  }
 }
 
 void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s) {
   struct draws d = {cfg->run.seed, a, b, 0};
   const long n = s->n;
+  const bool one = cfg->data.mqar_one_hop;
   const int P = cfg->data.mqar_pairs;
-  const int Q = cfg->data.mqar_queries ? cfg->data.mqar_queries : P;
+  const long Q = cfg->data.mqar_queries ? cfg->data.mqar_queries : P;
+  const int nkeys = one ? MQAR1_KEYS : MQAR_KEYS, nvalues = one ? MQAR1_VALUES : MQAR_VALUES;
+  const long span = one ? P : 2L * P; /* tokens the pairs take */
   task_sample_clear(s);
   memset(s->tokens, MQAR_FILL, (size_t)n + 1);
-  int keys[MQAR_KEYS], value[MQAR_KEYS], order[MQAR_KEYS];
-  for (int i = 0; i < MQAR_KEYS; i++) keys[i] = i;
+  int keys[MQAR_KEYS], value[MQAR_KEYS];
+  for (int i = 0; i < nkeys; i++) keys[i] = i;
   for (int i = 0; i < P; i++) { /* P distinct keys: a partial Fisher-Yates shuffle */
-    const int j = i + (int)draw_below(&d, (uint64_t)(MQAR_KEYS - i));
+    const int j = i + (int)draw_below(&d, (uint64_t)(nkeys - i));
     const int t = keys[i];
     keys[i] = keys[j];
     keys[j] = t;
-    value[i] = (int)draw_below(&d, MQAR_VALUES);
-    s->tokens[2 * i] = (uint8_t)(MQAR_KEY0 + keys[i]);
-    s->tokens[2 * i + 1] = (uint8_t)(MQAR_VALUE0 + value[i]);
-    order[i] = i;
+    value[i] = (int)draw_below(&d, (uint64_t)nvalues);
+    if (one) {
+      s->tokens[i] = (uint8_t)(MQAR1_PAIR0 + MQAR1_VALUES * keys[i] + value[i]);
+    } else {
+      s->tokens[2 * i] = (uint8_t)(MQAR_KEY0 + keys[i]);
+      s->tokens[2 * i + 1] = (uint8_t)(MQAR_VALUE0 + value[i]);
+    }
   }
-  for (int i = 0; i < Q; i++) { /* which pairs are asked for, in what order */
-    const int j = i + (int)draw_below(&d, (uint64_t)(P - i));
-    const int t = order[i];
-    order[i] = order[j];
-    order[j] = t;
-  }
-  long slot[MQAR_KEYS];
-  mqar_slots(cfg, &d, (n + 1 - 2L * P) / 2, Q, slot);
-  for (int i = 0; i < Q; i++) {
-    const long q = 2L * P + 2 * slot[i]; /* the query key; its value follows */
+  int *order = xmalloc(sizeof(int) * (size_t)Q);
+  long *slot = xmalloc(sizeof(long) * (size_t)Q);
+  mqar_order(&d, P, Q, order);
+  mqar_slots(cfg, &d, (n + 1 - span) / 2, Q, slot);
+  for (long i = 0; i < Q; i++) {
+    const long q = span + 2 * slot[i]; /* the query key; its value follows */
     const int pair = order[i];
-    s->tokens[q] = (uint8_t)(MQAR_KEY0 + keys[pair]);
-    s->tokens[q + 1] = (uint8_t)(MQAR_VALUE0 + value[pair]);
+    s->tokens[q] = (uint8_t)(one ? MQAR1_QUERY0 + keys[pair] : MQAR_KEY0 + keys[pair]);
+    s->tokens[q + 1] = (uint8_t)(one ? MQAR1_ANSWER0 + value[pair] : MQAR_VALUE0 + value[pair]);
     s->scored[q] = 1;
-    s->distance[q] = (int32_t)(q - (2L * pair + 1)); /* back to the pair's value */
+    /* back to the token that holds the value: the pair byte, or the value byte */
+    s->distance[q] = (int32_t)(q - (one ? pair : 2L * pair + 1));
   }
+  free(order);
+  free(slot);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * passkey: filler with the needle NEEDLE d1..dk at a depth, and at the end QUESTION d1..dk, the
- * digits scored. Q = n − k is the question's position; the needle starts at p ≤ Q − k − 1. */
+ * digits scored. Q = n − k is the question's position; the needle starts at p ≤ Q − k − 1. In the
+ * one-hop form the digits carry their index (tasks.h), so the query for digit i + 1 (the answer
+ * byte of digit i, or QUESTION) can find it by content alone. */
 
-void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a,
-                  uint64_t b, struct task_sample *s) {
+void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a, uint64_t b,
+                  struct task_sample *s) {
   struct draws d = {cfg->run.seed, a, b, 0};
   const long n = s->n, k = cfg->data.passkey_digits, Q = n - k, F = Q - (k + 1);
   task_sample_clear(s);
@@ -137,8 +148,12 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
   long p = lround(depth * (double)F);
   if (p > F) p = F;
   uint8_t digits[64];
-  for (long i = 0; i < k; i++) digits[i] = (uint8_t)('0' + draw_below(&d, 10));
-  const uint64_t off = text && len > (size_t)F ? draw_below(&d, (uint64_t)(len - (size_t)F) + 1) : 0;
+  for (long i = 0; i < k; i++) {
+    const int v = (int)draw_below(&d, 10);
+    digits[i] = (uint8_t)(cfg->data.passkey_one_hop ? PASSKEY_TAGGED0 + 10 * i + v : '0' + v);
+  }
+  const uint64_t off =
+      text && len > (size_t)F ? draw_below(&d, (uint64_t)(len - (size_t)F) + 1) : 0;
   for (long f = 0; f < F; f++) { /* filler byte f goes before the needle or after it */
     uint8_t c = text ? text[off + (size_t)f] : (uint8_t)(0x20 + draw_below(&d, 0x7F - 0x20));
     if (c == PASSKEY_NEEDLE || c == PASSKEY_QUESTION) c = ' ';

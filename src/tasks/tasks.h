@@ -11,16 +11,27 @@
 
 #include "config.h"
 
-/* The alphabets (bytes). MQAR: keys and values from disjoint ranges, filler between queries. */
+/* The alphabets (bytes). MQAR, two-token form (Zoology): key bytes and value bytes from disjoint
+ * ranges, filler between the queries; a query is the key byte, its target the value byte. */
 #define MQAR_KEY0   0x80 /* keys 0x80 .. 0xBF */
 #define MQAR_KEYS   64
 #define MQAR_VALUE0 0xC0 /* values 0xC0 .. 0xFF */
 #define MQAR_VALUES 64
 #define MQAR_FILL   0x00
+/* MQAR, one-hop form: a pair is one byte PAIR0 + key·8 + value (16 keys, 8 values); a query is
+ * the byte QUERY0 + key, its target the byte ANSWER0 + value. */
+#define MQAR1_PAIR0   0x80
+#define MQAR1_KEYS    16
+#define MQAR1_VALUES  8
+#define MQAR1_QUERY0  0x40 /* '@' .. 'O' */
+#define MQAR1_ANSWER0 0x30 /* '0' .. '7' */
 /* passkey: the needle is NEEDLE d1..dk inside the filler; the sample ends QUESTION d1..dk. Filler
- * bytes equal to either marker become spaces. */
+ * bytes equal to either marker become spaces. Digits are '0'..'9'; in the one-hop form digit i
+ * (from 0) of value v is the byte TAGGED0 + 10·i + v, in the needle and in the answer alike. */
 #define PASSKEY_NEEDLE   0x02
 #define PASSKEY_QUESTION 0x03
+#define PASSKEY_TAGGED0  0x80
+#define PASSKEY_TAGGED   12 /* digits the one-hop form can tag: 0x80 + 10·12 = 0xF8 */
 /* ListOps, one byte per LRA token: "[MAX" is 'X', "[MIN" 'N', "[MED" 'D', "[SM" 'S', "]" is ']',
  * values '0'..'9'; the expression (left-padded with spaces) is followed by '=' and the answer. */
 #define LISTOPS_MAX    'X'
@@ -48,8 +59,8 @@ void task_sample_clear(struct task_sample *s);
  * passkey's filler is a window of text (len bytes, at least the filler's length) or, text NULL,
  * random printable bytes. */
 void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s);
-void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a,
-                  uint64_t b, struct task_sample *s);
+void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a, uint64_t b,
+                  struct task_sample *s);
 void task_listops(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s);
 
 /* ---------------------------------------------------------------------------------------------
@@ -83,7 +94,8 @@ int task_bucket(long distance, int buckets); /* −1 for a negative (unknown) di
 void task_bucket_edges(int k, long n, long *start, long *end);
 
 /* The sums of one split's evaluation over its `windows` samples, in one buffer so that a single
- * allreduce adds them over ranks (sequence ranks hold parts of a sample; replicas other samples). */
+ * allreduce adds them over ranks (sequence ranks hold parts of a sample; replicas other samples).
+ */
 struct task_score {
   long n, windows;
   int buckets;
