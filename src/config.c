@@ -359,11 +359,14 @@ static void check_task_rules(struct parse_ctx *c, const struct config *cfg) {
               "data.passkey.digits = %d: the one-hop form tags at most %d digits (set "
               "data.passkey.one_hop = false for more)",
               d->passkey_digits, PASSKEY_TAGGED);
-  else if (d->source == SOURCE_PASSKEY && 2L * (d->passkey_digits + 1) > room)
-    fail_keys(c, "data.passkey.digits model.context",
-              "data.passkey.digits = %d needs 2*(digits+1) = %ld tokens (the needle and the "
-              "question), but a sample has model.context+1 = %ld",
-              d->passkey_digits, 2L * (d->passkey_digits + 1), room);
+  else if (d->source == SOURCE_PASSKEY) {
+    const long k = d->passkey_digits, need = d->passkey_one_hop ? 3 * k + 2 : 2 * k + 2;
+    if (need > room)
+      fail_keys(c, "data.passkey.digits model.context",
+                "data.passkey.digits = %ld needs %s = %ld tokens (the needle and the question), "
+                "but a sample has model.context+1 = %ld",
+                k, d->passkey_one_hop ? "3*digits+2" : "2*digits+2", need, room);
+  }
   if (d->source == SOURCE_LISTOPS && d->listops_min_length + 2L > room)
     fail_keys(c, "data.listops.min_length model.context",
               "data.listops.min_length = %d does not fit model.context = %d: an expression, '=' "

@@ -142,9 +142,9 @@ const struct key_def config_keys[] = {
     K_NUM("data", "mqar.pairs", KEY_INT, "8", 1, 64, LOHI, data.mqar_pairs, "pairs",
           "mqar: key-value pairs at the start of a sample (one_hop: at most 16)"),
     K_BOOL("data", "mqar.one_hop", "true", data.mqar_one_hop, "fused",
-           "mqar: a pair is one byte (16 keys x 8 values), so one attention hop retrieves it; "
-           "false: a key byte then a value byte (Zoology; retrieval needs a two-layer induction "
-           "circuit)"),
+           "mqar: a pair is one byte (16 keys x 8 values) that a query's target copies, so one "
+           "attention hop retrieves it; false: a key byte then a value byte (Zoology; retrieval "
+           "needs a two-layer induction circuit)"),
     K_NUM("data", "mqar.queries", KEY_INT, "0", 0, 0, LO1, data.mqar_queries, "queries",
           "mqar: queries (0: one per pair); up to mqar.pairs each key is asked for once, in "
           "random order; beyond, every round of pairs queries asks for each key again"),

@@ -72,7 +72,7 @@ def check_mqar(row, tok, sc, dist, cfg):
         if key not in pairs or (one and not 0x40 <= b < 0x50):
             return bad(row, f"byte {b:#x} at {t} in the query region is not a query of a key")
         value, pos = pairs[key]
-        want[t] = ((0x30 if one else 0xC0) + value, t - pos)
+        want[t] = (0x80 + 8 * key + value if one else 0xC0 + value, t - pos)
         t += 2
     if len(want) != Q:
         bad(row, f"{len(want)} queries, the deck asks for {Q}")
@@ -89,23 +89,30 @@ def check_passkey(row, tok, sc, dist, cfg):
     k = cfg.getint("data", "passkey.digits")
     one = cfg.getboolean("data", "passkey.one_hop")
     n = len(tok) - 1
-    Q = n - k
+    Q = n - (2 * k if one else k)
     needles = [int(i) for i in np.nonzero(tok == 0x02)[0]]
     if tok[Q] != 0x03 or len(needles) != 1 or int(np.sum(tok == 0x03)) != 1:
         return bad(row, f"markers: needle at {needles}, question at {np.nonzero(tok == 3)[0]}")
     p = needles[0]
-    digits = tok[p + 1:p + 1 + k]
+    digits = [int(b) for b in tok[p + 1:p + 1 + k]]
     for i, b in enumerate(digits):
         ok = 0x80 + 10 * i <= b < 0x80 + 10 * (i + 1) if one else 0x30 <= b <= 0x39
         if not ok:
             return bad(row, f"needle digit {i} is byte {b:#x}")
-    if list(tok[Q + 1:]) != list(digits):
+    if one:
+        queries = [int(b) for b in tok[Q + 1::2]]
+        if queries != [0x10 + i for i in range(k)]:
+            bad(row, f"the queries are {queries}")
+        where = [Q + 1 + 2 * i for i in range(k)]  # query i predicts digit i
+    else:
+        where = [Q + i for i in range(k)]  # the question, then each digit, predicts the next
+    if [int(tok[t + 1]) for t in where] != digits:
         bad(row, "the answer is not the needle's digits")
     lo, hi = (float(x) for x in (cfg.get("data", "passkey.depth").split(",") * 2)[:2])
     F = Q - (k + 1)
     if not round(lo * F) - 1 <= p <= round(hi * F) + 1:
         bad(row, f"needle at {p}, outside depth {lo}..{hi} of {F}")
-    expect(row, tok, sc, dist, {Q + i: (int(tok[Q + 1 + i]), Q - p - 1) for i in range(k)})
+    expect(row, tok, sc, dist, {t: (digits[i], t - (p + 1 + i)) for i, t in enumerate(where)})
 
 
 OPS = {ord("X"): max, ord("N"): min, ord("D"): lambda v: int(statistics.median(v)),

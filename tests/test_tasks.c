@@ -144,15 +144,12 @@ static void check_retrieval(const struct task_sample *s, const struct config *cf
     scored++;
     const long d = s->distance[t];
     assert_true(d >= 0 && d <= t);
-    const uint8_t src = s->tokens[t - d], target = s->tokens[t + 1];
+    assert_int_equal(s->tokens[t - d], s->tokens[t + 1]); /* the target copies that token */
     if (cfg->data.source == SOURCE_MQAR && cfg->data.mqar_one_hop) {
-      /* the pair byte: its key is the query's, its value the answer */
-      const int pair = src - MQAR1_PAIR0;
-      assert_true(pair >= 0 && pair < MQAR1_KEYS * MQAR1_VALUES);
+      /* a pair byte whose key is the query's */
+      const int pair = s->tokens[t - d] - MQAR1_PAIR0;
+      assert_true(pair >= 0 && pair < MQAR1_KEYS * MQAR1_VALUES && t - d < 16);
       assert_int_equal(s->tokens[t], MQAR1_QUERY0 + pair / MQAR1_VALUES);
-      assert_int_equal(target, MQAR1_ANSWER0 + pair % MQAR1_VALUES);
-    } else {
-      assert_int_equal(src, target);
     }
   }
   assert_int_equal(scored, expect);
@@ -175,8 +172,7 @@ static void test_generators(void **state) {
   }
   config_free(&cfg);
   /* more queries than pairs: rounds in which every key is asked for once */
-  const char *const rep[] = {"data.source=mqar", "data.mqar.pairs=4", "data.mqar.queries=22",
-                             NULL};
+  const char *const rep[] = {"data.source=mqar", "data.mqar.pairs=4", "data.mqar.queries=22", NULL};
   load_case(&cfg, rep);
   task_mqar(&cfg, 5, 6, &s);
   check_retrieval(&s, &cfg, 22);
@@ -207,9 +203,27 @@ static void test_generators(void **state) {
     load_case(&cfg, pk);
     task_passkey(&cfg, NULL, 0, 1, 2, &s);
     check_retrieval(&s, &cfg, 5);
+    /* the question at Q = n − 2k, query i at Q + 1 + 2i; the needle at 0 or at F = Q − k − 1 */
+    const long Q = N - 10, F = Q - 6;
+    assert_int_equal(s.tokens[Q], PASSKEY_QUESTION);
+    for (int i = 0; i < 5; i++) {
+      assert_int_equal(s.tokens[Q + 1 + 2 * i], PASSKEY_INDEX0 + i);
+      assert_int_equal((s.tokens[Q + 2 + 2 * i] - PASSKEY_TAGGED0) / 10, i); /* digit i, tagged */
+      assert_int_equal(s.distance[Q + 1 + 2 * i], Q + 1 + 2 * i - ((depth ? F : 0) + 1 + i));
+    }
+    assert_int_equal(s.tokens[depth ? F : 0], PASSKEY_NEEDLE);
+    config_free(&cfg);
+  }
+  /* the plain form: QUESTION then the digits, each predicted from the one before */
+  {
+    const char *const pk[] = {"data.source=passkey", "data.passkey.one_hop=false",
+                              "data.passkey.depth=0.5", NULL};
+    load_case(&cfg, pk);
+    task_passkey(&cfg, NULL, 0, 1, 2, &s);
+    check_retrieval(&s, &cfg, 5);
     assert_int_equal(s.tokens[N - 5], PASSKEY_QUESTION);
-    assert_int_equal(s.distance[N - 5], depth ? 5 : N - 5 - 1);
-    assert_int_equal(s.tokens[depth ? N - 11 : 0], PASSKEY_NEEDLE);
+    for (int i = 0; i < 5; i++)
+      assert_true(s.tokens[N - 4 + i] >= '0' && s.tokens[N - 4 + i] <= '9');
     config_free(&cfg);
   }
   /* listops: left-padded expression, '=', the answer digit; distance = expression length */
@@ -471,8 +485,12 @@ static void test_deck_rules(void **state) {
                     "2*pairs + 2*queries = 80 tokens, but a sample has model.context+1 = 65");
   const char *const d[] = {"data.source=passkey", "data.passkey.digits=13", NULL};
   expect_deck_error(d, "data.passkey.digits = 13: the one-hop form tags at most 12 digits");
-  const char *const e[] = {"data.source=passkey", "model.context=8", "data.passkey.digits=4", NULL};
-  expect_deck_error(e, "data.passkey.digits = 4 needs 2*(digits+1) = 10 tokens");
+  const char *const e[] = {"data.source=passkey", "model.context=12", "data.passkey.digits=4",
+                           NULL};
+  expect_deck_error(e, "data.passkey.digits = 4 needs 3*digits+2 = 14 tokens");
+  const char *const e2[] = {"data.source=passkey", "model.context=8", "data.passkey.digits=4",
+                            "data.passkey.one_hop=false", NULL};
+  expect_deck_error(e2, "data.passkey.digits = 4 needs 2*digits+2 = 10 tokens");
   const char *const f[] = {"data.source=listops", "model.context=64", "data.listops.min_length=64",
                            NULL};
   expect_deck_error(f,

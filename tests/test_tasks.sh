@@ -70,7 +70,7 @@ import h5py, sys
 t = h5py.File('passkey.h5')['tokens'][...]
 text = open('text.txt', 'rb').read()
 for r in t:
-    p, q = list(r).index(2), len(r) - 1 - 5
+    p, q = list(r).index(2), len(r) - 1 - 10  # the one-hop question takes 1 + 2 * 5 tokens
     if bytes(r[:p].tolist() + r[p + 6:q].tolist()) not in text:
         sys.exit('a row whose filler is not a window of the text')"
 
@@ -248,7 +248,7 @@ dropout = 0
 full.block = 16
 local.band = 8
 [train]
-steps = 400
+steps = 200
 batch = 32
 lr = 1e-3
 warmup = 20
@@ -278,4 +278,27 @@ al=$(far local)
 echo "# far recall (distance >= 16): full $af, local (band 8) $al, chance 0.125"
 check "full recalls from distance 16 and beyond (accuracy $af >= 0.9)" py -c "import sys; sys.exit(0 if $af >= 0.9 else 1)"
 check "local with band 8 stays near chance there (accuracy $al <= 0.25)" py -c "import sys; sys.exit(0 if $al <= 0.25 else 1)"
+
+# ---- the study script on a tiny case -------------------------------------------------------------
+check "tasks.py --check: every run's deck is valid, nothing written" \
+  py "$SRCDIR/scripts/tasks.py" --check --fmattn "$F" --out study-check
+check "tasks.py --check wrote nothing" test ! -e study-check
+check "tasks.py --quick: 3 variants x 2 tasks, tasks.h5, plots and a table" \
+  py "$SRCDIR/scripts/tasks.py" --quick --fmattn "$F" --out study
+check "tasks.h5 holds every run with its accuracy by distance and units" py -c "
+import h5py, numpy as np, sys
+f = h5py.File('study/tasks.h5')
+r = f['runs']
+names = sorted(x.decode() if isinstance(x, bytes) else x for x in r['name'][...])
+ok = names == sorted('%s-64-%s' % (t, v) for t in ('mqar', 'copy') for v in ('full', 'local', 'fma'))
+ok = ok and all(np.isfinite(r[c][...]).all() for c in ('accuracy', 'sample_accuracy', 'train_s', 'wall_s'))
+ok = ok and all('units' in d.attrs or 'description' in d.attrs for d in r.values())
+ok = ok and all(len(f['by_distance/%s/accuracy' % n]) == 7 for n in names)
+ok = ok and f.attrs['wall_s'] > 0
+sys.exit(0 if ok else 1)"
+for png in accuracy accuracy_by_distance_mqar accuracy_by_distance_copy; do
+  check "study: $png.png is a PNG" sh -c "head -c 8 study/$png.png | grep -q PNG"
+done
+check "tasks.py --list numbers the runs for a SLURM array" sh -c \
+  "'${PYTHON3:-/usr/bin/python3}' '$SRCDIR/scripts/tasks.py' --quick --list --fmattn '$F' --out study | grep -c '' | grep -qx 6"
 tap_done

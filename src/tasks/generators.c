@@ -45,11 +45,11 @@ void task_sample_clear(struct task_sample *s) {
 
 /* ---------------------------------------------------------------------------------------------
  * mqar: P pairs (P distinct keys) at the start, then filler in which Q queries appear at query
- * slots, each a key followed by its value: the scored target. The queries ask for the keys in
- * random order, each once while Q ≤ P (Zoology's MQAR); beyond P every round of P queries asks
- * for each key once more, in a fresh order. Two-token form: pair i is "key value" at 2i, 2i + 1;
- * one-hop form: pair i is one byte at i. A query slot is two tokens; slot s starts right after
- * the pairs, at span + 2s. */
+ * slots, each a key followed by the scored target: the value byte (two-token form, Zoology: pair i
+ * is "key value" at 2i, 2i + 1) or the pair byte (one-hop form: pair i is one byte at i). The
+ * queries ask for the keys in random order, each once while Q ≤ P (Zoology's MQAR); beyond P every
+ * round of P queries asks for each key once more, in a fresh order. A query slot is two tokens;
+ * slot s starts right after the pairs, at span + 2s. */
 
 /* Q distinct slots of S, ascending, placed as data.mqar.spread says. */
 static void mqar_slots(const struct config *cfg, struct draws *d, long S, long Q, long *slot) {
@@ -123,9 +123,10 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
     const long q = span + 2 * slot[i]; /* the query key; its value follows */
     const int pair = order[i];
     s->tokens[q] = (uint8_t)(one ? MQAR1_QUERY0 + keys[pair] : MQAR_KEY0 + keys[pair]);
-    s->tokens[q + 1] = (uint8_t)(one ? MQAR1_ANSWER0 + value[pair] : MQAR_VALUE0 + value[pair]);
+    s->tokens[q + 1] = (uint8_t)(one ? MQAR1_PAIR0 + MQAR1_VALUES * keys[pair] + value[pair]
+                                     : MQAR_VALUE0 + value[pair]);
     s->scored[q] = 1;
-    /* back to the token that holds the value: the pair byte, or the value byte */
+    /* back to the token the target copies: the pair byte, or the value byte */
     s->distance[q] = (int32_t)(q - (one ? pair : 2L * pair + 1));
   }
   free(order);
@@ -133,15 +134,22 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
 }
 
 /* ---------------------------------------------------------------------------------------------
- * passkey: filler with the needle NEEDLE d1..dk at a depth, and at the end QUESTION d1..dk, the
- * digits scored. Q = n − k is the question's position; the needle starts at p ≤ Q − k − 1. In the
- * one-hop form the digits carry their index (tasks.h), so the query for digit i + 1 (the answer
- * byte of digit i, or QUESTION) can find it by content alone. */
+ * passkey: filler with the needle NEEDLE d0..dk−1 at a depth, and the question at the end (tasks.h
+ * gives both forms), the digits scored. The question takes the last 1 + k tokens (plain) or 1 + 2k
+ * (one-hop), from Q on; the needle starts at p ≤ F, the filler's length. */
+
+static bool passkey_reserved(uint8_t c, bool one_hop) {
+  return c == PASSKEY_NEEDLE || c == PASSKEY_QUESTION ||
+         (c >= PASSKEY_INDEX0 && c < PASSKEY_INDEX0 + PASSKEY_TAGGED) ||
+         (one_hop && c >= PASSKEY_TAGGED0);
+}
 
 void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a, uint64_t b,
                   struct task_sample *s) {
   struct draws d = {cfg->run.seed, a, b, 0};
-  const long n = s->n, k = cfg->data.passkey_digits, Q = n - k, F = Q - (k + 1);
+  const bool one = cfg->data.passkey_one_hop;
+  const long n = s->n, k = cfg->data.passkey_digits;
+  const long Q = n - (one ? 2 * k : k), F = Q - (k + 1);
   task_sample_clear(s);
   const double lo = cfg->data.passkey_depth[0], hi = cfg->data.passkey_depth[1];
   const double depth = lo + (hi - lo) * draw_uniform(&d);
@@ -150,22 +158,25 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
   uint8_t digits[64];
   for (long i = 0; i < k; i++) {
     const int v = (int)draw_below(&d, 10);
-    digits[i] = (uint8_t)(cfg->data.passkey_one_hop ? PASSKEY_TAGGED0 + 10 * i + v : '0' + v);
+    digits[i] = (uint8_t)(one ? PASSKEY_TAGGED0 + 10 * i + v : '0' + v);
   }
   const uint64_t off =
       text && len > (size_t)F ? draw_below(&d, (uint64_t)(len - (size_t)F) + 1) : 0;
   for (long f = 0; f < F; f++) { /* filler byte f goes before the needle or after it */
     uint8_t c = text ? text[off + (size_t)f] : (uint8_t)(0x20 + draw_below(&d, 0x7F - 0x20));
-    if (c == PASSKEY_NEEDLE || c == PASSKEY_QUESTION) c = ' ';
+    if (passkey_reserved(c, one)) c = ' ';
     s->tokens[f < p ? f : f + k + 1] = c;
   }
   s->tokens[p] = PASSKEY_NEEDLE;
   s->tokens[Q] = PASSKEY_QUESTION;
   for (long i = 0; i < k; i++) {
     s->tokens[p + 1 + i] = digits[i];
-    s->tokens[Q + 1 + i] = digits[i];
-    s->scored[Q + i] = 1;
-    s->distance[Q + i] = (int32_t)(Q - p - 1); /* from Q + i back to p + 1 + i */
+    /* the position that predicts digit i: the question or digit i − 1 (plain), or query i */
+    const long t = one ? Q + 1 + 2 * i : Q + i;
+    if (one) s->tokens[t] = (uint8_t)(PASSKEY_INDEX0 + i);
+    s->tokens[t + 1] = digits[i];
+    s->scored[t] = 1;
+    s->distance[t] = (int32_t)(t - (p + 1 + i)); /* back to the needle's digit i */
   }
 }
 

@@ -19,17 +19,20 @@
 #define MQAR_VALUES 64
 #define MQAR_FILL   0x00
 /* MQAR, one-hop form: a pair is one byte PAIR0 + key·8 + value (16 keys, 8 values); a query is
- * the byte QUERY0 + key, its target the byte ANSWER0 + value. */
-#define MQAR1_PAIR0   0x80
-#define MQAR1_KEYS    16
-#define MQAR1_VALUES  8
-#define MQAR1_QUERY0  0x40 /* '@' .. 'O' */
-#define MQAR1_ANSWER0 0x30 /* '0' .. '7' */
-/* passkey: the needle is NEEDLE d1..dk inside the filler; the sample ends QUESTION d1..dk. Filler
- * bytes equal to either marker become spaces. Digits are '0'..'9'; in the one-hop form digit i
- * (from 0) of value v is the byte TAGGED0 + 10·i + v, in the needle and in the answer alike. */
+ * the byte QUERY0 + key, its target the pair byte itself: the stored item, fetched by its key (the
+ * key is known from the query, so chance is one in 8). */
+#define MQAR1_PAIR0  0x80
+#define MQAR1_KEYS   16
+#define MQAR1_VALUES 8
+#define MQAR1_QUERY0 0x40 /* '@' .. 'O' */
+/* passkey: the needle NEEDLE d0..dk−1 lies inside the filler. Plain form: the sample ends with
+ * QUESTION d0..dk−1, digits '0'..'9'. One-hop form: digit i of value v is the byte
+ * TAGGED0 + 10·i + v (in the needle and in the answer alike) and the sample ends with QUESTION,
+ * then for each i the query byte INDEX0 + i followed by digit i: a query names the digit it
+ * fetches. Filler bytes that are markers, query bytes or (one-hop) tagged bytes become spaces. */
 #define PASSKEY_NEEDLE   0x02
 #define PASSKEY_QUESTION 0x03
+#define PASSKEY_INDEX0   0x10 /* query bytes 0x10 .. 0x1B */
 #define PASSKEY_TAGGED0  0x80
 #define PASSKEY_TAGGED   12 /* digits the one-hop form can tag: 0x80 + 10·12 = 0xF8 */
 /* ListOps, one byte per LRA token: "[MAX" is 'X', "[MIN" 'N', "[MED" 'D', "[SM" 'S', "]" is ']',
