@@ -64,6 +64,7 @@ struct config_data {
   int passkey_digits;           /* data.passkey.digits */
   bool passkey_one_hop;         /* data.passkey.one_hop: digits carry their index */
   double passkey_depth[2];      /* data.passkey.depth: the needle's depth drawn in [lo, hi] */
+  double passkey_length[2];     /* data.passkey.length: the haystack's share of the sample */
   int listops_max_args, listops_max_depth, listops_min_length; /* data.listops.* */
 };
 

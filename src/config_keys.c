@@ -78,6 +78,9 @@ static void format_kernels(const struct config *cfg, char *out, size_t len);
 static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
                        size_t len);
 static void format_depth(const struct config *cfg, char *out, size_t len);
+static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                        size_t len);
+static void format_length(const struct config *cfg, char *out, size_t len);
 
 static const struct list_kind split_list = {
     NULL,
@@ -92,6 +95,8 @@ static const struct list_kind variants_list = {variant_names, NULL, store_varian
 static const struct list_kind kernels_list = {kernel_names, NULL, store_kernels, format_kernels};
 static const struct list_kind depth_list = {
     NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_depth, format_depth};
+static const struct list_kind length_list = {
+    NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_length, format_length};
 
 #define FIELD(f)      offsetof(struct config, f)
 #define FIELD_SIZE(f) sizeof(((struct config *)0)->f)
@@ -159,6 +164,9 @@ const struct key_def config_keys[] = {
     K_LIST("data", "passkey.depth", "0,1", depth_list, "depth",
            "passkey: depth of the needle in the filler (0: the start, 1: just before the "
            "question), or lo,hi to draw it uniformly per sample"),
+    K_LIST("data", "passkey.length", "1", length_list, "haystack",
+           "passkey: the haystack's share of the sample (filler, needle and question; padding "
+           "before it), or lo,hi to draw it uniformly per sample"),
     K_NUM("data", "listops.max_args", KEY_INT, "10", 2, 20, LOHI, data.listops_max_args, "max_args",
           "listops: most arguments of one operator (LRA: 10)"),
     K_NUM("data", "listops.max_depth", KEY_INT, "10", 1, 20, LOHI, data.listops_max_depth,
@@ -712,9 +720,8 @@ static void format_kernels(const struct config *cfg, char *out, size_t len) {
   snprintf(out, len, "%s", cfg->attention.fmmformer_kernels);
 }
 
-/* data.passkey.depth: one fraction (the same depth for every sample) or a range lo,hi. */
-static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
-                       size_t len) {
+/* data.passkey.depth and .length: one fraction (the same for every sample) or a range lo,hi. */
+static int store_range(double *range, char items[][LIST_ITEM], int n, char *detail, size_t len) {
   if (n > 2) {
     snprintf(detail, len, "; got %d items", n);
     return 1;
@@ -730,19 +737,37 @@ static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char 
     snprintf(detail, len, "; lo > hi");
     return 1;
   }
-  cfg->data.passkey_depth[0] = v[0];
-  cfg->data.passkey_depth[1] = v[1];
+  range[0] = v[0];
+  range[1] = v[1];
   return 0;
 }
 
-static void format_depth(const struct config *cfg, char *out, size_t len) {
+static void format_range(const double *range, char *out, size_t len) {
   char lo[32], hi[32];
-  config_format_double(cfg->data.passkey_depth[0], lo, sizeof lo);
-  config_format_double(cfg->data.passkey_depth[1], hi, sizeof hi);
-  if (cfg->data.passkey_depth[0] == cfg->data.passkey_depth[1])
+  config_format_double(range[0], lo, sizeof lo);
+  config_format_double(range[1], hi, sizeof hi);
+  if (range[0] == range[1])
     snprintf(out, len, "%s", lo);
   else
     snprintf(out, len, "%s,%s", lo, hi);
+}
+
+static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                       size_t len) {
+  return store_range(cfg->data.passkey_depth, items, n, detail, len);
+}
+
+static void format_depth(const struct config *cfg, char *out, size_t len) {
+  format_range(cfg->data.passkey_depth, out, len);
+}
+
+static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                        size_t len) {
+  return store_range(cfg->data.passkey_length, items, n, detail, len);
+}
+
+static void format_length(const struct config *cfg, char *out, size_t len) {
+  format_range(cfg->data.passkey_length, out, len);
 }
 
 const char *config_mode_name(enum run_mode m) {

@@ -108,10 +108,18 @@ def check_passkey(row, tok, sc, dist, cfg):
         where = [Q + i for i in range(k)]  # the question, then each digit, predicts the next
     if [int(tok[t + 1]) for t in where] != digits:
         bad(row, "the answer is not the needle's digits")
+    h0 = 0  # the haystack follows the padding
+    while tok[h0] == 0:
+        h0 += 1
+    if int(np.sum(tok[h0:] == 0)):
+        bad(row, "a padding byte inside the haystack")
+    lo, hi = (float(x) for x in (cfg.get("data", "passkey.length").split(",") * 2)[:2])
+    if not lo * n - 1 <= n + 1 - h0 <= hi * (n + 1) + 1 and h0 > 0:
+        bad(row, f"a haystack of {n + 1 - h0} tokens, outside length {lo}..{hi}")
     lo, hi = (float(x) for x in (cfg.get("data", "passkey.depth").split(",") * 2)[:2])
-    F = Q - (k + 1)
-    if not round(lo * F) - 1 <= p <= round(hi * F) + 1:
-        bad(row, f"needle at {p}, outside depth {lo}..{hi} of {F}")
+    F = Q - h0 - (k + 1)
+    if not round(lo * F) - 1 <= p - h0 <= round(hi * F) + 1:
+        bad(row, f"needle at {p - h0} of the haystack, outside depth {lo}..{hi} of {F}")
     expect(row, tok, sc, dist, {t: (digits[i], t - (p + 1 + i)) for i, t in enumerate(where)})
 
 

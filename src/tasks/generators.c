@@ -134,12 +134,13 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
 }
 
 /* ---------------------------------------------------------------------------------------------
- * passkey: filler with the needle NEEDLE d0..dk−1 at a depth, and the question at the end (tasks.h
- * gives both forms), the digits scored. The question takes the last 1 + k tokens (plain) or 1 + 2k
- * (one-hop), from Q on; the needle starts at p ≤ F, the filler's length. */
+ * passkey: a haystack of H tokens ends the sample (padding before it, from position h0 = n + 1 −
+ * H): filler with the needle NEEDLE d0..dk−1 at a depth, and the question at the end (tasks.h gives
+ * both forms), the digits scored. The question takes the last 1 + k tokens (plain) or 1 + 2k
+ * (one-hop), from Q on; the needle starts at h0 + p, p ≤ F, the filler's length. */
 
 static bool passkey_reserved(uint8_t c, bool one_hop) {
-  return c == PASSKEY_NEEDLE || c == PASSKEY_QUESTION ||
+  return c == PASSKEY_PAD || c == PASSKEY_NEEDLE || c == PASSKEY_QUESTION ||
          (c >= PASSKEY_INDEX0 && c < PASSKEY_INDEX0 + PASSKEY_TAGGED) ||
          (one_hop && c >= PASSKEY_TAGGED0);
 }
@@ -148,13 +149,17 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
                   struct task_sample *s) {
   struct draws d = {cfg->run.seed, a, b, 0};
   const bool one = cfg->data.passkey_one_hop;
-  const long n = s->n, k = cfg->data.passkey_digits;
-  const long Q = n - (one ? 2 * k : k), F = Q - (k + 1);
+  const long n = s->n, k = cfg->data.passkey_digits, question = one ? 1 + 2 * k : 1 + k;
+  const double *len_range = cfg->data.passkey_length, *depth_range = cfg->data.passkey_depth;
+  const double share = len_range[0] + (len_range[1] - len_range[0]) * draw_uniform(&d);
+  long H = lround(share * (double)(n + 1)); /* at least the needle and the question */
+  H = H < question + k + 1 ? question + k + 1 : H > n + 1 ? n + 1 : H;
+  const long h0 = n + 1 - H, Q = n + 1 - question, F = Q - h0 - (k + 1);
   task_sample_clear(s);
-  const double lo = cfg->data.passkey_depth[0], hi = cfg->data.passkey_depth[1];
-  const double depth = lo + (hi - lo) * draw_uniform(&d);
-  long p = lround(depth * (double)F);
-  if (p > F) p = F;
+  memset(s->tokens, PASSKEY_PAD, (size_t)h0);
+  const double depth = depth_range[0] + (depth_range[1] - depth_range[0]) * draw_uniform(&d);
+  long p = h0 + lround(depth * (double)F);
+  if (p > h0 + F) p = h0 + F;
   uint8_t digits[64];
   for (long i = 0; i < k; i++) {
     const int v = (int)draw_below(&d, 10);
@@ -165,7 +170,7 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
   for (long f = 0; f < F; f++) { /* filler byte f goes before the needle or after it */
     uint8_t c = text ? text[off + (size_t)f] : (uint8_t)(0x20 + draw_below(&d, 0x7F - 0x20));
     if (passkey_reserved(c, one)) c = ' ';
-    s->tokens[f < p ? f : f + k + 1] = c;
+    s->tokens[h0 + f < p ? h0 + f : h0 + f + k + 1] = c;
   }
   s->tokens[p] = PASSKEY_NEEDLE;
   s->tokens[Q] = PASSKEY_QUESTION;

@@ -29,7 +29,11 @@
  * QUESTION d0..dk−1, digits '0'..'9'. One-hop form: digit i of value v is the byte
  * TAGGED0 + 10·i + v (in the needle and in the answer alike) and the sample ends with QUESTION,
  * then for each i the query byte INDEX0 + i followed by digit i: a query names the digit it
- * fetches. Filler bytes that are markers, query bytes or (one-hop) tagged bytes become spaces. */
+ * fetches. Filler bytes that are padding, markers, query bytes or (one-hop) tagged bytes become
+ * spaces.
+ * A haystack (filler, needle, question) shorter than the sample (data.passkey.length) ends the
+ * sample; PAD bytes come before it. */
+#define PASSKEY_PAD      0x00 /* before a haystack shorter than the sample */
 #define PASSKEY_NEEDLE   0x02
 #define PASSKEY_QUESTION 0x03
 #define PASSKEY_INDEX0   0x10 /* query bytes 0x10 .. 0x1B */
