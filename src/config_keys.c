@@ -166,7 +166,7 @@ const struct key_def config_keys[] = {
            "question), or lo,hi to draw it uniformly per sample"),
     K_LIST("data", "passkey.length", "1", length_list, "haystack",
            "passkey: the haystack's share of the sample (filler, needle and question; padding "
-           "before it), or lo,hi to draw it uniformly per sample"),
+           "after it), or lo,hi to draw it uniformly per sample"),
     K_NUM("data", "listops.max_args", KEY_INT, "10", 2, 20, LOHI, data.listops_max_args, "max_args",
           "listops: most arguments of one operator (LRA: 10)"),
     K_NUM("data", "listops.max_depth", KEY_INT, "10", 1, 20, LOHI, data.listops_max_depth,

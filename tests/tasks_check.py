@@ -88,8 +88,15 @@ def check_mqar(row, tok, sc, dist, cfg):
 def check_passkey(row, tok, sc, dist, cfg):
     k = cfg.getint("data", "passkey.digits")
     one = cfg.getboolean("data", "passkey.one_hop")
-    n = len(tok) - 1
-    Q = n - (2 * k if one else k)
+    H = len(tok)  # the haystack, then padding
+    while tok[H - 1] == 0:
+        H -= 1
+    lo, hi = (float(x) for x in (cfg.get("data", "passkey.length").split(",") * 2)[:2])
+    if H < len(tok) and not lo * len(tok) - 1 <= H <= hi * len(tok) + 1:
+        bad(row, f"a haystack of {H} tokens, outside length {lo}..{hi}")
+    if int(np.sum(tok[:H] == 0)):
+        bad(row, "a padding byte inside the haystack")
+    Q = H - 1 - (2 * k if one else k)
     needles = [int(i) for i in np.nonzero(tok == 0x02)[0]]
     if tok[Q] != 0x03 or len(needles) != 1 or int(np.sum(tok == 0x03)) != 1:
         return bad(row, f"markers: needle at {needles}, question at {np.nonzero(tok == 3)[0]}")
@@ -100,7 +107,7 @@ def check_passkey(row, tok, sc, dist, cfg):
         if not ok:
             return bad(row, f"needle digit {i} is byte {b:#x}")
     if one:
-        queries = [int(b) for b in tok[Q + 1::2]]
+        queries = [int(b) for b in tok[Q + 1:H:2]]
         if queries != [0x10 + i for i in range(k)]:
             bad(row, f"the queries are {queries}")
         where = [Q + 1 + 2 * i for i in range(k)]  # query i predicts digit i
@@ -108,18 +115,10 @@ def check_passkey(row, tok, sc, dist, cfg):
         where = [Q + i for i in range(k)]  # the question, then each digit, predicts the next
     if [int(tok[t + 1]) for t in where] != digits:
         bad(row, "the answer is not the needle's digits")
-    h0 = 0  # the haystack follows the padding
-    while tok[h0] == 0:
-        h0 += 1
-    if int(np.sum(tok[h0:] == 0)):
-        bad(row, "a padding byte inside the haystack")
-    lo, hi = (float(x) for x in (cfg.get("data", "passkey.length").split(",") * 2)[:2])
-    if not lo * n - 1 <= n + 1 - h0 <= hi * (n + 1) + 1 and h0 > 0:
-        bad(row, f"a haystack of {n + 1 - h0} tokens, outside length {lo}..{hi}")
     lo, hi = (float(x) for x in (cfg.get("data", "passkey.depth").split(",") * 2)[:2])
-    F = Q - h0 - (k + 1)
-    if not round(lo * F) - 1 <= p - h0 <= round(hi * F) + 1:
-        bad(row, f"needle at {p - h0} of the haystack, outside depth {lo}..{hi} of {F}")
+    F = Q - (k + 1)
+    if not round(lo * F) - 1 <= p <= round(hi * F) + 1:
+        bad(row, f"needle at {p}, outside depth {lo}..{hi} of {F}")
     expect(row, tok, sc, dist, {t: (digits[i], t - (p + 1 + i)) for i, t in enumerate(where)})
 
 
@@ -154,21 +153,22 @@ def listops_eval(expr, cfg):
 
 def check_listops(row, tok, sc, dist, cfg):
     n = len(tok) - 1
-    if tok[n - 1] != ord("="):
-        return bad(row, "no '=' before the answer")
-    pad = 0
-    while tok[pad] == ord(" "):
-        pad += 1
-    expr = bytes(int(b) for b in tok[pad:n - 1])
+    eq = [int(i) for i in np.nonzero(tok == ord("="))[0]]
+    if len(eq) != 1:
+        return bad(row, f"'=' at {eq}")
+    E = eq[0]
+    if any(int(b) != ord(" ") for b in tok[E + 2:]):
+        bad(row, "not padding after the answer")
+    expr = bytes(int(b) for b in tok[:E])
     try:
         value, depth = listops_eval(expr, cfg)
     except (ValueError, IndexError) as e:
         return bad(row, f"not an expression: {e}: {expr[:60]!r}")
     if depth > cfg.getint("data", "listops.max_depth"):
         bad(row, f"depth {depth}")
-    if len(expr) < cfg.getint("data", "listops.min_length"):
-        bad(row, f"{len(expr)} bytes, shorter than min_length")
-    expect(row, tok, sc, dist, {n - 1: (0x30 + value, len(expr))})
+    if not cfg.getint("data", "listops.min_length") <= len(expr) <= n - 1:
+        bad(row, f"{len(expr)} bytes, outside min_length .. n - 1")
+    expect(row, tok, sc, dist, {E: (0x30 + value, len(expr))})
 
 
 def check_copy(row, tok, sc, dist, cfg):

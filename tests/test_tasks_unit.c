@@ -226,19 +226,24 @@ static void test_generators(void **state) {
       assert_true(s.tokens[N - 4 + i] >= '0' && s.tokens[N - 4 + i] <= '9');
     config_free(&cfg);
   }
-  /* listops: left-padded expression, '=', the answer digit; distance = expression length */
+  /* listops: the expression, '=', the answer digit, then padding; distance = its length */
   const char *const lo[] = {"data.source=listops", "data.listops.min_length=30", NULL};
   load_case(&cfg, lo);
   for (uint64_t b = 0; b < 20; b++) {
     task_listops(&cfg, 0, b, &s);
-    assert_int_equal(s.tokens[N - 1], LISTOPS_ANSWER);
-    assert_true(s.tokens[N] >= '0' && s.tokens[N] <= '9');
-    assert_int_equal(s.scored[N - 1], 1);
-    const long len = s.distance[N - 1], pad = N - 1 - len;
-    assert_true(len >= 30 && pad >= 0);
-    for (long t = 0; t < pad; t++) assert_int_equal(s.tokens[t], LISTOPS_PAD);
-    assert_true(strchr("XNDS", s.tokens[pad]) != NULL); /* an operator opens it */
-    assert_int_equal(s.tokens[N - 2], LISTOPS_CLOSE);
+    long E = -1;
+    for (long t = 0; t < N; t++)
+      if (s.scored[t]) {
+        assert_int_equal(E, -1); /* one scored target */
+        E = t;
+      }
+    assert_true(E >= 30 && E <= N - 1);
+    assert_int_equal(s.distance[E], E);
+    assert_int_equal(s.tokens[E], LISTOPS_ANSWER);
+    assert_true(s.tokens[E + 1] >= '0' && s.tokens[E + 1] <= '9');
+    for (long t = E + 2; t <= N; t++) assert_int_equal(s.tokens[t], LISTOPS_PAD);
+    assert_non_null(strchr("XNDS", s.tokens[0])); /* an operator opens it */
+    assert_int_equal(s.tokens[E - 1], LISTOPS_CLOSE);
   }
   task_sample_free(&s);
   config_free(&cfg);

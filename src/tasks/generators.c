@@ -134,10 +134,11 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
 }
 
 /* ---------------------------------------------------------------------------------------------
- * passkey: a haystack of H tokens ends the sample (padding before it, from position h0 = n + 1 −
- * H): filler with the needle NEEDLE d0..dk−1 at a depth, and the question at the end (tasks.h gives
- * both forms), the digits scored. The question takes the last 1 + k tokens (plain) or 1 + 2k
- * (one-hop), from Q on; the needle starts at h0 + p, p ≤ F, the filler's length. */
+ * passkey: a haystack of H tokens starts the sample (padding after it): filler with the needle
+ * NEEDLE d0..dk−1 at a depth, and the question at its end (tasks.h gives both forms), the digits
+ * scored. The question takes the haystack's last 1 + k tokens (plain) or 1 + 2k (one-hop), from Q
+ * on; the needle starts at p ≤ F, the filler's length. A causal model's question sees the haystack
+ * only, so a short haystack is a short problem whatever the context. */
 
 static bool passkey_reserved(uint8_t c, bool one_hop) {
   return c == PASSKEY_PAD || c == PASSKEY_NEEDLE || c == PASSKEY_QUESTION ||
@@ -154,12 +155,12 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
   const double share = len_range[0] + (len_range[1] - len_range[0]) * draw_uniform(&d);
   long H = lround(share * (double)(n + 1)); /* at least the needle and the question */
   H = H < question + k + 1 ? question + k + 1 : H > n + 1 ? n + 1 : H;
-  const long h0 = n + 1 - H, Q = n + 1 - question, F = Q - h0 - (k + 1);
+  const long Q = H - question, F = Q - (k + 1);
   task_sample_clear(s);
-  memset(s->tokens, PASSKEY_PAD, (size_t)h0);
+  memset(s->tokens + H, PASSKEY_PAD, (size_t)(n + 1 - H));
   const double depth = depth_range[0] + (depth_range[1] - depth_range[0]) * draw_uniform(&d);
-  long p = h0 + lround(depth * (double)F);
-  if (p > h0 + F) p = h0 + F;
+  long p = lround(depth * (double)F);
+  if (p > F) p = F;
   uint8_t digits[64];
   for (long i = 0; i < k; i++) {
     const int v = (int)draw_below(&d, 10);
@@ -170,7 +171,7 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
   for (long f = 0; f < F; f++) { /* filler byte f goes before the needle or after it */
     uint8_t c = text ? text[off + (size_t)f] : (uint8_t)(0x20 + draw_below(&d, 0x7F - 0x20));
     if (passkey_reserved(c, one)) c = ' ';
-    s->tokens[h0 + f < p ? h0 + f : h0 + f + k + 1] = c;
+    s->tokens[f < p ? f : f + k + 1] = c;
   }
   s->tokens[p] = PASSKEY_NEEDLE;
   s->tokens[Q] = PASSKEY_QUESTION;
@@ -188,7 +189,8 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
 /* ---------------------------------------------------------------------------------------------
  * listops: the LRA generator (lra_benchmarks/data/listops.py): a node below max_depth is an
  * operator with probability 1/4 (else a value 0..9), an operator has 2..max_args arguments;
- * expressions are drawn until one is min_length .. n − 1 bytes long. */
+ * expressions are drawn until one is min_length .. n − 1 bytes long, then '=', the answer and
+ * padding (after the answer, as LRA pads, so that the answer sees the expression only). */
 
 struct listops_gen {
   const struct config *cfg;
@@ -262,12 +264,12 @@ void task_listops(const struct config *cfg, uint64_t a, uint64_t b, struct task_
         "data.source = listops: no expression of %d to %ld bytes in %d draws; lower "
         "data.listops.min_length or raise data.listops.max_args or data.listops.max_depth",
         cfg->data.listops_min_length, cap, LISTOPS_TRIES);
-  const long pad = n + 1 - (g.len + 2);
-  memset(s->tokens, LISTOPS_PAD, (size_t)pad);
-  memcpy(s->tokens + pad, expr, (size_t)g.len);
-  s->tokens[n - 1] = LISTOPS_ANSWER;
-  s->tokens[n] = (uint8_t)('0' + value);
-  s->scored[n - 1] = 1;
-  s->distance[n - 1] = (int32_t)(n - 1 - pad); /* back to the expression's first token */
+  const long E = g.len; /* expression, '=', answer, then padding as LRA pads */
+  memcpy(s->tokens, expr, (size_t)E);
+  s->tokens[E] = LISTOPS_ANSWER;
+  s->tokens[E + 1] = (uint8_t)('0' + value);
+  memset(s->tokens + E + 2, LISTOPS_PAD, (size_t)(n - 1 - E));
+  s->scored[E] = 1;
+  s->distance[E] = (int32_t)E; /* back to the expression's first token */
   free(expr);
 }

@@ -31,16 +31,16 @@
  * then for each i the query byte INDEX0 + i followed by digit i: a query names the digit it
  * fetches. Filler bytes that are padding, markers, query bytes or (one-hop) tagged bytes become
  * spaces.
- * A haystack (filler, needle, question) shorter than the sample (data.passkey.length) ends the
- * sample; PAD bytes come before it. */
-#define PASSKEY_PAD      0x00 /* before a haystack shorter than the sample */
+ * A haystack (filler, needle, question) shorter than the sample (data.passkey.length) starts the
+ * sample; PAD bytes follow it. */
+#define PASSKEY_PAD      0x00 /* after a haystack shorter than the sample */
 #define PASSKEY_NEEDLE   0x02
 #define PASSKEY_QUESTION 0x03
 #define PASSKEY_INDEX0   0x10 /* query bytes 0x10 .. 0x1B */
 #define PASSKEY_TAGGED0  0x80
 #define PASSKEY_TAGGED   12 /* digits the one-hop form can tag: 0x80 + 10·12 = 0xF8 */
 /* ListOps, one byte per LRA token: "[MAX" is 'X', "[MIN" 'N', "[MED" 'D', "[SM" 'S', "]" is ']',
- * values '0'..'9'; the expression (left-padded with spaces) is followed by '=' and the answer. */
+ * values '0'..'9'; the expression is followed by '=', the answer, and spaces up to the end. */
 #define LISTOPS_MAX    'X'
 #define LISTOPS_MIN    'N'
 #define LISTOPS_MED    'D'
