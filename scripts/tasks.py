@@ -305,7 +305,7 @@ def parse_args():
                     help="train.batch = this / context: the same tokens per step at every length")
     ap.add_argument("--eval-samples", type=int, default=64,
                     help="validation and test samples (train.eval_windows)")
-    ap.add_argument("--evals", type=int, default=3, help="validations per run")
+    ap.add_argument("--evals", type=int, default=2, help="validations per run")
     ap.add_argument("--corpus", default=os.path.join(ROOT, "data", "kjv.txt"),
                     help="passkey's filler text (scripts/get_kjv.sh); '' or missing: random bytes")
     ap.add_argument("--extra", default="",
@@ -328,7 +328,7 @@ def parse_args():
         a.variants, a.tasks, a.lengths = "full,local,fma", "mqar,copy", "64"
         a.steps, a.tokens_per_step, a.eval_samples, a.evals = 20, 512, 8, 2
         a.extra = ("attention.fma.m=8 attention.fma.p=2 attention.local.band=8 "
-                   "attention.full.block=16 data.mqar.queries=16 " + a.extra)
+                   "attention.full.block=16 " + a.extra)
     a.variants = [v for v in a.variants.split(",") if v]
     a.tasks = [t for t in a.tasks.split(",") if t] + (["listops"] if a.listops else [])
     a.lengths = sorted({int(x) for x in a.lengths.split(",") if x})

@@ -348,6 +348,11 @@ static void check_task_rules(struct parse_ctx *c, const struct config *cfg) {
                 "data.mqar.pairs = %d: the one-hop form has %d keys (set data.mqar.one_hop = "
                 "false for up to 64)",
                 d->mqar_pairs, MQAR1_KEYS);
+    else if (d->mqar_queries > d->mqar_pairs)
+      fail_keys(c, "data.mqar.pairs data.mqar.queries",
+                "data.mqar.queries = %d is more than data.mqar.pairs = %d: each key is asked for "
+                "once (a second query would find the first one's answer nearer than the pair)",
+                d->mqar_queries, d->mqar_pairs);
     else if (span + 2L * q > room)
       fail_keys(c, "data.mqar.pairs data.mqar.queries model.context",
                 "data.mqar.pairs = %d with %d queries needs %s + 2*queries = %ld tokens, but a "

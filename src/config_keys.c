@@ -150,9 +150,8 @@ const struct key_def config_keys[] = {
            "mqar: a pair is one byte (16 keys x 8 values) that a query's target copies, so one "
            "attention hop retrieves it; false: a key byte then a value byte (Zoology; retrieval "
            "needs a two-layer induction circuit)"),
-    K_NUM("data", "mqar.queries", KEY_INT, "0", 0, 0, LO1, data.mqar_queries, "queries",
-          "mqar: queries (0: one per pair); up to mqar.pairs each key is asked for once, in "
-          "random order; beyond, every round of pairs queries asks for each key again"),
+    K_NUM("data", "mqar.queries", KEY_INT, "0", 0, 64, LOHI, data.mqar_queries, "queries",
+          "mqar: keys asked for, in random order, each once (at most mqar.pairs; 0: every pair)"),
     K_ENUM("data", "mqar.spread", "log", mqar_spread_names, data.mqar_spread, "spread",
            "mqar: where the queries go after the pairs (compact: right after them; uniform: "
            "anywhere; log: log-uniform gaps, every distance octave alike)"),

@@ -47,14 +47,14 @@ void task_sample_clear(struct task_sample *s) {
  * mqar: P pairs (P distinct keys) at the start, then filler in which Q queries appear at query
  * slots, each a key followed by the scored target: the value byte (two-token form, Zoology: pair i
  * is "key value" at 2i, 2i + 1) or the pair byte (one-hop form: pair i is one byte at i). The
- * queries ask for the keys in random order, each once while Q ≤ P (Zoology's MQAR); beyond P every
- * round of P queries asks for each key once more, in a fresh order. A query slot is two tokens;
- * slot s starts right after the pairs, at span + 2s. */
+ * queries ask for Q ≤ P of the keys in random order, each once (a key asked for twice would find
+ * its first answer nearer than its pair). A query slot is two tokens; slot s starts right after
+ * the pairs, at span + 2s. */
 
 /* Q distinct slots of S, ascending, placed as data.mqar.spread says. */
-static void mqar_slots(const struct config *cfg, struct draws *d, long S, long Q, long *slot) {
+static void mqar_slots(const struct config *cfg, struct draws *d, long S, int Q, long *slot) {
   uint8_t *used = xcalloc((size_t)S, 1);
-  for (long i = 0; i < Q; i++) {
+  for (int i = 0; i < Q; i++) {
     long s = i;
     if (cfg->data.mqar_spread != MQAR_COMPACT) {
       if (cfg->data.mqar_spread == MQAR_UNIFORM) {
@@ -73,20 +73,16 @@ static void mqar_slots(const struct config *cfg, struct draws *d, long S, long Q
   free(used);
 }
 
-/* order[i] for i < Q: rounds of P, each a random permutation of the pairs. */
-static void mqar_order(struct draws *d, int P, long Q, int *order) {
-  for (long r = 0; r < Q; r += P) {
-    int *o = order + r;
-    const long m = Q - r < P ? Q - r : P; /* the last round asks for m of the keys */
-    int perm[MQAR_KEYS];
-    for (int i = 0; i < P; i++) perm[i] = i;
-    for (long i = 0; i < m; i++) {
-      const int j = (int)i + (int)draw_below(d, (uint64_t)(P - i));
-      const int t = perm[i];
-      perm[i] = perm[j];
-      perm[j] = t;
-      o[i] = perm[i];
-    }
+/* order[i] for i < Q ≤ P: which pairs are asked for, in what order (a partial Fisher-Yates). */
+static void mqar_order(struct draws *d, int P, int Q, int *order) {
+  int perm[MQAR_KEYS];
+  for (int i = 0; i < P; i++) perm[i] = i;
+  for (int i = 0; i < Q; i++) {
+    const int j = i + (int)draw_below(d, (uint64_t)(P - i));
+    const int t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+    order[i] = perm[i];
   }
 }
 
@@ -94,8 +90,7 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
   struct draws d = {cfg->run.seed, a, b, 0};
   const long n = s->n;
   const bool one = cfg->data.mqar_one_hop;
-  const int P = cfg->data.mqar_pairs;
-  const long Q = cfg->data.mqar_queries ? cfg->data.mqar_queries : P;
+  const int P = cfg->data.mqar_pairs, Q = cfg->data.mqar_queries ? cfg->data.mqar_queries : P;
   const int nkeys = one ? MQAR1_KEYS : MQAR_KEYS, nvalues = one ? MQAR1_VALUES : MQAR_VALUES;
   const long span = one ? P : 2L * P; /* tokens the pairs take */
   task_sample_clear(s);
@@ -115,11 +110,11 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
       s->tokens[2 * i + 1] = (uint8_t)(MQAR_VALUE0 + value[i]);
     }
   }
-  int *order = xmalloc(sizeof(int) * (size_t)Q);
-  long *slot = xmalloc(sizeof(long) * (size_t)Q);
+  int order[MQAR_KEYS];
+  long slot[MQAR_KEYS];
   mqar_order(&d, P, Q, order);
   mqar_slots(cfg, &d, (n + 1 - span) / 2, Q, slot);
-  for (long i = 0; i < Q; i++) {
+  for (int i = 0; i < Q; i++) {
     const long q = span + 2 * slot[i]; /* the query key; its value follows */
     const int pair = order[i];
     s->tokens[q] = (uint8_t)(one ? MQAR1_QUERY0 + keys[pair] : MQAR_KEY0 + keys[pair]);
@@ -129,8 +124,6 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
     /* back to the token the target copies: the pair byte, or the value byte */
     s->distance[q] = (int32_t)(q - (one ? pair : 2L * pair + 1));
   }
-  free(order);
-  free(slot);
 }
 
 /* ---------------------------------------------------------------------------------------------
