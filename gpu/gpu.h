@@ -105,9 +105,10 @@ void gpu_heads_split_backward(float *dqkv, const float *dq, const float *dk, con
 void gpu_heads_merge_forward(float *y, const float *att, long B, long T, int H, int d);
 void gpu_heads_merge_backward(float *datt, const float *dy, long B, long T, int H, int d);
 /* Fused softmax cross-entropy: logits become dlogits; returns Σ −log p(target) over counted rows
- * (targets < 0 ignored) in double; row_loss (host, N) when given. */
+ * (targets < 0 ignored) in double; row_loss and row_pred (host, N: the argmax, −1 for ignored
+ * rows) when given (layers.h's softmax_xent_rows_forward_backward). */
 double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
-                                         float grad_scale, float *row_loss);
+                                         float grad_scale, float *row_loss, int *row_pred);
 
 /* ---- the optimizer (optimizer.cu) */
 

@@ -3,10 +3,12 @@
 // sums over many rows (bias, layer-norm and embedding gradients) in two stages — fixed chunks of
 // rows in parallel, then the chunks in order — so they are deterministic and never one thread's
 // walk over every row. Every launcher returns before an empty launch.
+#include <climits>
 #include <vector>
 
 #include "layers.h"
 #include "rng.h"
+
 #include "check.h"
 #include "gpu.h"
 #include "rng.cuh"
@@ -287,20 +289,52 @@ __global__ void heads_merge(float *y, float *att, long B, long T, int H, int d, 
 }
 
 // One block per row: logits become (softmax − onehot)·scale; row_loss[row] = −log p(target).
-__global__ void softmax_xent(float *logits, const int *targets, double *row_loss, int V,
-                             float scale) {
+// The lowest value over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ int block_min(int v) {
+  __shared__ int part[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  for (int o = kWarp / 2; o > 0; o /= 2) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / kWarp;
+  int r = threadIdx.x < nwarps ? part[threadIdx.x] : INT_MAX;
+  if (warp == 0)
+    for (int o = kWarp / 2; o > 0; o /= 2) r = min(r, __shfl_xor_sync(0xffffffffu, r, o));
+  __shared__ int result;
+  if (threadIdx.x == 0) result = r;
+  __syncthreads();
+  const int out = result;
+  __syncthreads();  // part and result may be reused by the next call
+  return out;
+}
+
+// grid N rows, block kThreads: one row's softmax cross-entropy (layers.c's
+// softmax_xent_rows_forward_backward); row_pred (when given) the lowest index of the row's maximum,
+// read before the logits are overwritten, −1 for ignored rows.
+__global__ void softmax_xent(float *logits, const int *targets, double *row_loss, int *row_pred,
+                             int V, float scale) {
   const long row = blockIdx.x;
   float *z = logits + row * V;
   const int tgt = targets[row];
   if (tgt < 0) {
     for (int j = threadIdx.x; j < V; j += blockDim.x) z[j] = 0.0f;
-    if (threadIdx.x == 0) row_loss[row] = 0.0;
+    if (threadIdx.x == 0) {
+      row_loss[row] = 0.0;
+      if (row_pred) row_pred[row] = -1;
+    }
     return;
   }
   const float zt = z[tgt];  // read before any thread overwrites it
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, z[j]);
   mx = block_reduce<true>(mx);
+  if (row_pred) {  // every thread reads only the entries it will overwrite itself
+    int arg = INT_MAX;
+    for (int j = threadIdx.x; j < V && arg == INT_MAX; j += blockDim.x)
+      if (z[j] == mx) arg = j;
+    arg = block_min(arg);
+    if (threadIdx.x == 0) row_pred[row] = arg;
+  }
   float s = 0.0f;
   for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(z[j] - mx);
   s = block_reduce<false>(s);
@@ -488,15 +522,22 @@ extern "C" void gpu_heads_merge_backward(float *datt, const float *dy, long B, l
 }
 
 extern "C" double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N,
-                                                    int V, float grad_scale, float *row_loss) {
+                                                    int V, float grad_scale, float *row_loss,
+                                                    int *row_pred) {
   if (N == 0) return 0.0;
   double *dloss = static_cast<double *>(gpu_alloc(MEM_WORKSPACE, sizeof(double) * (size_t)N));
-  softmax_xent<<<gpu_int(N, "softmax rows"), kThreads, 0, gpu_stream()>>>(logits, targets, dloss, V,
-                                                                          grad_scale);
+  int *dpred =
+      row_pred ? static_cast<int *>(gpu_alloc(MEM_WORKSPACE, sizeof(int) * (size_t)N)) : nullptr;
+  softmax_xent<<<gpu_int(N, "softmax rows"), kThreads, 0, gpu_stream()>>>(logits, targets, dloss,
+                                                                          dpred, V, grad_scale);
   LAUNCH_CHECK();
   std::vector<double> host((size_t)N);
   gpu_download(host.data(), dloss, sizeof(double) * (size_t)N);
   gpu_free(dloss);
+  if (dpred) {
+    gpu_download(row_pred, dpred, sizeof(int) * (size_t)N);
+    gpu_free(dpred);
+  }
   double total = 0.0;  // rows in order, as the CPU op's sum over rows
   for (long i = 0; i < N; i++) {
     total += host[(size_t)i];

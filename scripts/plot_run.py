@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 # Plot a training run's diagnostics: reads runs/<name>/diag.h5 (SPEC section 8.1) and writes
-# loss.png, lr.png, timing.png, attention_mass.png and entropy.png; when the run directory also
-# holds eval.h5 (run.mode = eval), loss_vs_position.png: the loss by position in the context.
+# loss.png, lr.png, timing.png, attention_mass.png and entropy.png; on a task (docs/tasks.md)
+# accuracy.png (validation accuracy against step) and accuracy_by_distance.png (accuracy on the
+# scored targets by how far back their answer lies: from eval.h5 when there is one, else the last
+# validation and the test split of diag.h5); when the run directory also holds eval.h5
+# (run.mode = eval), loss_vs_position.png: the loss by position in the context.
 # Read-only: it never opens a file for writing nor holds an HDF5 lock, so it is safe to run on a
 # job that is still writing.
 # Usage: scripts/plot_run.py RUN_DIR_or_diag.h5 [-o OUT_DIR] (Debian's python3-h5py, -matplotlib)
@@ -325,6 +328,82 @@ def plot_position(eval_path, title, out_dir, written):
     save(fig, out_dir, "loss_vs_position.png", written)
 
 
+def plot_accuracy(data, attrs, title, out_dir, written):
+    """A task's validation accuracy against step (diag.h5 /task), with the test split's."""
+    step, acc = series(data, "task", "valid_accuracy")
+    if acc is None or len(acc) == 0:
+        return
+    _, sample = series(data, "task", "valid_sample_accuracy")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(step, acc, "o-", ms=4, label="scored targets right")
+    if sample is not None:
+        ax.plot(step, sample, "s--", ms=3, label="samples with every scored target right")
+    test = data.get("/test/accuracy")
+    if test is not None and len(test):
+        ax.axhline(float(test[-1]), color="C3", ls=":", lw=1, label=f"test {float(test[-1]):.3f}")
+    mark_restart(ax, attrs)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(f"{title}: accuracy ({attrs['_deck'].get('data.source', '?')})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, out_dir, "accuracy.png", written)
+
+
+def distance_curves(data, eval_path):
+    """(start, end, {label: (accuracy, scored)}) of the accuracy by distance: eval.h5's valid and
+    test splits when there is one, else the last validation record and the test split of
+    diag.h5; None when the run is not a task."""
+    if eval_path and os.path.isfile(eval_path):
+        with h5py.File(eval_path, "r") as f:
+            if "distance" in f:
+                step = int(f.attrs.get("step", -1))
+                return (f["distance/start"][...], f["distance/end"][...],
+                        {f"{s} (checkpoint step {step})": (f[f"{s}/accuracy_by_distance"][...],
+                                                          f[f"{s}/scored_by_distance"][...])
+                         for s in ("valid", "test") if f"{s}/accuracy_by_distance" in f})
+    lo, hi = data.get("/task/distance_start"), data.get("/task/distance_end")
+    acc, cnt = data.get("/task/valid_accuracy_by_distance"), data.get("/task/valid_scored_by_distance")
+    if lo is None or acc is None or acc.ndim != 2 or len(acc) == 0:
+        return None
+    step = data.get("/task/step")
+    curves = {f"valid, step {int(step[-1]) if step is not None and len(step) else '?'}":
+              (acc[-1], cnt[-1])}
+    tacc, tcnt = data.get("/test/accuracy_by_distance"), data.get("/test/scored_by_distance")
+    if tacc is not None and tacc.ndim == 2 and len(tacc):
+        curves["test (end of training)"] = (tacc[-1], tcnt[-1])
+    return lo, hi, curves
+
+
+def plot_accuracy_by_distance(data, eval_path, title, out_dir, written):
+    got = distance_curves(data, eval_path)
+    if got is None:
+        return
+    lo, hi, curves = got
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    any_points = False
+    for label, (acc, cnt) in curves.items():
+        m = np.asarray(cnt) > 0
+        if not m.any():
+            continue
+        any_points = True
+        x = np.sqrt(np.maximum(lo[m], 0.5) * np.maximum(hi[m] - 1, 0.5))  # geometric bucket centre
+        ax.plot(x, acc[m], "o-", ms=4, label=f"{label}: {int(np.sum(cnt))} targets")
+    if not any_points:
+        plt.close(fig)
+        note("no scored target has a distance: skipping accuracy_by_distance.png")
+        return
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("distance: tokens back to the token the answer needs (bucket centre)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title}\naccuracy by distance")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, out_dir, "accuracy_by_distance.png", written)
+
+
 def main():
     ap = argparse.ArgumentParser(
         prog=PROG, description="Plot the diagnostics of an fmattn run (diag.h5) as PNG files.")
@@ -353,6 +432,8 @@ def main():
     plot_attention_mass(data, attrs, title, out_dir, written)
     plot_entropy(data, attrs, title, out_dir, written)
     eval_path = os.path.join(os.path.dirname(os.path.abspath(path)), "eval.h5")
+    plot_accuracy(data, attrs, title, out_dir, written)
+    plot_accuracy_by_distance(data, eval_path, title, out_dir, written)
     if os.path.isfile(eval_path):
         plot_position(eval_path, title, out_dir, written)
     for w in written:

@@ -55,7 +55,7 @@ static const struct backend cpu = {
     .heads_split_backward = heads_split_backward,
     .heads_merge_forward = heads_merge_forward,
     .heads_merge_backward = heads_merge_backward,
-    .softmax_xent_forward_backward = softmax_xent_forward_backward,
+    .softmax_xent_forward_backward = softmax_xent_rows_forward_backward,
     .sum_squares = optimizer_cpu_sum_squares,
     .adamw = optimizer_cpu_adamw,
 };

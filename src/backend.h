@@ -42,7 +42,7 @@ struct backend {
   void (*upload)(void *dev, const void *host, size_t bytes);
   void (*download)(void *host, const void *dev, size_t bytes);
 
-  /* The per-token layers of layers.h, same contracts (row_loss stays a host array). */
+  /* The per-token layers of layers.h, same contracts (row_loss and row_pred stay host arrays). */
   void (*linear_forward)(float *out, const float *inp, const float *weight, const float *bias,
                          long N, int IC, int OC);
   void (*linear_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -73,8 +73,9 @@ struct backend {
                                long B, long T, int Hqk, int H, int d);
   void (*heads_merge_forward)(float *y, const float *att, long B, long T, int H, int d);
   void (*heads_merge_backward)(float *datt, const float *dy, long B, long T, int H, int d);
+  /* layers.h's softmax_xent_rows_forward_backward: row_loss and row_pred are host arrays */
   double (*softmax_xent_forward_backward)(float *logits, const int *targets, long N, int V,
-                                          float grad_scale, float *row_loss);
+                                          float grad_scale, float *row_loss, int *row_pred);
 
   /* The optimizer's element-wise work (optimizer.c): Σ x² in double over n floats, and AdamW
    * on one tensor of n floats. */

@@ -19,6 +19,7 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "tasks/tasks.h"
 
 /* Debian's libinih exposes its line limit as a variable; upstream fixes it at build time (200
  * bytes). A weak reference links against either: with the variable we raise the limit while we
@@ -335,6 +336,53 @@ void config_set_rule(config_rule_fn rule) { module_rule = rule; }
 
 bool config_key_exists(const char *qualified) { return config_key_find_qualified(qualified) >= 0; }
 
+/* The in-process tasks must fit one sample of model.context + 1 tokens (docs/tasks.md). */
+static void check_task_rules(struct parse_ctx *c, const struct config *cfg) {
+  const struct config_data *d = &cfg->data;
+  const long room = (long)cfg->model.context + 1;
+  if (d->source == SOURCE_MQAR) {
+    const int q = d->mqar_queries ? d->mqar_queries : d->mqar_pairs;
+    const long span = d->mqar_one_hop ? d->mqar_pairs : 2L * d->mqar_pairs;
+    if (d->mqar_one_hop && d->mqar_pairs > MQAR1_KEYS)
+      fail_keys(c, "data.mqar.pairs data.mqar.one_hop",
+                "data.mqar.pairs = %d: the one-hop form has %d keys (set data.mqar.one_hop = "
+                "false for up to 64)",
+                d->mqar_pairs, MQAR1_KEYS);
+    else if (d->mqar_queries > d->mqar_pairs)
+      fail_keys(c, "data.mqar.pairs data.mqar.queries",
+                "data.mqar.queries = %d is more than data.mqar.pairs = %d: each key is asked for "
+                "once (a second query would find the first one's answer nearer than the pair)",
+                d->mqar_queries, d->mqar_pairs);
+    else if (span + 2L * q > room)
+      fail_keys(c, "data.mqar.pairs data.mqar.queries model.context",
+                "data.mqar.pairs = %d with %d queries needs %s + 2*queries = %ld tokens, but a "
+                "sample has model.context+1 = %ld",
+                d->mqar_pairs, q, d->mqar_one_hop ? "pairs" : "2*pairs", span + 2L * q, room);
+  }
+  if (d->source == SOURCE_PASSKEY && d->passkey_one_hop && d->passkey_digits > PASSKEY_TAGGED)
+    fail_keys(c, "data.passkey.digits data.passkey.one_hop",
+              "data.passkey.digits = %d: the one-hop form tags at most %d digits (set "
+              "data.passkey.one_hop = false for more)",
+              d->passkey_digits, PASSKEY_TAGGED);
+  else if (d->source == SOURCE_PASSKEY) {
+    const long k = d->passkey_digits, need = d->passkey_one_hop ? 3 * k + 2 : 2 * k + 2;
+    if (need > room)
+      fail_keys(c, "data.passkey.digits model.context",
+                "data.passkey.digits = %ld needs %s = %ld tokens (the needle and the question), "
+                "but a sample has model.context+1 = %ld",
+                k, d->passkey_one_hop ? "3*digits+2" : "2*digits+2", need, room);
+  }
+  if (d->source == SOURCE_LISTOPS && d->listops_min_length + 2L > room)
+    fail_keys(c, "data.listops.min_length model.context",
+              "data.listops.min_length = %d does not fit model.context = %d: an expression, '=' "
+              "and its answer need min_length+2 = %ld of the context+1 tokens",
+              d->listops_min_length, cfg->model.context, d->listops_min_length + 2L);
+  if (d->export_path[0] && d->source == SOURCE_TASK && strcmp(d->export_path, d->path) == 0)
+    fail_keys(c, "data.export data.path",
+              "data.export = '%s' is the task file being read (data.path): choose another path",
+              d->export_path);
+}
+
 static void check_rules(struct parse_ctx *c, const struct config *cfg) {
   const struct config_model *mo = &cfg->model;
   const struct config_attention *at = &cfg->attention;
@@ -376,6 +424,7 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
               "data.copy_len = %d does not fit model.context = %d: a copy sample needs "
               "2*copy_len+1 = %ld of the context+1 tokens",
               cfg->data.copy_len, mo->context, 2L * cfg->data.copy_len + 1);
+  check_task_rules(c, cfg);
   char keys[256], msg[MSG_LEN - 600];
   if (!c->failed && module_rule && module_rule(cfg, keys, sizeof keys, msg, sizeof msg))
     fail_keys(c, keys, "%s", msg);
@@ -383,13 +432,60 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
 
 static const char *const fetch_hint = "run scripts/get_kjv.sh (KJV) or scripts/get_enwik8.sh";
 
+/* Whether f starts with the HDF5 signature, at 0 or at a user-block offset (512, 1024, ...): a
+ * task file is read with the HDF5 library when the data is opened; this only catches a file that
+ * is plainly not one, while nothing has been written. */
+static bool hdf5_signature(FILE *f, long long size) {
+  static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  for (long long at = 0; at + 8 <= size; at = at ? 2 * at : 512) {
+    unsigned char buf[8];
+    if (fseek(f, (long)at, SEEK_SET) != 0 || fread(buf, 1, 8, f) != 8) return false;
+    if (memcmp(buf, sig, 8) == 0) return true;
+  }
+  return false;
+}
+
+/* data.source = task: data.path names a readable HDF5 file (its datasets are checked when the
+ * data is opened: src/tasks/file.c). */
+static void check_task_file(struct parse_ctx *c, const struct config *cfg) {
+  const char *path = cfg->data.path;
+  if (!path[0]) {
+    fail_keys(c, "data.path data.source",
+              "data.path is empty, but data.source = task needs a task file (HDF5: tokens, scored; "
+              "docs/tasks.md)");
+    return;
+  }
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fail_keys(c, "data.path", "data.path = '%s': cannot open (%s)", path, strerror(errno));
+    return;
+  }
+  struct stat st;
+  const bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+  const bool hdf5 = regular && hdf5_signature(f, (long long)st.st_size);
+  fclose(f);
+  if (!hdf5)
+    fail_keys(c, "data.path",
+              "data.path = '%s' is not an HDF5 file, but data.source = task needs a task file "
+              "(docs/tasks.md)",
+              path);
+}
+
 static void check_data_file(struct parse_ctx *c, const struct config *cfg) {
-  if (cfg->data.source != SOURCE_FILE || c->failed) return;
+  if (c->failed) return;
+  if (cfg->data.source == SOURCE_TASK) {
+    check_task_file(c, cfg);
+    return;
+  }
+  /* passkey's filler text is optional (random bytes without it); when given, it is split and
+   * must hold a context in every split, as a corpus does */
+  const bool passkey_text = cfg->data.source == SOURCE_PASSKEY && cfg->data.path[0];
+  if (cfg->data.source != SOURCE_FILE && !passkey_text) return;
   const char *path = cfg->data.path;
   if (!path[0]) {
     fail_keys(c, "data.path data.source",
               "data.path is empty, but data.source = file needs a byte file; %s, or set "
-              "data.source = copy or majority",
+              "data.source = copy or majority (or another task: docs/tasks.md)",
               fetch_hint);
     return;
   }

@@ -25,7 +25,17 @@ extern "C" {
 #define CONFIG_ERR_LEN 4096
 
 enum run_mode { MODE_TRAIN, MODE_EVAL, MODE_GENERATE, MODE_BENCH };
-enum data_source { SOURCE_FILE, SOURCE_COPY, SOURCE_MAJORITY };
+enum data_source {
+  SOURCE_FILE,
+  SOURCE_COPY,
+  SOURCE_MAJORITY,
+  SOURCE_TASK,    /* an HDF5 task file (docs/tasks.md) */
+  SOURCE_MQAR,    /* multi-query associative recall */
+  SOURCE_PASSKEY, /* a digit string inside filler, asked for at the end */
+  SOURCE_LISTOPS  /* LRA ListOps: nested MAX, MIN, MED, SM; the answer digit */
+};
+/* Where MQAR's queries go after its key-value pairs. */
+enum mqar_spread { MQAR_COMPACT, MQAR_UNIFORM, MQAR_LOG };
 enum position_kind { POSITION_LEARNED, POSITION_SINUSOIDAL, POSITION_ROPE, POSITION_NONE };
 enum objective_kind { OBJECTIVE_CLM, OBJECTIVE_MLM };
 enum schedule_kind { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
@@ -46,10 +56,20 @@ struct config_run {
 struct config_data {
   enum data_source source;
   char path[CONFIG_STR];
-  double split[3];     /* fractions (sum 1) or byte counts, as given */
-  bool split_is_bytes; /* true when the split was given in bytes */
-  int symbols;         /* synthetic tasks: alphabet size */
-  int copy_len;        /* copy task: symbols before the separator (0: as many as fit) */
+  double split[3];              /* fractions (sum 1) or byte counts, as given */
+  bool split_is_bytes;          /* true when the split was given in bytes */
+  int symbols;                  /* synthetic tasks: alphabet size */
+  int copy_len;                 /* copy task: symbols before the separator (0: as many as fit) */
+  char export_path[CONFIG_STR]; /* data.export: write the run's samples as a task file ("") */
+  int mqar_pairs;               /* data.mqar.pairs: key-value pairs */
+  int mqar_queries;             /* data.mqar.queries: keys asked for (0: every pair) */
+  enum mqar_spread mqar_spread; /* data.mqar.spread */
+  bool mqar_one_hop;            /* data.mqar.one_hop: a pair is one byte */
+  int passkey_digits;           /* data.passkey.digits */
+  bool passkey_one_hop;         /* data.passkey.one_hop: digits carry their index */
+  double passkey_depth[2];      /* data.passkey.depth: the needle's depth drawn in [lo, hi] */
+  double passkey_length[2];     /* data.passkey.length: the haystack's share of the sample */
+  int listops_max_args, listops_max_depth, listops_min_length; /* data.listops.* */
 };
 
 struct config_model {
@@ -204,6 +224,7 @@ const char *config_mode_name(enum run_mode m);
 const char *config_position_name(enum position_kind p);
 const char *config_downsample_name(enum fma_downsample d);
 const char *config_device_name(enum device_kind d);
+const char *config_source_name(enum data_source s);
 
 /* Vocabulary size implied by the objective: 256 bytes, plus the mask symbol for mlm. */
 int config_vocab(const struct config *cfg);

@@ -23,6 +23,8 @@ _Static_assert(sizeof(enum position_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_downsample) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_down_lr) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum precision_kind) == sizeof(int), "enum storage");
+_Static_assert(sizeof(enum data_source) == sizeof(int), "enum storage");
+_Static_assert(sizeof(enum mqar_spread) == sizeof(int), "enum storage");
 
 /* ---------------------------------------------------------------------------------------------
  * Names. Each list is in enum order: the index of a word is the enum value it stands for. */
@@ -30,7 +32,9 @@ _Static_assert(sizeof(enum precision_kind) == sizeof(int), "enum storage");
 const char *const config_section_names[] = {"run",    "data",     "model", "attention", "train",
                                             "output", "parallel", "bench", "generate",  NULL};
 static const char *const mode_names[] = {"train", "eval", "generate", "bench", NULL};
-static const char *const source_names[] = {"file", "copy", "majority", NULL};
+static const char *const source_names[] = {"file", "copy",    "majority", "task",
+                                           "mqar", "passkey", "listops",  NULL};
+static const char *const mqar_spread_names[] = {"compact", "uniform", "log", NULL};
 static const char *const position_names[] = {"learned", "sinusoidal", "rope", "none", NULL};
 static const char *const objective_names[] = {"clm", "mlm", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
@@ -73,6 +77,12 @@ static void format_what(const struct config *cfg, char *out, size_t len);
 static void format_n_list(const struct config *cfg, char *out, size_t len);
 static void format_variants(const struct config *cfg, char *out, size_t len);
 static void format_kernels(const struct config *cfg, char *out, size_t len);
+static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                       size_t len);
+static void format_depth(const struct config *cfg, char *out, size_t len);
+static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                        size_t len);
+static void format_length(const struct config *cfg, char *out, size_t len);
 
 static const struct list_kind split_list = {
     NULL,
@@ -85,6 +95,10 @@ static const struct list_kind n_list = {NULL, "a comma list of up to 32 integers
 static const struct list_kind variants_list = {variant_names, NULL, store_variants,
                                                format_variants};
 static const struct list_kind kernels_list = {kernel_names, NULL, store_kernels, format_kernels};
+static const struct list_kind depth_list = {
+    NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_depth, format_depth};
+static const struct list_kind length_list = {
+    NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_length, format_length};
 
 #define FIELD(f)      offsetof(struct config, f)
 #define FIELD_SIZE(f) sizeof(((struct config *)0)->f)
@@ -117,16 +131,49 @@ const struct key_def config_keys[] = {
           "seed of every random stream"),
 
     K_ENUM("data", "source", "file", source_names, data.source, "task",
-           "file: the byte file data.path; copy, majority: synthetic tasks made in-process"),
+           "file: the byte file data.path; task: the task file data.path; mqar, passkey, "
+           "listops, copy, majority: tasks made in-process (docs/tasks.md)"),
     K_TEXT("data", "path", "", 0, data.path, "file data_path dataset",
-           "byte file (data.source = file): scripts/get_kjv.sh or scripts/get_enwik8.sh write one"),
+           "byte file (data.source = file: scripts/get_kjv.sh or scripts/get_enwik8.sh write one), "
+           "task file (task), or passkey filler text (passkey; empty: random bytes)"),
     K_LIST("data", "split", "0.9,0.05,0.05", split_list, "splits",
            "train,valid,test in file order: fractions, or byte counts (enwik8: "
            "90000000,5000000,5000000)"),
     K_NUM("data", "symbols", KEY_INT, "16", 2, 255, LOHI, data.symbols, "alphabet vocab",
-          "alphabet size of the synthetic tasks"),
+          "alphabet size of the copy and majority tasks"),
     K_NUM("data", "copy_len", KEY_INT, "0", 0, 0, LO1, data.copy_len, "copy_length",
           "copy task: symbols before the separator (0: as many as fit)"),
+    K_TEXT("data", "export", "", 0, data.export_path, "export_path dump",
+           "write the run's samples as a task file at start-up (every step's training rows, then "
+           "the valid and test sets; docs/tasks.md); empty: none"),
+    K_NUM("data", "mqar.pairs", KEY_INT, "8", 1, 64, LOHI, data.mqar_pairs, "pairs",
+          "mqar: key-value pairs at the start of a sample (one_hop: at most 16)"),
+    K_BOOL("data", "mqar.one_hop", "true", data.mqar_one_hop, "fused",
+           "mqar: a pair is one byte (16 keys x 8 values) that a query's target copies, so one "
+           "attention hop retrieves it; false: a key byte then a value byte (Zoology; retrieval "
+           "needs a two-layer induction circuit)"),
+    K_NUM("data", "mqar.queries", KEY_INT, "0", 0, 64, LOHI, data.mqar_queries, "queries",
+          "mqar: keys asked for, in random order, each once (at most mqar.pairs; 0: every pair)"),
+    K_ENUM("data", "mqar.spread", "log", mqar_spread_names, data.mqar_spread, "spread",
+           "mqar: where the queries go after the pairs (compact: right after them; uniform: "
+           "anywhere; log: log-uniform gaps, every distance octave alike)"),
+    K_NUM("data", "passkey.digits", KEY_INT, "5", 1, 64, LOHI, data.passkey_digits, "digits",
+          "passkey: digits of the pass key (one_hop: at most 12)"),
+    K_BOOL("data", "passkey.one_hop", "true", data.passkey_one_hop, "tagged",
+           "passkey: each digit byte carries its index, so one attention hop fetches it; false: "
+           "plain digits (an induction circuit must find each)"),
+    K_LIST("data", "passkey.depth", "0,1", depth_list, "depth",
+           "passkey: depth of the needle in the filler (0: the start, 1: just before the "
+           "question), or lo,hi to draw it uniformly per sample"),
+    K_LIST("data", "passkey.length", "1", length_list, "haystack",
+           "passkey: the haystack's share of the sample (filler, needle and question; padding "
+           "after it), or lo,hi to draw it uniformly per sample"),
+    K_NUM("data", "listops.max_args", KEY_INT, "10", 2, 20, LOHI, data.listops_max_args, "max_args",
+          "listops: most arguments of one operator (LRA: 10)"),
+    K_NUM("data", "listops.max_depth", KEY_INT, "10", 1, 20, LOHI, data.listops_max_depth,
+          "max_depth", "listops: deepest nesting (LRA: 10)"),
+    K_NUM("data", "listops.min_length", KEY_INT, "64", 4, 0, LO1, data.listops_min_length,
+          "min_length", "listops: shortest expression in bytes (LRA: 500 of at most 2000)"),
 
     K_NUM("model", "layers", KEY_INT, "6", 1, 1024, LOHI, model.layers,
           "n_layer n_layers num_layers depth", "transformer blocks"),
@@ -677,6 +724,56 @@ static void format_kernels(const struct config *cfg, char *out, size_t len) {
   snprintf(out, len, "%s", cfg->attention.fmmformer_kernels);
 }
 
+/* data.passkey.depth and .length: one fraction (the same for every sample) or a range lo,hi. */
+static int store_range(double *range, char items[][LIST_ITEM], int n, char *detail, size_t len) {
+  if (n > 2) {
+    snprintf(detail, len, "; got %d items", n);
+    return 1;
+  }
+  double v[2];
+  for (int i = 0; i < n; i++)
+    if (config_parse_number(items[i], &v[i]) != 0 || v[i] < 0 || v[i] > 1) {
+      snprintf(detail, len, "; '%s' is not a number in [0, 1]", items[i]);
+      return 1;
+    }
+  if (n == 1) v[1] = v[0];
+  if (v[0] > v[1]) {
+    snprintf(detail, len, "; lo > hi");
+    return 1;
+  }
+  range[0] = v[0];
+  range[1] = v[1];
+  return 0;
+}
+
+static void format_range(const double *range, char *out, size_t len) {
+  char lo[32], hi[32];
+  config_format_double(range[0], lo, sizeof lo);
+  config_format_double(range[1], hi, sizeof hi);
+  if (range[0] == range[1])
+    snprintf(out, len, "%s", lo);
+  else
+    snprintf(out, len, "%s,%s", lo, hi);
+}
+
+static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                       size_t len) {
+  return store_range(cfg->data.passkey_depth, items, n, detail, len);
+}
+
+static void format_depth(const struct config *cfg, char *out, size_t len) {
+  format_range(cfg->data.passkey_depth, out, len);
+}
+
+static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                        size_t len) {
+  return store_range(cfg->data.passkey_length, items, n, detail, len);
+}
+
+static void format_length(const struct config *cfg, char *out, size_t len) {
+  format_range(cfg->data.passkey_length, out, len);
+}
+
 const char *config_mode_name(enum run_mode m) {
   return (unsigned)m < sizeof mode_names / sizeof mode_names[0] - 1 ? mode_names[m] : "?";
 }
@@ -690,6 +787,10 @@ const char *config_downsample_name(enum fma_downsample d) {
   return (unsigned)d < sizeof downsample_names / sizeof downsample_names[0] - 1
              ? downsample_names[d]
              : "?";
+}
+
+const char *config_source_name(enum data_source s) {
+  return (unsigned)s < sizeof source_names / sizeof source_names[0] - 1 ? source_names[s] : "?";
 }
 
 const char *config_device_name(enum device_kind d) {

@@ -3,12 +3,14 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "error.h"
 #include "h5io.h"
+#include "tasks/tasks.h"
 
 static const char *phase_units =
     "milliseconds in this step on rank 0; inclusive: attention time is also in forward and "
@@ -30,6 +32,7 @@ void diag_open(struct diag *diag, const struct config *cfg, const struct comm *c
     h5_truncate_series(f, "/memory", "/train/step", (double)restart_step);
     h5_truncate_series(f, "/eval", "/eval/step", (double)restart_step);
     h5_truncate_series(f, "/attention", "/attention/step", (double)restart_step);
+    h5_truncate_series(f, "/task", "/task/step", (double)restart_step);
     h5_attr_long(f, "/", "restarted_at", restart_step);
   } else {
     f = h5_create(diag->path);
@@ -93,12 +96,63 @@ void diag_eval(struct diag *diag, long step, double loss) {
   diag_file_close(f);
 }
 
-void diag_test(struct diag *diag, long step, double loss) {
+/* A task's accuracy as record series under prefix ("/task/valid_", "/test/"). */
+static void task_records(hid_t f, const char *prefix, const char *split,
+                         const struct task_score *score) {
+  struct task_accuracy r;
+  const int nb = score->buckets;
+  double *acc = xmalloc(sizeof(double) * (size_t)nb), *cnt = xmalloc(sizeof(double) * (size_t)nb);
+  task_score_result(score, &r, acc, cnt);
+  char path[96], what[256];
+  snprintf(path, sizeof path, "%saccuracy", prefix);
+  snprintf(what, sizeof what, "share of the %s set's scored targets whose argmax is the target",
+           split);
+  scalar(f, path, r.accuracy, what);
+  snprintf(path, sizeof path, "%ssample_accuracy", prefix);
+  snprintf(what, sizeof what, "share of the %s set's samples with every scored target right",
+           split);
+  scalar(f, path, r.sample_accuracy, what);
+  const long shape[1] = {nb};
+  snprintf(path, sizeof path, "%saccuracy_by_distance", prefix);
+  h5_append_doubles(f, path, 1, shape, acc,
+                    "accuracy of the scored targets in each distance bucket (/task/distance_start "
+                    ".. distance_end); NaN: none there");
+  snprintf(path, sizeof path, "%sscored_by_distance", prefix);
+  h5_append_doubles(f, path, 1, shape, cnt, "scored targets in each distance bucket");
+  free(acc);
+  free(cnt);
+  if (!h5_exists(f, "/task/distance_start")) { /* fixed: not a record series */
+    double *lo = xmalloc(sizeof(double) * (size_t)nb), *hi = xmalloc(sizeof(double) * (size_t)nb);
+    for (int k = 0; k < nb; k++) {
+      long a, b;
+      task_bucket_edges(k, score->n, &a, &b);
+      lo[k] = (double)a;
+      hi[k] = (double)b;
+    }
+    h5_write_doubles(f, "/task/distance_start", 1, shape, lo,
+                     "smallest distance (tokens back) of each distance bucket");
+    h5_write_doubles(f, "/task/distance_end", 1, shape, hi,
+                     "distance after the largest of each distance bucket");
+    free(lo);
+    free(hi);
+  }
+}
+
+void diag_test(struct diag *diag, long step, double loss, const struct task_score *score) {
   if (!diag->active) return;
   hid_t f = diag_file_open(diag);
   scalar(f, "/test/step", (double)step, "optimizer steps completed");
   scalar(f, "/test/loss", loss, "nats per predicted byte on the test windows");
   scalar(f, "/test/bpc", loss / log(2.0), "bits per byte on the test windows");
+  if (score) task_records(f, "/test/", "test", score);
+  diag_file_close(f);
+}
+
+void diag_task(struct diag *diag, long step, const struct task_score *score) {
+  if (!diag->active) return;
+  hid_t f = diag_file_open(diag);
+  scalar(f, "/task/step", (double)step, "optimizer steps completed");
+  task_records(f, "/task/valid_", "validation", score);
   diag_file_close(f);
 }
 

@@ -29,7 +29,11 @@ void diag_open(struct diag *diag, const struct config *cfg, const struct comm *c
                const char *run_dir, long restart_step);
 void diag_train(struct diag *diag, const struct diag_train_record *r);
 void diag_eval(struct diag *diag, long step, double loss);
-void diag_test(struct diag *diag, long step, double loss);
+/* The test split at the end; on a task (score not NULL) also its accuracy (/test/accuracy, ...). */
+struct task_score;
+void diag_test(struct diag *diag, long step, double loss, const struct task_score *score);
+/* A task's validation accuracy (/task): overall, per sample and by distance bucket. */
+void diag_task(struct diag *diag, long step, const struct task_score *score);
 /* mass (L, H, bands) and entropy (L, H), already averaged over queries. */
 void diag_attention(struct diag *diag, long step, int L, int H, int bands, const double *mass,
                     const double *entropy);

@@ -410,8 +410,8 @@ void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, i
 /* ---------------------------------------------------------------------------------------------
  * softmax cross-entropy */
 
-double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
-                                     float grad_scale, float *row_loss) {
+double softmax_xent_rows_forward_backward(float *logits, const int *targets, long N, int V,
+                                          float grad_scale, float *row_loss, int *row_pred) {
   double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (long i = 0; i < N; i++) {
@@ -420,10 +420,14 @@ double softmax_xent_forward_backward(float *logits, const int *targets, long N, 
     if (tgt < 0) {
       memset(z, 0, sizeof(float) * (size_t)V);
       if (row_loss) row_loss[i] = 0.0f;
+      if (row_pred) row_pred[i] = -1;
       continue;
     }
     float mx = z[0], zt = z[tgt];
-    for (int j = 1; j < V; j++) mx = z[j] > mx ? z[j] : mx;
+    int arg = 0;
+    for (int j = 1; j < V; j++)
+      if (z[j] > mx) mx = z[j], arg = j;
+    if (row_pred) row_pred[i] = arg;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int j = 0; j < V; j++) {
@@ -439,4 +443,9 @@ double softmax_xent_forward_backward(float *logits, const int *targets, long N, 
     z[tgt] -= grad_scale;
   }
   return total;
+}
+
+double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
+                                     float grad_scale, float *row_loss) {
+  return softmax_xent_rows_forward_backward(logits, targets, N, V, grad_scale, row_loss, NULL);
 }

@@ -85,6 +85,11 @@ void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, i
  * given, receives each row's −log p(target) (0 for ignored rows). */
 double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
                                      float grad_scale, float *row_loss);
+/* The same, and row_pred (N), when given, receives each counted row's argmax of the logits (the
+ * lowest index among equals; −1 for ignored rows), read before the logits are overwritten: what
+ * task accuracy is measured from. The back ends' table entry has this form. */
+double softmax_xent_rows_forward_backward(float *logits, const int *targets, long N, int V,
+                                          float grad_scale, float *row_loss, int *row_pred);
 
 #ifdef __cplusplus
 }

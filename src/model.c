@@ -443,7 +443,7 @@ double model_forward(struct model *m, long step, bool train, float grad_scale, l
   for (long i = 0; i < N; i++) cnt += m->targets[i] >= 0;
   *count = cnt;
   double loss = m->be->softmax_xent_forward_backward(m->logits, m->dev_targets, N, m->V, grad_scale,
-                                                     m->row_loss);
+                                                     m->row_loss, m->row_pred);
   timer_stop(TIMER_FORWARD);
   return loss;
 }

@@ -78,6 +78,7 @@ struct model {
   int *tokens, *targets; /* (B,T) inputs and targets (−1: not predicted), host: data fills them */
   int *dev_tokens, *dev_targets; /* their device copies, uploaded once per forward */
   float *row_loss; /* (B,T) each position's loss after a forward, when set (eval), else NULL */
+  int *row_pred;   /* (B,T) each counted position's argmax after a forward, when set, else NULL */
   float *residual; /* (L+1, B, T, C) block inputs; residual[L] is the final stream */
   struct block_acts *acts;
   int nacts;                        /* L, or 1 with recompute */

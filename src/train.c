@@ -19,6 +19,7 @@
 #include "memory.h"
 #include "optimizer.h"
 #include "rng.h"
+#include "tasks/tasks.h"
 #include "threads.h"
 #include "timer.h"
 
@@ -79,19 +80,35 @@ void train_make_run_dir(const struct config *cfg, struct comm *comm, char *dir, 
  * evaluation */
 
 double train_evaluate(struct model *m, const struct dataset *ds, struct comm *comm,
-                      enum data_split split, long *count) {
+                      enum data_split split, long *count, struct task_score *score) {
   timer_start(TIMER_EVAL);
   const long windows = data_eval_windows(ds, split);
-  const long per_round = m->B * comm->D;
+  const long per_round = m->B * comm->D, BT = m->B * m->T;
   double sums[2] = {0.0, 0.0}; /* loss, count */
+  int *distance = NULL;        /* (B, T) each target's distance, for the accuracy by distance */
+  int *own_pred = NULL;        /* the argmax buffer, when the caller has not set one */
+  if (score) {
+    task_score_open(score, m->n, windows);
+    distance = xmalloc(sizeof(int) * (size_t)BT);
+    if (!m->row_pred) m->row_pred = own_pred = mem_alloc(MEM_ACTIVATIONS, sizeof(int) * (size_t)BT);
+  }
   for (long first = 0; first < windows; first += per_round) {
-    data_eval_batch(ds, split, first + comm->replica, comm->D, windows, m->B, m->t0, m->T,
-                    m->tokens, m->targets);
+    data_eval_rows(ds, split, first + comm->replica, comm->D, windows, m->B, m->t0, m->T, m->tokens,
+                   m->targets, distance);
     long c = 0;
     sums[0] += model_forward(m, 0, false, 0.0f, &c);
     sums[1] += (double)c;
+    if (score)
+      task_score_add(score, first + comm->replica, comm->D, m->B, m->T, m->targets, m->row_pred,
+                     distance);
   }
   comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
+  if (score) comm_allreduce_sum_double(comm, COMM_WORLD, score->sums, score->count);
+  if (own_pred) {
+    mem_free(own_pred);
+    m->row_pred = NULL;
+  }
+  free(distance);
   timer_stop(TIMER_EVAL);
   *count = (long)sums[1];
   return sums[1] > 0 ? sums[0] / sums[1] : NAN;
@@ -343,19 +360,31 @@ static struct diag_train_record train_log(struct run_state *rs, long done,
   return r;
 }
 
-/* Validation (or the test split) of the current parameters: console line and diag.h5. */
+/* Validation (or the test split) of the current parameters: console line and diag.h5; on a task
+ * also the accuracy on its scored targets (/task for validation, /test for the test split). */
 static double train_validate(struct run_state *rs, long step, enum data_split split) {
   long cnt;
-  const double l = train_evaluate(&rs->model, &rs->ds, rs->comm, split, &cnt);
-  if (split == SPLIT_VALID) {
-    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes", step, l, l / log(2.0),
-            cnt);
-    diag_eval(&rs->diag, step, l);
-  } else {
-    message("test  step %ld | test loss %.4f | test bpc %.4f | %ld bytes", step, l, l / log(2.0),
-            cnt);
-    diag_test(&rs->diag, step, l);
+  const bool task = data_is_task(&rs->ds);
+  struct task_score score;
+  const double l = train_evaluate(&rs->model, &rs->ds, rs->comm, split, &cnt, task ? &score : NULL);
+  char acc[128] = "";
+  if (task) {
+    struct task_accuracy r;
+    task_score_result(&score, &r, NULL, NULL);
+    snprintf(acc, sizeof acc, " | accuracy %.4f | samples all right %.4f", r.accuracy,
+             r.sample_accuracy);
   }
+  if (split == SPLIT_VALID) {
+    message("eval step %ld | valid loss %.4f | valid bpc %.4f | %ld bytes%s", step, l, l / log(2.0),
+            cnt, acc);
+    diag_eval(&rs->diag, step, l);
+    if (task) diag_task(&rs->diag, step, &score);
+  } else {
+    message("test  step %ld | test loss %.4f | test bpc %.4f | %ld bytes%s", step, l, l / log(2.0),
+            cnt, acc);
+    diag_test(&rs->diag, step, l, task ? &score : NULL);
+  }
+  if (task) task_score_close(&score);
   return l;
 }
 

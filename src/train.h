@@ -43,9 +43,12 @@ void train_print_decomposition(const struct config *cfg, const struct comm *comm
                                const struct model *m, const char *run_dir);
 
 /* Mean loss (nats per predicted byte) over a split's evaluation windows, dropout off, every rank
- * taking part; *count receives the number of predicted positions. Collective. */
+ * taking part; *count receives the number of predicted positions. With score, also the accuracy
+ * sums of the split (task_score_open'ed here, reduced over ranks; the caller closes it).
+ * Collective. */
+struct task_score;
 double train_evaluate(struct model *model, const struct dataset *ds, struct comm *comm,
-                      enum data_split split, long *count);
+                      enum data_split split, long *count, struct task_score *score);
 
 /* Create output.dir/run.name (rank 0) and agree on success; fills dir. Collective. */
 void train_make_run_dir(const struct config *cfg, struct comm *comm, char *dir, size_t len);

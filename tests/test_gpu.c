@@ -177,18 +177,21 @@ static void test_gpu_softmax_xent(void **state) {
   for (size_t i = 0; i < (size_t)N * V; i += 37) z[i] *= 100.0f; /* large logits: the max matters */
   int *tgt = malloc(sizeof(int) * N);
   for (long i = 0; i < N; i++) tgt[i] = i % 7 == 3 ? -1 : (int)((i * 97) % V); /* some ignored */
+  z[5 * V + 200] = z[5 * V + 10] = z[5 * V + 250] = 1000.0f; /* a tie: the lowest index wins */
   float *gz = up(z, N * V);
   int *gt = dev(sizeof(int) * N);
   gpu_upload(gt, tgt, sizeof(int) * N);
   float *rows = malloc(sizeof(float) * N), *grows = malloc(sizeof(float) * N);
+  int *pred = malloc(sizeof(int) * N), *gpred = malloc(sizeof(int) * N);
   gpu_sync(); /* the upload has read z before the CPU op overwrites it in place */
-  const double cpu = softmax_xent_forward_backward(z, tgt, N, V, 0.25f, rows);
-  const double gpu = gpu_softmax_xent_forward_backward(gz, gt, N, V, 0.25f, grows);
+  const double cpu = softmax_xent_rows_forward_backward(z, tgt, N, V, 0.25f, rows, pred);
+  const double gpu = gpu_softmax_xent_forward_backward(gz, gt, N, V, 0.25f, grows, gpred);
+  assert_memory_equal(gpred, pred, sizeof(int) * N); /* the argmax, −1 where ignored */
   TU_ASSERT_CLOSE(fabs(gpu - cpu) / fabs(cpu), TOL, "softmax cross-entropy loss");
   TU_ASSERT_CLOSE(diff(gz, z, N * V), TOL, "softmax cross-entropy dlogits");
   double *rref = tu_to_double(rows, N);
   TU_ASSERT_CLOSE(tu_rel_err(grows, rref, N), TOL, "softmax cross-entropy row losses");
-  free(z), free(tgt), free(rows), free(grows), free(rref);
+  free(z), free(tgt), free(rows), free(grows), free(rref), free(pred), free(gpred);
   gpu_free(gz), gpu_free(gt);
 }
 
