@@ -1,5 +1,5 @@
 /* The CUDA back end as C sees it (SPEC §1 gpu/, §7): extern "C" functions over device arrays,
- * built by ./configure --with-cuda (nvcc) or --enable-cuda-emulation (tests/cudaemu). Sizes and
+ * built by ./configure --with-cuda (nvcc) or --enable-cuda-emulation (on the CPU). Sizes and
  * layouts are those of the CPU op of the same name; backward ACCUMULATES (+=) as there. Work is
  * queued on the back end's one stream; a CUDA, cuBLAS or NCCL failure ends the job. Every pointer
  * is device memory unless it is named host. */
