@@ -7,7 +7,6 @@
 need_h5py "the comparisons read diag.h5 and checkpoints"
 cd "$WORK" || exit 1
 G="$EMU_BUILD/fmattn_emu" DECK="$TESTDIR/decks/gpu_train.in"
-mkdir -p data && ln -s "$SRCDIR/data/kjv.txt" data/kjv.txt
 # run NAME [--set ...]: one run of the deck, output under out/NAME
 run() { name=$1; shift; "$G" "$DECK" --set run.name="$name" "$@" > "$name.log" 2>&1; }
 # same A B TOL [FROM]: the logged losses of runs A and B agree within TOL (relative), from step FROM
