@@ -133,6 +133,22 @@ def tensors(f):
     return out
 
 
+def same_bits(x, y):
+    """Equal arrays, NaN equal to NaN (an accuracy of an empty distance bucket is NaN)."""
+    if x.dtype.kind == "f" and y.dtype.kind == "f":
+        return np.array_equal(x, y, equal_nan=True)
+    return np.array_equal(x, y)
+
+
+def rel_diff(x, y, floor):
+    """The largest |x − y| / max(|y|, floor) where both are numbers; inf where only one is NaN."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or not np.array_equal(np.isnan(x), np.isnan(y)):
+        return np.inf
+    m = ~np.isnan(x)
+    return float(np.max(np.abs(x[m] - y[m]) / np.maximum(np.abs(y[m]), floor), initial=0.0))
+
+
 def same_series(a, b, group, start, rtol):
     with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
         key = {"train": "/train/step", "eval": "/eval/step", "test": "/test/step",
@@ -148,10 +164,10 @@ def same_series(a, b, group, start, rtol):
                 continue
             x, y = fa[group][name][...][ia], fb[group][name][...][ib]
             if rtol == 0:
-                if not np.array_equal(x, y):
+                if not same_bits(x, y):
                     fail(f"/{group}/{name} differs: {x} vs {y}")
             else:
-                err = np.max(np.abs(x - y) / np.maximum(np.abs(y), floor))
+                err = rel_diff(x, y, floor)
                 if err > rtol:
                     fail(f"/{group}/{name}: relative difference {err:.3e} > {rtol}: {x} vs {y}")
 
@@ -172,7 +188,7 @@ def same_tensors(a, b, rtol, params_only=False):
         for name in ta:
             x, y = ta[name], tb[name]
             if rtol == 0:
-                if not np.array_equal(x, y):
+                if not same_bits(x, y):
                     fail(f"{name} differs (max |diff| {np.max(np.abs(x - y)):.3e})")
             else:
                 scale = max(np.max(np.abs(y)), 1e-30)
