@@ -7,6 +7,7 @@
 # draws it; and learning: full attention solves far recall, local with a shorter band stays at
 # chance beyond its band. Two runs at a time, one thread each.
 . "$TESTDIR/tap.sh"
+need_h5py
 cd "$WORK" || exit 1
 F="$FMATTN"
 CHK="$TESTDIR/tasks_check.py"
