@@ -151,6 +151,31 @@ static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t 
   free(sc);
 }
 
+void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
+  _Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t travels as uint64_t");
+  MPI_CHECK(MPI_Alltoall(send, 1, MPI_UINT64_T, recv, 1, MPI_UINT64_T, c->seq));
+  c->bytes_sent += (uint64_t)(c->S - 1) * sizeof(uint64_t);
+}
+
+void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
+                         const size_t *sdispl, long *recv, const size_t *rcount,
+                         const size_t *rdispl) {
+  const int S = c->S;
+  int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
+  for (int r = 0; r < S; r++) {
+    if (scount[r] > COMM_PIECE || rcount[r] > COMM_PIECE || sdispl[r] > (size_t)INT_MAX ||
+        rdispl[r] > (size_t)INT_MAX)
+      error("alltoallv of %zu longs is too large for one MPI call", scount[r] + sdispl[r]);
+    sc[r] = (int)scount[r];
+    sd[r] = (int)sdispl[r];
+    rc[r] = (int)rcount[r];
+    rd[r] = (int)rdispl[r];
+    if (r != c->seq_rank) c->bytes_sent += scount[r] * sizeof(long);
+  }
+  MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_LONG, recv, rc, rd, MPI_LONG, c->seq));
+  free(sc);
+}
+
 static void mpi_isendrecv_float(struct comm *c, const float *send, size_t count, int dest,
                                 float *recv, size_t rcount, int src, int tag,
                                 struct comm_request *r) {

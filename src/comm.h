@@ -61,6 +61,14 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
                           const size_t *sdispl, float *recv, const size_t *rcount,
                           const size_t *rdispl);
 
+/* Within the sequence group, host memory, always over MPI (requests, not bulk data): every rank
+ * sends send[r] to rank r and receives recv[r] from it (one count per rank); then the same for
+ * variable runs of longs (counts and displacements in longs). Counted as sent. */
+void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv);
+void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
+                         const size_t *sdispl, long *recv, const size_t *rcount,
+                         const size_t *rdispl);
+
 /* Non-blocking exchange within the sequence group (for rings that overlap compute): start sending
  * count floats to dest and receiving rcount floats from src; comm_wait completes both. */
 struct comm_request {

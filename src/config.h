@@ -95,6 +95,7 @@ struct config_attention {
   enum fma_down_lr fma_down_lr;
   bool fma_linear_zero_values;
   bool fma_multiplicity;
+  int fma_open; /* fma.open: windows opened per level (FMA_OPEN_ALL: every candidate) */
   int local_band;
   int fmmformer_band;
   char fmmformer_kernels[CONFIG_STR];

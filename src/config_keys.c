@@ -83,6 +83,9 @@ static void format_depth(const struct config *cfg, char *out, size_t len);
 static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
                         size_t len);
 static void format_length(const struct config *cfg, char *out, size_t len);
+static int store_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                      size_t len);
+static void format_open(const struct config *cfg, char *out, size_t len);
 
 static const struct list_kind split_list = {
     NULL,
@@ -99,6 +102,8 @@ static const struct list_kind depth_list = {
     NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_depth, format_depth};
 static const struct list_kind length_list = {
     NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_length, format_length};
+static const struct list_kind open_list = {NULL, "an integer >= 0, or all", store_open,
+                                           format_open};
 
 #define FIELD(f)      offsetof(struct config, f)
 #define FIELD_SIZE(f) sizeof(((struct config *)0)->f)
@@ -215,6 +220,9 @@ const struct key_def config_keys[] = {
            "fma_linear: value summaries start at 0, far-field levels off until trained"),
     K_BOOL("attention", "fma.multiplicity", "true", attention.fma_multiplicity, "",
            "fma: add log(w/p) to coarse scores (a summary stands for w/p tokens)"),
+    K_LIST("attention", "fma.open", "0", open_list, "open_k",
+           "fma: far windows a query opens per level by content, down to exact tokens (0: none, "
+           "the paper's fma; all: every one, = full attention)"),
     K_NUM("attention", "local.band", KEY_INT, "128", 1, 0, LO1, attention.local_band, "window",
           "local: band width in tokens"),
     K_NUM("attention", "fmmformer.band", KEY_INT, "64", 1, 0, LO1, attention.fmmformer_band, "",
@@ -759,6 +767,33 @@ static void format_range(const double *range, char *out, size_t len) {
 static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
                        size_t len) {
   return store_range(cfg->data.passkey_depth, items, n, detail, len);
+}
+
+/* attention.fma.open: one integer >= 0, or `all` (every candidate window: SPEC §6.4a). */
+static int store_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                      size_t len) {
+  long long v;
+  if (n != 1) {
+    snprintf(detail, len, "; give one value, not %d", n);
+    return 1;
+  }
+  if (strcasecmp(items[0], "all") == 0) {
+    cfg->attention.fma_open = FMA_OPEN_ALL;
+    return 0;
+  }
+  if (config_parse_integer(items[0], &v) != 0 || v < 0 || v > 1000000) {
+    snprintf(detail, len, "; '%s' is neither an integer >= 0 nor all", items[0]);
+    return 1;
+  }
+  cfg->attention.fma_open = (int)v;
+  return 0;
+}
+
+static void format_open(const struct config *cfg, char *out, size_t len) {
+  if (cfg->attention.fma_open == FMA_OPEN_ALL)
+    snprintf(out, len, "all");
+  else
+    snprintf(out, len, "%d", cfg->attention.fma_open);
 }
 
 static void format_depth(const struct config *cfg, char *out, size_t len) {

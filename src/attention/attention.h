@@ -30,6 +30,15 @@ struct attn_dims {
 struct attn_variant;
 struct attn_impl;
 
+/* Where a variant that opens far windows by content (fma.open, SPEC §6.4a) adds its diagnostics
+ * when the caller asks (both NULL: not wanted): open_mass (H) — the probability on opened exact
+ * tokens, summed over the queries examined; opened (levels + 1; [0] unused) — the windows opened
+ * at each level, summed over the queries examined and the heads. */
+struct attn_open_diag {
+  double *open_mass;
+  double *opened;
+};
+
 struct attn_ctx {
   const struct config *cfg;
   const struct attn_variant *variant;
@@ -45,6 +54,7 @@ struct attn_ctx {
   long step;
   bool train;
   long sample0;
+  struct attn_open_diag open_diag; /* set by the caller of diagnostics, or zeroed */
 };
 
 /* Why a variant refuses a configuration: the deck keys at fault, space separated ("model.context

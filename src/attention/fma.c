@@ -12,6 +12,7 @@
 #include "error.h"
 #include "fma/fma.h"
 #include "fma/let.h"
+#include "fma/open.h"
 #include "halo.h"
 #include "memory.h"
 #include "timer.h"
@@ -24,6 +25,9 @@
 #define FMA_CHUNK 32
 /* conv parameters grow like d·p·n/2 per layer; past this many floats, ask for m2m. */
 #define FMA_CONV_MAX_FLOATS (128L << 20)
+/* fma.open = all is exact attention at O(n²) work and far rows of O(n) per query: the check of
+ * the opening against full, not a way to train; refused beyond this context. */
+#define FMA_OPEN_ALL_MAX_CONTEXT 8192L
 
 /* The deck's attention.fma.* section as fma/ takes it. */
 static struct fma_options fma_options_read(const struct config *cfg) {
@@ -34,7 +38,8 @@ static struct fma_options fma_options_read(const struct config *cfg) {
                               .init = at->fma_init,
                               .down_lr = at->fma_down_lr,
                               .linear_zero_values = at->fma_linear_zero_values,
-                              .multiplicity = at->fma_multiplicity};
+                              .multiplicity = at->fma_multiplicity,
+                              .open = at->fma_open};
 }
 
 /* The head size the parameters are described for. */
@@ -58,6 +63,17 @@ static bool fma_check(const struct config *cfg, long n, int seq_ranks, struct at
         "attention.variant = %s with parallel.seq_ranks = %d: each rank's slab (model.context / "
         "seq_ranks = %ld / %d) must be a whole number of fine blocks of fma.m = %d tokens",
         name, seq_ranks, n, seq_ranks, m);
+  if (opt.open != 0 && strcmp(name, "fma_linear") == 0)
+    return attention_refuse(r, "attention.variant attention.fma.open",
+                            "attention.fma.open opens far windows of fma's single softmax; "
+                            "fma_linear normalises each level on its own and has no opening: set "
+                            "attention.fma.open = 0 or attention.variant = fma");
+  if (opt.open == FMA_OPEN_ALL && n > FMA_OPEN_ALL_MAX_CONTEXT)
+    return attention_refuse(r, "attention.fma.open model.context",
+                            "attention.fma.open = all opens every window: it is exact attention "
+                            "at O(n^2) cost, a check for contexts up to %ld (model.context = %ld); "
+                            "use attention.variant = full, or an integer fma.open",
+                            FMA_OPEN_ALL_MAX_CONTEXT, n);
   if (opt.down == FMA_DOWN_CONV) {
     const long d = fma_head_dim(cfg);
     const double floats = 2.0 * (double)d * p * (double)(n / 2 - m / 2);
@@ -118,10 +134,13 @@ static void *fma_linear_setup(const struct config *cfg, const struct attn_dims *
 
 static void fma_teardown(void *state) { fma_state_free(state); }
 
+/* lse (BH, T); fma_linear's far lse (BH, rows); fma.open's decisions (BH, T, ndec) as int32. */
 static size_t fma_saved_floats(const struct attn_ctx *ctx) {
   const struct fma_state *st = ctx->state;
   const size_t BH = (size_t)(ctx->dims.B * ctx->dims.H);
-  return BH * (size_t)ctx->dims.T + (st->linear ? BH * (size_t)st->rows : 0);
+  _Static_assert(sizeof(int32_t) == sizeof(float), "decisions are saved in float slots");
+  return BH * (size_t)ctx->dims.T + (st->linear ? BH * (size_t)st->rows : 0) +
+         BH * (size_t)ctx->dims.T * (size_t)st->open.ndec;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -206,6 +225,76 @@ static void release(const struct fma_state *st, struct fma_inputs *in) {
   mem_free(in->vext);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * fma.open: the opening pass and its evaluation (fma/open.h), a group of heads at a time: every
+ * head at once under sequence parallelism, so that each level's exchange carries them all;
+ * otherwise as many heads as threads, which bounds the far rows' memory. */
+
+static long open_group(const struct attn_ctx *ctx, long count) {
+  if (ctx->comm && ctx->comm->S > 1) return count;
+#ifdef _OPENMP
+  const long g = omp_get_max_threads();
+#else
+  const long g = 1;
+#endif
+  return g < count ? g : count;
+}
+
+/* The opening's view of heads [h0, h0 + count) of what prepare left. */
+static struct fma_open_args open_args(const struct attn_ctx *ctx, const struct fma_inputs *in,
+                                      const float *q, int32_t *dec, long h0, long count) {
+  const struct fma_state *st = ctx->state;
+  const long T = st->T, d = st->d, ks = in->kstride, rows = st->rows;
+  return (struct fma_open_args){.count = count,
+                                .q = q + h0 * T * d,
+                                .k = in->k + h0 * ks * d,
+                                .v = in->v + h0 * ks * d,
+                                .K = in->X[FMA_K] + h0 * rows * d,
+                                .V = in->X[FMA_V] + h0 * rows * d,
+                                .kstride = ks,
+                                .dec = dec + h0 * T * st->open.ndec,
+                                .comm = ctx->comm};
+}
+
+/* out, lse and the decisions dec (BH, T, ndec) of BH heads; mass, entropy and diag (per head) as
+ * fma_open_forward's, or NULL. */
+static void open_forward(struct attn_ctx *ctx, float *out, float *lse, int32_t *dec,
+                         const float *q, const struct fma_inputs *in, long BH,
+                         struct fma_times *times, double *mass, double *entropy,
+                         const struct fma_open_diag *diag) {
+  struct fma_state *st = ctx->state;
+  const long T = st->T, d = st->d, G = open_group(ctx, BH), bands = st->tree.levels + 1;
+  for (long h0 = 0; h0 < BH; h0 += G) {
+    const long count = BH - h0 < G ? BH - h0 : G;
+    struct fma_open_work *w = fma_open_work_get(st, G);
+    const struct fma_open_args a = open_args(ctx, in, q, dec, h0, count);
+    fma_open_descend(st, w, &a, times);
+    fma_open_forward(st, w, &a, out + h0 * T * d, lse + h0 * T, times,
+                     mass ? mass + h0 * bands : NULL, entropy ? entropy + h0 : NULL,
+                     diag ? diag + h0 : NULL);
+  }
+}
+
+/* dq and the gradients of the keys, values and summaries evaluate read (dk, dv as in->k, in->v;
+ * dK, dV (BH, rows, d)) += for dout, from the decisions forward saved. */
+static void open_backward(struct attn_ctx *ctx, const struct fma_inputs *in, float *dq, float *dk,
+                          float *dv, float *dK, float *dV, const float *dout, const float *D,
+                          const float *q, const float *lse, const int32_t *dec, long BH,
+                          struct fma_times *times) {
+  struct fma_state *st = ctx->state;
+  const long T = st->T, d = st->d, ks = in->kstride, rows = st->rows, G = open_group(ctx, BH);
+  for (long h0 = 0; h0 < BH; h0 += G) {
+    const long count = BH - h0 < G ? BH - h0 : G;
+    struct fma_open_work *w = fma_open_work_get(st, G);
+    const struct fma_open_args a = open_args(ctx, in, q, (int32_t *)dec, h0, count);
+    const struct fma_open_grads g = {dq + h0 * T * d, dk + h0 * ks * d, dv + h0 * ks * d,
+                                     dK + h0 * rows * d, dV + h0 * rows * d};
+    fma_open_rescore(st, w, &a, times);
+    fma_open_backward(st, w, &a, &g, dout + h0 * T * d, D + h0 * T, lse + h0 * T, times);
+    if (st->let) fma_open_let_return(st, w, &a, &g);
+  }
+}
+
 static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                         const float *k, const float *v, const float *params) {
   const struct fma_state *st = ctx->state;
@@ -216,6 +305,12 @@ static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const fl
   const long b0 = st->t0 / st->tree.m, nblocks = T / st->tree.m;
   const long chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK, ks = in.kstride;
   float *lse = saved, *lse_far = saved + BH * T;
+  if (st->open.K != 0) {
+    open_forward(ctx, out, lse, (int32_t *)(saved + BH * T), q, &in, BH, &times, NULL, NULL, NULL);
+    release(st, &in);
+    add_times(&times);
+    return;
+  }
 #pragma omp parallel
   {
     struct fma_times t = {0};
@@ -283,6 +378,33 @@ static void upward_backward(const struct fma_state *st, const struct fma_inputs 
   times->p2m += timer_now() - t0;
 }
 
+/* evaluate's transposes for every (batch, head), one per task so that scattered updates never
+ * race: dq, dk, dv (as in->k, in->v) and dX (the summaries' gradients) += for dout. */
+static void evaluate_backward(const struct fma_state *st, const struct fma_inputs *in, float *dq,
+                              float *dkx, float *dvx, float *const *dX, const float *dout,
+                              const float *out, const float *q, const float *D, const float *lse,
+                              const float *lse_far, long BH, struct fma_times *times) {
+  const long T = st->T, d = st->d, rows = st->rows, ks = in->kstride;
+#pragma omp parallel
+  {
+    struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < BH; bh++) {
+      const long o = bh * T * d, os = bh * rows * d, ok = bh * ks * d;
+      if (st->linear)
+        fma_linear_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_Q] + os, dX[FMA_K] + os,
+                            dX[FMA_V] + os, dout + o, out + o, q + o, in->k + ok, in->v + ok,
+                            in->X[FMA_Q] + os, in->X[FMA_K] + os, in->X[FMA_V] + os, lse + bh * T,
+                            lse_far + bh * rows, &t);
+      else
+        fma_evaluate_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_K] + os, dX[FMA_V] + os,
+                              dout + o, D + bh * T, q + o, in->k + ok, in->v + ok,
+                              in->X[FMA_K] + os, in->X[FMA_V] + os, lse + bh * T, &t);
+    }
+    merge_times(times, &t);
+  }
+}
+
 static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                          const float *dout, const float *q, const float *k, const float *v,
                          const float *params, const float *out, const float *saved) {
@@ -306,25 +428,11 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   const float *lse = saved, *lse_far = saved + BH * T;
   float *D = st->linear ? NULL : mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(BH * T));
   if (D) rows_dot(D, dout, out, BH * T, d);
-    /* evaluate backward: one (batch, head) per task, so scattered updates never race */
-#pragma omp parallel
-  {
-    struct fma_times t = {0};
-#pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++) {
-      const long o = bh * T * d, os = bh * rows * d, ok = bh * ks * d;
-      if (st->linear)
-        fma_linear_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_Q] + os, dX[FMA_K] + os,
-                            dX[FMA_V] + os, dout + o, out + o, q + o, in.k + ok, in.v + ok,
-                            in.X[FMA_Q] + os, in.X[FMA_K] + os, in.X[FMA_V] + os, lse + bh * T,
-                            lse_far + bh * rows, &t);
-      else
-        fma_evaluate_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_K] + os, dX[FMA_V] + os,
-                              dout + o, D + bh * T, q + o, in.k + ok, in.v + ok, in.X[FMA_K] + os,
-                              in.X[FMA_V] + os, lse + bh * T, &t);
-    }
-    merge_times(&times, &t);
-  }
+  if (st->open.K != 0)
+    open_backward(ctx, &in, dq, dkx, dvx, dX[FMA_K], dX[FMA_V], dout, D, q, lse,
+                  (const int32_t *)(saved + BH * T), BH, &times);
+  else
+    evaluate_backward(st, &in, dq, dkx, dvx, dX, dout, out, q, D, lse, lse_far, BH, &times);
   if (st->let) { /* the transposes of the exchanges, then of the local upward pass */
     halo_scatter_add(&st->let->near, ctx->comm, dk, dkx, BH, d);
     halo_scatter_add(&st->let->near, ctx->comm, dv, dvx, BH, d);
@@ -344,10 +452,40 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
 /* ---------------------------------------------------------------------------------------------
  * diagnostics and FLOPs */
 
+/* fma.open's diagnostics of `count` heads: the forward with its decisions kept in the work, mass
+ * and entropy per head as fma_evaluate_forward's, and ctx->open_diag's when the caller asks. */
+static void open_diagnostics(struct attn_ctx *ctx, const struct fma_inputs *in, const float *q,
+                             long count, double *mass, double *entropy, struct fma_times *times) {
+  struct fma_state *st = ctx->state;
+  const long T = st->T, d = st->d, L = st->tree.levels;
+  struct fma_open_work *w = fma_open_work_get(st, open_group(ctx, count));
+  int32_t *dec = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * (size_t)(count * T * st->open.ndec + 1));
+  float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * T * d));
+  float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * T));
+  double *opened = xcalloc((size_t)(count * (L + 1)), sizeof(double));
+  double *open_mass = xcalloc((size_t)count, sizeof(double));
+  struct fma_open_diag *diag = xcalloc((size_t)count, sizeof *diag);
+  for (long h = 0; h < count; h++) diag[h] = (struct fma_open_diag){open_mass + h, opened + h * (L + 1)};
+  open_forward(ctx, out, lse, dec, q, in, count, times, mass, entropy, diag);
+  const struct attn_open_diag *want = &ctx->open_diag;
+  for (long h = 0; h < count; h++) {
+    if (want->open_mass) want->open_mass[h] += open_mass[h];
+    for (long l = 1; want->opened && l <= L; l++) want->opened[l] += opened[h * (L + 1) + l];
+  }
+  (void)w;
+  free(diag);
+  free(open_mass);
+  free(opened);
+  mem_free(dec);
+  mem_free(out);
+  mem_free(lse);
+}
+
 static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                             const float *k, const float *v, const float *params) {
   const struct fma_state *st = ctx->state;
-  const long H = ctx->dims.H, T = st->T, d = st->d, rows = st->rows;
+  long H = ctx->dims.H;
+  const long T = st->T, d = st->d, rows = st->rows;
   const int bands = st->tree.levels + 1;
   struct fma_times times = {0};
   struct fma_inputs in;
@@ -356,6 +494,10 @@ static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
   float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * d));
   float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T + rows));
   float *norms = st->linear ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * bands)) : NULL;
+  if (st->open.K != 0) {
+    open_diagnostics(ctx, &in, q, H, mass, entropy, &times);
+    H = 0; /* done */
+  }
   for (long h = 0; h < H; h++) {
     const long o = h * T * d, os = h * rows * d, ok = h * ks * d;
     if (st->linear) {

@@ -26,6 +26,9 @@ void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *
     const long c = qb * tree->m / tree->window[l];
     const int nw = fma_lists_level(tree, st->causal, l, c, windows);
     const float logw = st->multiplicity ? logf((float)(tree->window[l] / tree->p)) : 0.0f;
+    bk->level_count[l] = nw;
+    bk->level_col[l] = bk->nfar;
+    for (int k = 0; k < nw; k++) bk->level_window[l][k] = windows[k];
     for (int k = 0; k < nw; k++)
       for (long r = 0; r < tree->p; r++) {
         bk->far_row[bk->nfar] = st->level_row[l] + windows[k] * tree->p + r;
@@ -74,7 +77,7 @@ static void gather(float *dst, const float *src, const long *rows, int count, lo
   for (int i = 0; i < count; i++) memcpy(dst + i * d, src + rows[i] * d, sizeof(float) * (size_t)d);
 }
 
-static void scatter_add(float *dst, const float *src, const long *rows, int count, long d) {
+void fma_scatter_add_rows(float *dst, const float *src, const long *rows, int count, long d) {
   for (int i = 0; i < count; i++) {
     float *o = dst + rows[i] * d;
     const float *g = src + i * d;
@@ -84,12 +87,10 @@ static void scatter_add(float *dst, const float *src, const long *rows, int coun
 }
 
 /* ---------------------------------------------------------------------------------------------
- * the operators on one query block qb (queries i0 = qb·m .. i0 + m − 1): its score matrix S
- * (m, ld) holds the near columns [0, nn) (P2P) and the far columns [nn, nn + nf) (M2P). q and dq
- * are read from slab row i0 − t0; k, v, dk, dv from global row st->klo. */
+ * the operators on one query block (fma.h): fma_evaluate's score matrix S (m, ld) holds the near
+ * columns [0, nn) (P2P) and the far columns [nn, nn + nf) (M2P). */
 
-/* P2P scores: S[:, 0:nn) = q·k_nearᵀ/√d, the near field exact; keys after i masked (−inf). */
-static void fma_P2P_scores(const struct fma_state *st, long qb, const float *q, const float *k,
+void fma_P2P_scores(const struct fma_state *st, long qb, const float *q, const float *k,
                            const struct fma_block_keys *bk, float *S, long ld) {
   const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count;
   const float scale = 1.0f / sqrtf((float)d);
@@ -103,38 +104,33 @@ static void fma_P2P_scores(const struct fma_state *st, long qb, const float *q, 
     }
 }
 
-/* M2P scores: S[:, nn:nn + nf) = q·K_farᵀ/√d + log(w_l/p), against the listed summaries of
- * every level, gathered into Kf (nf, d). */
-static void fma_M2P_scores(const struct fma_state *st, long qb, const float *q, const float *Kf,
-                           const struct fma_block_keys *bk, float *S, long ld) {
-  const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count, nf = bk->nfar;
+void fma_M2P_scores(const struct fma_state *st, long qb, const float *q, const float *Kf,
+                    const struct fma_block_keys *bk, float *Sf, long ld) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m, nf = bk->nfar;
   const float scale = 1.0f / sqrtf((float)d);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, scale,
-              q + (i0 - st->t0) * d, (int)d, Kf, (int)d, 0.0f, S + nn, (int)ld);
+              q + (i0 - st->t0) * d, (int)d, Kf, (int)d, 0.0f, Sf, (int)ld);
   for (long r = 0; r < m; r++) {
-    float *row = S + r * ld + nn;
+    float *row = Sf + r * ld;
     for (long c = 0; c < nf; c++) row[c] += bk->far_logw[c];
   }
 }
 
-/* P2P values: o (m, d) = P[:, 0:nn)·v_near (o overwritten). */
-static void fma_P2P_values(const struct fma_state *st, float *o, const float *P, long ld,
+void fma_P2P_values(const struct fma_state *st, float *o, const float *P, long ld,
                            const float *v, const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, nn = bk->near_count;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, P, (int)ld,
               v + (bk->near_lo - st->klo) * d, (int)d, 0.0f, o, (int)d);
 }
 
-/* M2P values: o (m, d) += P[:, nn:nn + nf)·V_far, the listed summaries gathered into Vf. */
-static void fma_M2P_values(const struct fma_state *st, float *o, const float *P, long ld,
-                           const float *Vf, const struct fma_block_keys *bk) {
-  const long m = st->tree.m, d = st->d, nn = bk->near_count, nf = bk->nfar;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f, P + nn,
+void fma_M2P_values(const struct fma_state *st, float *o, const float *Pf, long ld,
+                    const float *Vf, const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, nf = bk->nfar;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f, Pf,
               (int)ld, Vf, (int)d, 1.0f, o, (int)d);
 }
 
-/* The transpose of fma_P2P_values for dO = g (m, d): dv_near += P_nᵀ·g; dP[:, 0:nn) = g·v_nearᵀ. */
-static void fma_P2P_values_backward(const struct fma_state *st, float *dv, float *dP,
+void fma_P2P_values_backward(const struct fma_state *st, float *dv, float *dP,
                                     const float *g, const float *P, long ld, const float *v,
                                     const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, nn = bk->near_count;
@@ -144,22 +140,18 @@ static void fma_P2P_values_backward(const struct fma_state *st, float *dv, float
               v + (bk->near_lo - st->klo) * d, (int)d, 0.0f, dP, (int)ld);
 }
 
-/* The transpose of fma_M2P_values: dV += P_fᵀ·g at the listed rows (through dVf (nf, d));
- * dP[:, nn:nn + nf) = g·V_farᵀ. */
-static void fma_M2P_values_backward(const struct fma_state *st, float *dV, float *dP,
-                                    const float *g, const float *P, long ld, const float *Vf,
-                                    float *dVf, const struct fma_block_keys *bk) {
-  const long m = st->tree.m, d = st->d, nn = bk->near_count, nf = bk->nfar;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, 1.0f, P + nn,
-              (int)ld, g, (int)d, 0.0f, dVf, (int)d);
-  scatter_add(dV, dVf, bk->far_row, (int)nf, d);
+void fma_M2P_values_backward(const struct fma_state *st, float *dV, float *dPf, long ldd,
+                             const float *g, const float *Pf, long ld, const float *Vf, float *dVf,
+                             const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, nf = bk->nfar;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, 1.0f, Pf, (int)ld,
+              g, (int)d, 0.0f, dVf, (int)d);
+  fma_scatter_add_rows(dV, dVf, bk->far_row, (int)nf, d);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nf, (int)d, 1.0f, g, (int)d, Vf,
-              (int)d, 0.0f, dP + nn, (int)ld);
+              (int)d, 0.0f, dPf, (int)ldd);
 }
 
-/* The transpose of fma_P2P_scores for the score gradient dS (m, ld): dq (m, d) += dS_n·k_near/√d;
- * dk_near += dS_nᵀ·q/√d. */
-static void fma_P2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dk,
+void fma_P2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dk,
                                     const float *dS, long ld, const float *q, const float *k,
                                     const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count;
@@ -171,18 +163,16 @@ static void fma_P2P_scores_backward(const struct fma_state *st, long qb, float *
               q + (i0 - st->t0) * d, (int)d, 1.0f, dk + (bk->near_lo - st->klo) * d, (int)d);
 }
 
-/* The transpose of fma_M2P_scores: dq += dS_f·K_far/√d; dK += dS_fᵀ·q/√d at the listed rows
- * (through dKf (nf, d)). */
-static void fma_M2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dK,
-                                    const float *dS, long ld, const float *q, const float *Kf,
-                                    float *dKf, const struct fma_block_keys *bk) {
-  const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count, nf = bk->nfar;
+void fma_M2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dK,
+                             const float *dSf, long ld, const float *q, const float *Kf, float *dKf,
+                             const struct fma_block_keys *bk) {
+  const long m = st->tree.m, d = st->d, i0 = qb * m, nf = bk->nfar;
   const float scale = 1.0f / sqrtf((float)d);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale, dS + nn,
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale, dSf,
               (int)ld, Kf, (int)d, 1.0f, dq + (i0 - st->t0) * d, (int)d);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale, dS + nn,
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale, dSf,
               (int)ld, q + (i0 - st->t0) * d, (int)d, 0.0f, dKf, (int)d);
-  scatter_add(dK, dKf, bk->far_row, (int)nf, d);
+  fma_scatter_add_rows(dK, dKf, bk->far_row, (int)nf, d);
 }
 
 /* Scores of block qb into s->S, P2P then (with_far) M2P, each timed as its own. Returns nn. */
@@ -195,7 +185,7 @@ static long block_scores(const struct fma_state *st, long qb, const float *q, co
   double t1 = timer_now();
   times->p2p += t1 - t0;
   if (nf > 0) {
-    fma_M2P_scores(st, qb, q, s->Kf, bk, s->S, ld);
+    fma_M2P_scores(st, qb, q, s->Kf, bk, s->S + nn, ld);
     times->m2p += timer_now() - t1;
   }
   return nn;
@@ -298,7 +288,7 @@ void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, co
     double t1 = timer_now();
     times->p2p += t1 - t0;
     if (nf > 0) {
-      fma_M2P_values(st, o, s.S, ld, s.Vf, &s.bk);
+      fma_M2P_values(st, o, s.S + nn, ld, s.Vf, &s.bk);
       times->m2p += timer_now() - t1;
     }
   }
@@ -323,7 +313,8 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
     fma_P2P_values_backward(st, dv, s.dP, g, s.S, ld, v, &s.bk);
     double t1 = timer_now();
     times->p2p += t1 - t0;
-    if (nf > 0) fma_M2P_values_backward(st, dV, s.dP, g, s.S, ld, s.Vf, s.dVf, &s.bk);
+    if (nf > 0)
+      fma_M2P_values_backward(st, dV, s.dP + nn, ld, g, s.S + nn, ld, s.Vf, s.dVf, &s.bk);
     double t2 = timer_now();
     times->m2p += t2 - t1;
     rows_softmax_backward(s.dP, s.S, m, ld, D + (i0 - st->t0));
@@ -331,7 +322,7 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
     double t3 = timer_now();
     times->p2p += t3 - t2;
     if (nf > 0) {
-      fma_M2P_scores_backward(st, qb, dq, dK, s.dP, ld, q, s.Kf, s.dKf, &s.bk);
+      fma_M2P_scores_backward(st, qb, dq, dK, s.dP + nn, ld, q, s.Kf, s.dKf, &s.bk);
       times->m2p += timer_now() - t3;
     }
   }

@@ -38,6 +38,23 @@ struct fma_layout {
 };
 
 struct fma_let;
+struct fma_open_work;
+
+/* fma.open's layout (SPEC §6.4a): how many windows a query opens at most at each level, where its
+ * decisions go, and its far row — the columns of its scores beyond the near field: the summary
+ * rows its block lists (fma_block_keys order, padded with −inf to `listed`), then one slot per
+ * window it may open: level l ≥ 2 a slot of 2p columns (the opened window's two children's
+ * summary rows), level 1 a slot of m columns (the opened fine block's exact tokens). */
+struct fma_open_layout {
+  int K;                            /* fma.open; FMA_OPEN_ALL: every candidate */
+  int slots[FMA_MAX_LEVELS + 2];    /* K_l: windows a query opens at most at level l */
+  int dec_off[FMA_MAX_LEVELS + 2];  /* first decision entry of level l in a query's decisions */
+  int ndec;                         /* Σ_l K_l: decision entries per query */
+  int slot_width[FMA_MAX_LEVELS + 2]; /* 2p for l ≥ 2, m for l = 1 */
+  long col[FMA_MAX_LEVELS + 2];     /* first far-row column of level l's slots */
+  long listed;                      /* far-row columns of the listed summary rows */
+  long width;                       /* far-row columns in all */
+};
 
 /* Everything the operators read about one layer on this rank: the tree, the settings they depend
  * on, the slab, and the layout of the summary rows and of the parameters. Built by
@@ -53,6 +70,8 @@ struct fma_state {
   long rows;           /* summary rows per (batch, head): Σ_l windows_l · p */
   long level_row[FMA_MAX_LEVELS + 2]; /* first row of level l; level_row[L + 1] = rows */
   struct fma_layout layout;
+  struct fma_open_layout open;      /* open.K == 0: the paper's fma, no opening */
+  struct fma_open_work *work;       /* the opening pass's buffers, kept between calls (open.c) */
 };
 
 /* ---- state.c ---- */
@@ -135,9 +154,52 @@ struct fma_block_keys {
   long *far_row;            /* (nfar) row of each in the summary arrays */
   float *far_logw;          /* (nfar) log(w_l / p) or 0 */
   int *far_level;           /* (nfar) level of each */
+  /* the listed windows level by level: level l's k-th is level_window[l][k], its p rows the far
+   * columns [level_col[l] + k·p, + p) */
+  int level_count[FMA_MAX_LEVELS + 1];
+  long level_window[FMA_MAX_LEVELS + 1][FMA_LIST_MAX];
+  int level_col[FMA_MAX_LEVELS + 1];
 };
 /* Fill the lists of query block qb (the caller's far arrays hold FMA_LIST_MAX·p·L rows). */
 void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk);
+
+/* The operators on one query block qb (queries i0 = qb·m .. i0 + m − 1), for evaluate and for the
+ * opening's evaluation (evaluate_open.c). q, dq from slab row i0 − t0; k, v, dk, dv from global row
+ * st->klo. Score rows have leading dimension ld; the near part S (m, nn) and the far part Sf
+ * (m, nf) — the listed summaries, gathered into Kf, Vf (nf, d) — may live in different arrays. */
+/* P2P scores: S[:, 0:nn) = q·k_nearᵀ/√d, the near field exact; keys after i masked (−inf). */
+void fma_P2P_scores(const struct fma_state *st, long qb, const float *q, const float *k,
+                    const struct fma_block_keys *bk, float *S, long ld);
+/* M2P scores: Sf (m, nf) = q·Kfᵀ/√d + log(w_l/p). */
+void fma_M2P_scores(const struct fma_state *st, long qb, const float *q, const float *Kf,
+                    const struct fma_block_keys *bk, float *Sf, long ld);
+/* P2P values: o (m, d) = P[:, 0:nn)·v_near (o overwritten). */
+void fma_P2P_values(const struct fma_state *st, float *o, const float *P, long ld, const float *v,
+                    const struct fma_block_keys *bk);
+/* M2P values: o (m, d) += Pf·Vf. */
+void fma_M2P_values(const struct fma_state *st, float *o, const float *Pf, long ld, const float *Vf,
+                    const struct fma_block_keys *bk);
+/* The transpose of fma_P2P_values for dO = g (m, d): dv_near += P_nᵀ·g; dP[:, 0:nn) = g·v_nearᵀ. */
+void fma_P2P_values_backward(const struct fma_state *st, float *dv, float *dP, const float *g,
+                             const float *P, long ld, const float *v,
+                             const struct fma_block_keys *bk);
+/* The transpose of fma_M2P_values: dV += Pfᵀ·g at the listed rows (through dVf (nf, d));
+ * dPf (leading dimension ldd) = g·Vfᵀ. */
+void fma_M2P_values_backward(const struct fma_state *st, float *dV, float *dPf, long ldd,
+                             const float *g, const float *Pf, long ld, const float *Vf, float *dVf,
+                             const struct fma_block_keys *bk);
+/* The transpose of fma_P2P_scores for the score gradient dS (m, ld): dq (m, d) += dS_n·k_near/√d;
+ * dk_near += dS_nᵀ·q/√d. */
+void fma_P2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dk,
+                             const float *dS, long ld, const float *q, const float *k,
+                             const struct fma_block_keys *bk);
+/* The transpose of fma_M2P_scores: dq += dSf·Kf/√d; dK += dSfᵀ·q/√d at the listed rows (through
+ * dKf (nf, d)). */
+void fma_M2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dK,
+                             const float *dSf, long ld, const float *q, const float *Kf, float *dKf,
+                             const struct fma_block_keys *bk);
+/* dst[rows[i]] += src[i] for count rows of d floats. */
+void fma_scatter_add_rows(float *dst, const float *src, const long *rows, int count, long d);
 
 /* fma evaluation of one head (SPEC §6.4) for query blocks [qb0, qb1) of the slab: q, out (T, d)
  * and lse (T) saved, from slab row 0; k, v from global row st->klo; K, V: summaries (rows, d).

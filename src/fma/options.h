@@ -17,6 +17,9 @@ enum fma_init_kind { FMA_INIT_MEAN, FMA_INIT_RANDOM };
 /* fma.down_lr: summary weights learn at lr·p/taps (scaled) or at lr (plain); docs/fma.md. */
 enum fma_down_lr { FMA_LR_SCALED, FMA_LR_PLAIN };
 
+/* fma.open = all: every candidate window is opened (SPEC §6.4a; fma then equals full attention). */
+#define FMA_OPEN_ALL (-1)
+
 struct fma_options {
   int m;                    /* fma.m: fine block, tokens */
   int p;                    /* fma.p: summaries per window (divides m) */
@@ -25,6 +28,7 @@ struct fma_options {
   enum fma_down_lr down_lr; /* fma.down_lr */
   bool linear_zero_values;  /* fma.linear_zero_values: fma_linear's value summaries start at 0 */
   bool multiplicity;        /* fma.multiplicity: add log(w_l/p) to coarse scores */
+  int open; /* fma.open: far windows a query opens per level by content (0: none; FMA_OPEN_ALL) */
 };
 
 #ifdef __cplusplus

