@@ -254,6 +254,17 @@ int main(int argc, char **argv) {
                                     "attention.nystrom.landmarks=16"},
                  &comm);
     }
+    /* fma.open (SPEC §6.4a): opened windows and fine blocks on other ranks, fetched as the
+     * descent needs them; at S = 8 the n = 64 slabs hold 2 fine blocks, and a window opened at
+     * level 3 spans 2 ranks */
+    if (!only || strcmp(only, "fma_open") == 0)
+      for (int dn = 0; dn < 3; dn++) {
+        const char *opens[] = {"attention.fma.open=1", "attention.fma.open=2",
+                               "attention.fma.open=all"};
+        for (int o = 0; o < 3; o++)
+          check_case(&(struct seq_case){"fma", causal, downs[dn], 64, 4, 2, 0, 0, opens[o]}, &comm);
+        check_case(&(struct seq_case){"fma", causal, downs[dn], 256, 8, 4, 0, 0, opens[1]}, &comm);
+      }
     for (int v = 0; v < 2; v++) {
       const char *name = v ? "fma_linear" : "fma";
       if (only && strcmp(only, name) != 0) continue;
