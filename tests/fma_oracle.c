@@ -1,7 +1,8 @@
-/* The double-precision FMA reference (fma_oracle.h), from SPEC §6.4/§6.5 only: summaries by
- * conv, m2m and avg with their backward, fma in summary form with its analytic backward, fma's
- * dense n×n equivalent, and fma_linear. Loops are the formulas written out, never optimised; the
- * tests check every gradient here against central finite differences before trusting it. */
+/* The double-precision FMA reference (fma_oracle.h), from SPEC §6.4/§6.4a/§6.5 only: summaries
+ * by conv, m2m and avg with their backward, fma in summary form with its analytic backward (also
+ * with content-based opening, `fma.open`), fma's dense n×n equivalent, and fma_linear. Loops are
+ * the formulas written out, never optimised; the tests check every gradient here against central
+ * finite differences before trusting it. */
 #include "fma_oracle.h"
 
 #include <math.h>
@@ -299,24 +300,32 @@ void fo_summaries_backward(const struct fo_cfg *c, double *dx, struct fo_params 
 
 /* ---- attention over a list of columns ---- */
 
+/* What a column is, for the statistics of fo_fma_open_stats. */
+enum { COL_NEAR, COL_SUMMARY, COL_OPENED };
+
 /* One softmax over a query's columns: key and value rows (d each) and an additive score term. */
 struct fo_cols {
-  long count;
+  long count, cap;
   const double **key, **val;
   double **dkey, **dval; /* where their gradients go (NULL entries when not wanted) */
   double *bias, *prob;
+  unsigned char *kind; /* COL_* */
 };
 
+/* Room for cap columns, none yet. */
 static void cols_alloc(struct fo_cols *C, long cap) {
   C->count = 0;
+  C->cap = cap;
   C->key = malloc(sizeof(double *) * (size_t)cap);
   C->val = malloc(sizeof(double *) * (size_t)cap);
   C->dkey = malloc(sizeof(double *) * (size_t)cap);
   C->dval = malloc(sizeof(double *) * (size_t)cap);
   C->bias = malloc(sizeof(double) * (size_t)cap);
   C->prob = malloc(sizeof(double) * (size_t)cap);
+  C->kind = malloc((size_t)cap);
 }
 
+/* Release cols_alloc's arrays. */
 static void cols_free(struct fo_cols *C) {
   free(C->key);
   free(C->val);
@@ -324,10 +333,14 @@ static void cols_free(struct fo_cols *C) {
   free(C->dval);
   free(C->bias);
   free(C->prob);
+  free(C->kind);
 }
 
+/* Append one column of the given kind (COL_*); aborts past the capacity. */
 static void cols_add(struct fo_cols *C, const double *key, const double *val, double *dkey,
-                     double *dval, double bias) {
+                     double *dval, double bias, int kind) {
+  if (C->count >= C->cap) fo_die("too many columns for one query");
+  C->kind[C->count] = (unsigned char)kind;
   C->key[C->count] = key;
   C->val[C->count] = val;
   C->dkey[C->count] = dkey;
@@ -386,32 +399,169 @@ static void add_near(const struct fo_cfg *c, struct fo_cols *C, long i, const do
   for (int x = 0; x < nb; x++)
     for (long j = blocks[x] * c->m; j < (blocks[x] + 1) * c->m; j++) {
       if (c->causal && j > i) continue;
-      cols_add(C, k + j * d, v + j * d, dk ? dk + j * d : NULL, dv ? dv + j * d : NULL, 0.0);
+      cols_add(C, k + j * d, v + j * d, dk ? dk + j * d : NULL, dv ? dv + j * d : NULL, 0.0,
+               COL_NEAR);
     }
+}
+
+/* The p coarse columns (key rows of K, value rows of V, score term bias) of window win. */
+static void add_window(const struct fo_cfg *c, struct fo_cols *C, long win, const double *K,
+                       const double *V, double *dK, double *dV, double bias) {
+  const long d = c->d, p = c->p;
+  for (long r = 0; r < p; r++) {
+    long row = win * p + r;
+    cols_add(C, K + row * d, V + row * d, dK ? dK + row * d : NULL, dV ? dV + row * d : NULL, bias,
+             COL_SUMMARY);
+  }
 }
 
 /* Level l's coarse columns of query i: the p rows of every listed window. */
 static void add_level(const struct fo_cfg *c, struct fo_cols *C, long i, int l, const double *K,
                       const double *V, double *dK, double *dV, double bias) {
-  const long d = c->d, p = c->p;
   long wins[FO_LIST_MAX];
   int nw = fo_level(c, l, i / c->w[l], wins);
-  for (int x = 0; x < nw; x++)
-    for (long r = 0; r < p; r++) {
-      long row = wins[x] * p + r;
-      cols_add(C, K + row * d, V + row * d, dK ? dK + row * d : NULL, dV ? dV + row * d : NULL,
-               bias);
-    }
+  for (int x = 0; x < nw; x++) add_window(c, C, wins[x], K, V, dK, dV, bias);
 }
 
-static long cols_cap(const struct fo_cfg *c) { return 3L * c->m + 3L * c->p * c->levels + 1; }
+/* Columns one query can have. §6.4: near field and three windows a level. With opening, every
+ * column stands for at least one distinct allowed key (a summary row for w_l/p ≥ 1 tokens), so n
+ * more always suffice. */
+static long cols_cap(const struct fo_cfg *c) {
+  return 3L * c->m + 3L * c->p * c->levels + 1 + (c->open ? c->n : 0);
+}
+
+/* ---- fma.open (SPEC §6.4a): candidates, scores, choice, and a query's columns ---- */
+
+/* The multiplicity term of level l's coarse scores. */
+static double level_bias(const struct fo_cfg *c, int l) {
+  return c->multiplicity ? log((double)c->w[l] / (double)c->p) : 0.0;
+}
+
+int fo_open_candidates(const struct fo_cfg *c, long i, int l, const long *opened_above, int n_above,
+                       long *cand) {
+  if (l < 1 || l > c->levels) fo_die("fo_open_candidates: no such level");
+  if (l == c->levels && n_above) fo_die("fo_open_candidates: nothing is above the top level");
+  const long nwin = c->n / c->w[l]; /* the caller's room */
+  long list[FO_LIST_MAX];
+  int nl = fo_level(c, l, i / c->w[l], list), count = 0;
+  for (int x = 0; x < nl; x++) cand[count++] = list[x];
+  for (int x = 0; x < n_above; x++) {
+    if (opened_above[x] < 0 || 2 * opened_above[x] + 1 >= nwin || count + 2 > nwin)
+      fo_die("fo_open_candidates: bad window opened above");
+    cand[count++] = 2 * opened_above[x];
+    cand[count++] = 2 * opened_above[x] + 1;
+  }
+  /* insertion sort; a window twice would be a key covered twice */
+  for (int a = 1; a < count; a++)
+    for (int b = a; b > 0 && cand[b - 1] > cand[b]; b--) {
+      long t = cand[b];
+      cand[b] = cand[b - 1];
+      cand[b - 1] = t;
+    }
+  for (int a = 1; a < count; a++)
+    if (cand[a] == cand[a - 1]) fo_die("fo_open_candidates: a window is a candidate twice");
+  return count;
+}
+
+double fo_open_score(const struct fo_cfg *c, const double *qi, const double *Kl, int l, long win) {
+  const long d = c->d, p = c->p;
+  const double scale = 1.0 / sqrt((double)d), bias = level_bias(c, l);
+  double *s = malloc(sizeof(double) * (size_t)p), mx = -INFINITY, z = 0.0;
+  for (long r = 0; r < p; r++) {
+    const double *key = Kl + (win * p + r) * d;
+    double dot = 0.0;
+    for (long f = 0; f < d; f++) dot += qi[f] * key[f]; /* as cols_forward scores a column */
+    s[r] = dot * scale + bias;
+    if (s[r] > mx) mx = s[r];
+  }
+  for (long r = 0; r < p; r++) z += exp(s[r] - mx);
+  free(s);
+  return mx + log(z);
+}
+
+int fo_open_choice(const struct fo_cfg *c, long i, const double *qi,
+                   double *const K[FO_MAX_LEVELS + 1], int l, const long *opened_above, int n_above,
+                   long *opened) {
+  if (c->open == 0) return 0;
+  if (c->open < 0 && c->open != FO_OPEN_ALL) fo_die("fma.open must be >= 0 or FO_OPEN_ALL");
+  const long nwin = c->n / c->w[l];
+  long *cand = malloc(sizeof(long) * (size_t)nwin);
+  int nc = fo_open_candidates(c, i, l, opened_above, n_above, cand), no = 0;
+  if (c->open == FO_OPEN_ALL || c->open >= nc) {
+    for (int x = 0; x < nc; x++) opened[no++] = cand[x];
+    free(cand);
+    return no;
+  }
+  double *g = malloc(sizeof(double) * (size_t)nc);
+  unsigned char *pick = calloc((size_t)nc, 1);
+  for (int x = 0; x < nc; x++) g[x] = fo_open_score(c, qi, K[l], l, cand[x]);
+  /* K rounds of "the largest unpicked g": candidates run in increasing window order and only a
+   * strictly larger g displaces the best so far, so among equal scores the lower window wins. */
+  for (int round = 0; round < c->open; round++) {
+    int best = -1;
+    for (int x = 0; x < nc; x++)
+      if (!pick[x] && (best < 0 || g[x] > g[best])) best = x;
+    if (best < 0) break; /* cannot happen: open < nc here */
+    pick[best] = 1;
+  }
+  for (int x = 0; x < nc; x++)
+    if (pick[x]) opened[no++] = cand[x];
+  free(g);
+  free(pick);
+  free(cand);
+  return no;
+}
+
+/* Query i's columns beyond the near field under fma.open: walk l = L..1; every candidate is
+ * either opened (level 1: its m exact keys k_j, values v_j, no score term; higher: nothing here,
+ * its children are the next level's candidates) or gives its p summary rows (K_l, V_l, the
+ * multiplicity term) as in §6.4. dk, dv, dK, dV: where gradients go (entries may be NULL). When
+ * opened_count is non-NULL, opened_count[l] += the windows opened at level l. */
+static void fo_open_columns(const struct fo_cfg *c, struct fo_cols *C, long i, const double *qi,
+                            const double *k, const double *v, double *const K[FO_MAX_LEVELS + 1],
+                            double *const V[FO_MAX_LEVELS + 1], double *dk, double *dv,
+                            double *const dK[FO_MAX_LEVELS + 1],
+                            double *const dV[FO_MAX_LEVELS + 1], double *opened_count) {
+  const long d = c->d, nmax = c->n / c->m; /* level 1 has the most windows */
+  long *above = malloc(sizeof(long) * (size_t)nmax), *cur = malloc(sizeof(long) * (size_t)nmax),
+       *cand = malloc(sizeof(long) * (size_t)nmax);
+  int n_above = 0;
+  for (int l = c->levels; l >= 1; l--) {
+    int nc = fo_open_candidates(c, i, l, above, n_above, cand);
+    int no = fo_open_choice(c, i, qi, K, l, above, n_above, cur), o = 0;
+    for (int x = 0; x < nc; x++) {
+      const long win = cand[x];
+      if (o < no && cur[o] == win) { /* opened: both lists are in increasing order */
+        o++;
+        if (l > 1) continue;
+        for (long j = win * c->m; j < (win + 1) * c->m; j++) {
+          if (c->causal && j > i) fo_die("fma.open: an opened window holds a future key");
+          cols_add(C, k + j * d, v + j * d, dk ? dk + j * d : NULL, dv ? dv + j * d : NULL, 0.0,
+                   COL_OPENED);
+        }
+      } else {
+        add_window(c, C, win, K[l], V[l], dK[l], dV[l], level_bias(c, l));
+      }
+    }
+    if (o != no) fo_die("fma.open: an opened window is not a candidate");
+    if (opened_count) opened_count[l] += no;
+    long *t = above;
+    above = cur;
+    cur = t;
+    n_above = no;
+  }
+  free(above);
+  free(cur);
+  free(cand);
+}
 
 /* ---- fma ---- */
 
-void fo_fma(const struct fo_cfg *c, double *out, double *dq, double *dk, double *dv,
-            struct fo_params *dkp, struct fo_params *dvp, const double *q, const double *k,
-            const double *v, const struct fo_params *kp, const struct fo_params *vp,
-            const double *dout) {
+/* fo_fma, and with st non-NULL the statistics of fo_fma_open_stats (accumulated). */
+static void fma_run(const struct fo_cfg *c, double *out, double *dq, double *dk, double *dv,
+                    struct fo_params *dkp, struct fo_params *dvp, const double *q, const double *k,
+                    const double *v, const struct fo_params *kp, const struct fo_params *vp,
+                    const double *dout, struct fo_open_stats *st) {
   const long n = c->n, d = c->d;
   const int L = c->levels;
   double *K[FO_MAX_LEVELS + 1], *V[FO_MAX_LEVELS + 1], *dK[FO_MAX_LEVELS + 1],
@@ -427,12 +577,24 @@ void fo_fma(const struct fo_cfg *c, double *out, double *dq, double *dk, double 
   for (long i = 0; i < n; i++) {
     C.count = 0;
     add_near(c, &C, i, k, v, dout ? dk : NULL, dout ? dv : NULL);
-    for (int l = 1; l <= L; l++) {
-      double bias = c->multiplicity ? log((double)c->w[l] / (double)c->p) : 0.0;
-      add_level(c, &C, i, l, K[l], V[l], dK[l], dV[l], bias);
+    if (c->open) {
+      fo_open_columns(c, &C, i, q + i * d, k, v, K, V, dout ? dk : NULL, dout ? dv : NULL, dK, dV,
+                      st ? st->opened : NULL);
+    } else {
+      for (int l = 1; l <= L; l++) {
+        double bias = c->multiplicity ? log((double)c->w[l] / (double)c->p) : 0.0;
+        add_level(c, &C, i, l, K[l], V[l], dK[l], dV[l], bias);
+      }
     }
     cols_forward(&C, out + i * d, q + i * d, d);
     if (dout) cols_backward(&C, dq + i * d, dout + i * d, out + i * d, q + i * d, d);
+    if (st)
+      for (long a = 0; a < C.count; a++) {
+        double *mass = C.kind[a] == COL_NEAR     ? &st->near_mass
+                       : C.kind[a] == COL_OPENED ? &st->open_mass
+                                                 : &st->summary_mass;
+        *mass += C.prob[a];
+      }
   }
   cols_free(&C);
   if (dout) {
@@ -445,8 +607,26 @@ void fo_fma(const struct fo_cfg *c, double *out, double *dq, double *dk, double 
   fo_summaries_free(c, dV);
 }
 
+void fo_fma(const struct fo_cfg *c, double *out, double *dq, double *dk, double *dv,
+            struct fo_params *dkp, struct fo_params *dvp, const double *q, const double *k,
+            const double *v, const struct fo_params *kp, const struct fo_params *vp,
+            const double *dout) {
+  fma_run(c, out, dq, dk, dv, dkp, dvp, q, k, v, kp, vp, dout, NULL);
+}
+
+void fo_fma_open_stats(const struct fo_cfg *c, struct fo_open_stats *st, const double *q,
+                       const double *k, const double *v, const struct fo_params *kp,
+                       const struct fo_params *vp) {
+  memset(st, 0, sizeof *st);
+  double *out = malloc(sizeof(double) * (size_t)(c->n * c->d));
+  fma_run(c, out, NULL, NULL, NULL, NULL, NULL, q, k, v, kp, vp, NULL, st);
+  free(out);
+}
+
+/* SPEC §6.4's dense n×n form (fma_oracle.h). */
 void fo_fma_dense(const struct fo_cfg *c, double *out, const double *q, const double *k,
                   const double *v, const struct fo_params *kp, const struct fo_params *vp) {
+  if (c->open) fo_die("fo_fma_dense is SPEC §6.4 only (fma.open = 0)");
   const long n = c->n, d = c->d, p = c->p;
   const double scale = 1.0 / sqrt((double)d);
   double *K[FO_MAX_LEVELS + 1], *V[FO_MAX_LEVELS + 1];
@@ -528,6 +708,7 @@ void fo_fma_linear(const struct fo_cfg *c, double *out, double *dq, double *dk, 
                    struct fo_params *dqp, struct fo_params *dkp, struct fo_params *dvp,
                    const double *q, const double *k, const double *v, const struct fo_params *qp,
                    const struct fo_params *kp, const struct fo_params *vp, const double *dout) {
+  if (c->open) fo_die("fma.open is fma's (SPEC §6.4a), not fma_linear's");
   const long n = c->n, d = c->d;
   const int L = c->levels;
   double *Q[FO_MAX_LEVELS + 1], *K[FO_MAX_LEVELS + 1], *V[FO_MAX_LEVELS + 1];

@@ -1,8 +1,8 @@
-/* An independent double-precision reference of Fast Multipole Attention (SPEC §6.4 fma, §6.5
- * fma_linear), one head at a time, written from the SPEC text alone so the tests can hold the
- * production float kernels to it. It shares no code with src/: it even derives its own
- * interaction lists (a test compares them with fma_lists). Clarity over speed; test code only,
- * never linked into the program. */
+/* An independent double-precision reference of Fast Multipole Attention (SPEC §6.4 fma, §6.4a
+ * fma with content-based opening, §6.5 fma_linear), one head at a time, written from the SPEC
+ * text alone so the tests can hold the production float kernels to it. It shares no code with
+ * src/: it even derives its own interaction lists (a test compares them with fma_lists) and its
+ * own opening decisions. Clarity over speed; test code only, never linked into the program. */
 #ifndef FMATTN_FMA_ORACLE_H
 #define FMATTN_FMA_ORACLE_H
 
@@ -11,6 +11,7 @@
 
 #define FO_MAX_LEVELS 24
 #define FO_LIST_MAX   3
+#define FO_OPEN_ALL   (-1) /* fo_cfg.open: open every candidate (`fma.open = all`) */
 
 enum fo_down { FO_CONV, FO_M2M, FO_AVG };
 
@@ -26,6 +27,9 @@ struct fo_cfg {
   bool multiplicity; /* fma: + log(w_l/p) on coarse scores */
   bool unshifted;    /* fma_linear causal only: use ρ_l(i), NOT ρ_l(i) − 1 (deliberately wrong:
                         the causality test shows it would catch this) */
+  int open;          /* fma only, SPEC §6.4a `fma.open`: 0 (fo_cfg_init's default) = §6.4 bit for
+                        bit; K > 0 opens the K best candidates per level; FO_OPEN_ALL opens all.
+                        Set it after fo_cfg_init. fo_fma_dense and fo_fma_linear refuse open ≠ 0. */
 };
 
 /* One summary operator (k_down, v_down or q_down): per level l = 1..L a weight and a bias, in the
@@ -73,12 +77,52 @@ void fo_summaries_backward(const struct fo_cfg *c, double *dx, struct fo_params 
                            const struct fo_params *P);
 
 /* fma in summary form: one softmax per query over its near keys and the coarse keys of every
- * level's listed windows. out (n, d); when dout is non-NULL, dq, dk, dv (n, d) and dkp, dvp (may
+ * level's listed windows; with c->open ≠ 0 (SPEC §6.4a, below) over its near keys, the exact keys
+ * of its opened level-1 windows and the coarse keys of its unopened candidates, the choice held
+ * fixed in the backward. out (n, d); when dout is non-NULL, dq, dk, dv (n, d) and dkp, dvp (may
  * be NULL for avg) ACCUMULATE (+=) the exact gradients of Σ dout·out. */
 void fo_fma(const struct fo_cfg *c, double *out, double *dq, double *dk, double *dv,
             struct fo_params *dkp, struct fo_params *dvp, const double *q, const double *k,
             const double *v, const struct fo_params *kp, const struct fo_params *vp,
             const double *dout);
+
+/* ---- fma.open (SPEC §6.4a) ----
+ * Query i walks the levels from L down to 1. Its candidates at level l are the windows of its
+ * level-l list (fo_level) plus the children 2c, 2c + 1 of every window c it opened at level l + 1.
+ * A candidate's score is g = logsumexp over its p rows of q_i·K_l[c·p + r]/√d (+ log(w_l/p) with
+ * multiplicity). The c->open candidates of largest g are opened (ties: lower c; FO_OPEN_ALL or
+ * open ≥ count: all); an opened level-1 window gives its m exact keys and values instead of its
+ * summaries, an unopened candidate gives its p summary rows as in §6.4. */
+
+/* Query i's candidate windows at level l (1..L), given the windows it opened at level l + 1
+ * (opened_above, n_above of them; n_above must be 0 at l = L): written to cand in increasing
+ * order, count returned. cand needs room for n / w_l windows (every window of the level). */
+int fo_open_candidates(const struct fo_cfg *c, long i, int l, const long *opened_above, int n_above,
+                       long *cand);
+/* The opening score g of level-l window win for the query qi (d): logsumexp over the window's p
+ * rows of qi·Kl[win·p + r]/√d + log(w_l/p) (the log term only with multiplicity). Kl = K[l], the
+ * level's key summaries (fo_summaries_forward). */
+double fo_open_score(const struct fo_cfg *c, const double *qi, const double *Kl, int l, long win);
+/* The windows query i (query vector qi) opens at level l, given what it opened at level l + 1:
+ * the c->open best of fo_open_candidates by fo_open_score (ties: lower window), or all of them
+ * when c->open is FO_OPEN_ALL or at least their count; 0 when c->open is 0. K: the key summaries
+ * of every level. Written to opened in increasing order (room for n / w_l), count returned. Walk
+ * l = L..1 feeding each level's result to the next to get a query's whole opening. */
+int fo_open_choice(const struct fo_cfg *c, long i, const double *qi,
+                   double *const K[FO_MAX_LEVELS + 1], int l, const long *opened_above, int n_above,
+                   long *opened);
+
+/* Diagnostics of one forward, summed over the queries: softmax mass on exact tokens of opened
+ * level-1 windows, on the near field and on summary rows (the three add up to n), and the number
+ * of windows opened at each level l (opened[l], l = 1..L; opened[0] unused, 0). */
+struct fo_open_stats {
+  double open_mass, near_mass, summary_mass;
+  double opened[FO_MAX_LEVELS + 1];
+};
+/* fo_fma's forward (any c->open, 0 included) collecting st (zeroed first); no gradients. */
+void fo_fma_open_stats(const struct fo_cfg *c, struct fo_open_stats *st, const double *q,
+                       const double *k, const double *v, const struct fo_params *kp,
+                       const struct fo_params *vp);
 
 /* fma by the dense equivalent of SPEC §6.4: the n×n matrix C̃ (near q_i·k_j, level q_i·K_l[row
  * of j], the rest masked), softmax(C̃/√d), times the per-query value rows. Multiplicity is
