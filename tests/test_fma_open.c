@@ -143,8 +143,165 @@ static void test_open_all_is_full(void **state) {
   if (failed) fail_msg("fma.open = all differs from exact attention in %d places (above)", failed);
 }
 
+/* ================================================================================================
+ * open = K against the float64 oracle
+ * ============================================================================================== */
+
+/* The oracle's copy of one summary operator's parameters (k_down or v_down; nothing for avg). */
+static void to_oracle(const struct layer *ly, const struct fo_cfg *fc, const char *op,
+                      struct fo_params *P) {
+  fo_params_alloc(fc, P);
+  if (fc->down == FO_AVG) return;
+  for (int l = 1; l <= fc->levels; l++)
+    for (int wb = 0; wb < 2; wb++) {
+      const int i = param_list_find(
+          &ly->list, tu_fmt("layer_000/attn/fma/%s/level_%02d/%s", op, l, wb ? "bias" : "weight"));
+      if (i < 0) fail_msg("%s level %d: not registered", op, l);
+      const struct param_desc *pd = &ly->list.p[i];
+      double *dst = wb ? P->bias[l] : P->weight[l];
+      for (size_t e = 0; e < pd->numel; e++) dst[e] = ly->params[pd->offset + e];
+    }
+}
+
+/* The largest relative difference between the production parameter gradients of one operator
+ * and the oracle's. */
+static double param_grad_error(const struct layer *ly, const struct fo_cfg *fc, const char *op,
+                               const struct fo_params *dP) {
+  if (fc->down == FO_AVG) return 0.0;
+  double num = 0.0, den = 1e-30;
+  for (int l = 1; l <= fc->levels; l++)
+    for (int wb = 0; wb < 2; wb++) {
+      const int i = param_list_find(
+          &ly->list, tu_fmt("layer_000/attn/fma/%s/level_%02d/%s", op, l, wb ? "bias" : "weight"));
+      const struct param_desc *pd = &ly->list.p[i];
+      const double *ref = wb ? dP->bias[l] : dP->weight[l];
+      for (size_t e = 0; e < pd->numel; e++) {
+        const double diff = fabs(ly->dparams[pd->offset + e] - ref[e]);
+        if (diff > num) num = diff;
+        if (fabs(ref[e]) > den) den = fabs(ref[e]);
+      }
+    }
+  return num / den;
+}
+
+/* Production against fo_fma with the same fma.open: out, dq, dk, dv and the k_down, v_down
+ * gradients, within tol. The inputs (scale 1, d = 8) keep the candidates' scores apart, so float
+ * and double choose the same windows; a near tie would show as an error of order 1. With
+ * periodic keys (k repeating every `period` tokens, 0: none) windows tie exactly. */
+static int matches_oracle(const struct open_case *t, bool mult, long period, double tol) {
+  char what[240];
+  case_text(t, what, sizeof what);
+  snprintf(what + strlen(what), sizeof what - strlen(what), " multiplicity=%s%s",
+           mult ? "on" : "off", period ? tu_fmt(" keys of period %ld", period) : "");
+  struct layer ly;
+  layer_setup(&ly, t);
+  if (!mult) { /* the deck's default is on: rebuild the layer with it off */
+    layer_free(&ly);
+    memset(&ly, 0, sizeof ly);
+    tu_config(&ly.cfg, "fma", t->n, (int)t->H, (int)t->d, t->causal,
+              TU_SETS(tu_fmt("attention.fma.m=%d", t->m), tu_fmt("attention.fma.p=%d", t->p),
+                      tu_fmt("attention.fma.downsample=%s", down_name[t->down]),
+                      "attention.fma.init=random", "attention.fma.multiplicity=false",
+                      tu_fmt("attention.fma.open=%d", t->open)));
+    param_list_init(&ly.list);
+    const struct attn_variant *var = attention_find("fma");
+    attention_register_params(&ly.cfg, var, t->n, 0, &ly.list);
+    ly.params = calloc(ly.list.total + 1, sizeof(float));
+    ly.dparams = calloc(ly.list.total + 1, sizeof(float));
+    for (int i = 0; i < ly.list.count; i++)
+      attention_init_param(&ly.cfg, var, &ly.list.p[i], ly.params + ly.list.p[i].offset);
+  }
+  const long nd = t->n * t->d, count = t->B * t->H * nd;
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
+        *g = malloc(4 * count);
+  const uint64_t key = (uint64_t)(t->n * 7 + t->m * 131 + t->down * 17 + t->causal * 3 +
+                                  t->open * 1001 + mult * 5 + period * 13);
+  tu_randn(q, count, key * 4, 1.0f);
+  tu_randn(k, count, key * 4 + 1, 1.0f);
+  tu_randn(v, count, key * 4 + 2, 1.0f);
+  tu_randn(g, count, key * 4 + 3, 1.0f);
+  for (long bh = 0; period && bh < t->B * t->H; bh++)
+    for (long i = period; i < t->n; i++)
+      memcpy(k + (bh * t->n + i) * t->d, k + (bh * t->n + i % period) * t->d, 4 * (size_t)t->d);
+  struct tu_run r = layer_run(&ly, t, q, k, v, g);
+  struct fo_cfg fc;
+  fo_cfg_init(&fc, t->n, t->d, t->m, t->p, t->down, t->causal, mult);
+  fc.open = t->open;
+  struct fo_params kp, vp, dkp, dvp;
+  to_oracle(&ly, &fc, "k_down", &kp);
+  to_oracle(&ly, &fc, "v_down", &vp);
+  fo_params_alloc(&fc, &dkp);
+  fo_params_alloc(&fc, &dvp);
+  int failed = 0;
+  double *o = malloc(8 * nd), *dq = malloc(8 * nd), *dk = malloc(8 * nd), *dv = malloc(8 * nd);
+  for (long bh = 0; bh < t->B * t->H; bh++) {
+    const size_t off = (size_t)(bh * nd);
+    double *qd = tu_to_double(q + off, nd), *kd = tu_to_double(k + off, nd),
+           *vd = tu_to_double(v + off, nd), *gd = tu_to_double(g + off, nd);
+    memset(dq, 0, 8 * nd), memset(dk, 0, 8 * nd), memset(dv, 0, 8 * nd);
+    fo_fma(&fc, o, dq, dk, dv, &dkp, &dvp, qd, kd, vd, &kp, &vp, gd);
+    const double e[4] = {tu_rel_err(r.out + off, o, nd), tu_rel_err(r.dq + off, dq, nd),
+                         tu_rel_err(r.dk + off, dk, nd), tu_rel_err(r.dv + off, dv, nd)};
+    const char *names[4] = {"out", "dq", "dk", "dv"};
+    for (int x = 0; x < 4; x++)
+      if (!(e[x] < tol)) {
+        printf("# %s head %ld: %s differs from the oracle by %.3g (relative)\n", what, bh,
+               names[x], e[x]);
+        failed++;
+      }
+    free(qd), free(kd), free(vd), free(gd);
+  }
+  const double ek = param_grad_error(&ly, &fc, "k_down", &dkp),
+               ev = param_grad_error(&ly, &fc, "v_down", &dvp);
+  if (!(ek < tol && ev < tol)) {
+    printf("# %s: k_down gradients differ by %.3g, v_down by %.3g (relative)\n", what, ek, ev);
+    failed++;
+  }
+  fo_params_free(&fc, &kp), fo_params_free(&fc, &vp);
+  fo_params_free(&fc, &dkp), fo_params_free(&fc, &dvp);
+  free(o), free(dq), free(dk), free(dv);
+  free(q), free(k), free(v), free(g);
+  tu_run_free(&r);
+  layer_free(&ly);
+  return failed;
+}
+
+/* K = 1, 2, 3 × conv, m2m, avg × causal, bidirectional × three trees, and multiplicity off. */
+static void test_open_matches_oracle(void **state) {
+  const struct {
+    long n;
+    int m, p;
+  } sizes[] = {{64, 8, 2}, {128, 8, 4}, {256, 16, 4}};
+  int failed = 0;
+  for (int K = 1; K <= 3; K++)
+    for (int down = 0; down < 3; down++)
+      for (int causal = 0; causal < 2; causal++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+          const struct open_case t = {2,        2,      sizes[s].n, 8, sizes[s].m,
+                                      sizes[s].p, (enum fo_down)down, causal, K};
+          failed += matches_oracle(&t, true, 0, 1e-4);
+          if (s == 0) failed += matches_oracle(&t, false, 0, 1e-4);
+        }
+  if (failed) fail_msg("fma.open differs from the float64 oracle in %d places (above)", failed);
+}
+
+/* Exact ties: keys repeating every 16 tokens make windows 16 apart identical (avg summaries of
+ * identical tokens are bitwise identical, and so are their scores), and the lower window must
+ * win, as in the oracle. */
+static void test_open_ties(void **state) {
+  int failed = 0;
+  for (int K = 1; K <= 2; K++)
+    for (int causal = 0; causal < 2; causal++) {
+      const struct open_case t = {1, 2, 128, 8, 4, 2, FO_AVG, causal, K};
+      failed += matches_oracle(&t, true, 16, 1e-4);
+    }
+  if (failed) fail_msg("fma.open breaks ties unlike the oracle in %d places (above)", failed);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_open_all_is_full),
+    cmocka_unit_test(test_open_matches_oracle),
+    cmocka_unit_test(test_open_ties),
 };
 
 TU_MAIN(tests)

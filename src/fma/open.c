@@ -130,11 +130,22 @@ void fma_open_work_free(struct fma_open_work *w) {
 /* ---------------------------------------------------------------------------------------------
  * the criterion */
 
-/* log Σ exp over p scores. */
-static float logsumexp(const float *s, long p) {
+/* g = logsumexp_r (q_i·K[row + r]/√d + logw) over window c's p summary rows, each dot product in
+ * one fixed order: equal windows score bit for bit alike wherever they come from (a listed
+ * window, a child; this rank's, another's), so ties are exact ties, and a choice does not depend
+ * on how a GEMM happened to be shaped. Its rounding may differ from the softmax's scores; the
+ * choice is held fixed, so that does not matter. */
+static float window_score(const float *qi, const float *rows, long p, long d, float scale,
+                          float logw) {
+  float s[FMA_OPEN_SCORE_ROWS];
   float mx = -INFINITY;
-  for (long r = 0; r < p; r++) mx = s[r] > mx ? s[r] : mx;
-  if (mx == -INFINITY) return mx;
+  for (long r = 0; r < p; r++) {
+    const float *kr = rows + r * d;
+    float dot = 0.0f;
+    for (long f = 0; f < d; f++) dot += qi[f] * kr[f];
+    s[r] = dot * scale + logw;
+    mx = s[r] > mx ? s[r] : mx;
+  }
   float sum = 0.0f;
   for (long r = 0; r < p; r++) sum += expf(s[r] - mx);
   return mx + logf(sum);
@@ -146,40 +157,38 @@ static bool ranks_before(float ga, long ca, float gb, long cb) {
 }
 
 void fma_open_select(const struct fma_state *st, int l, const struct fma_block_keys *bk,
-                     const float *F, int32_t *dec) {
+                     const float *qi, const float *K, int32_t *dec) {
   const struct fma_open_layout *o = &st->open;
-  const long p = st->tree.p;
-  struct fma_open_scratch *s = NULL;
+  const long p = st->tree.p, d = st->d;
+  const float scale = 1.0f / sqrtf((float)d);
+  const float logw = st->multiplicity ? logf((float)(st->tree.window[l] / p)) : 0.0f;
+  const bool all = o->K == FMA_OPEN_ALL;
   /* the candidates: listed windows, then the children of what was opened at l + 1 */
-  long nc = 0;
   float cand_g_local[FMA_LIST_MAX + 64];
   long cand_c_local[FMA_LIST_MAX + 64];
   float *cg = cand_g_local;
   long *cc = cand_c_local;
   const long need = bk->level_count[l] + (l < st->tree.levels ? 2L * o->slots[l + 1] : 0);
   if (need > FMA_LIST_MAX + 64) { /* a large fma.open: the thread's scratch holds them */
-    s = &st->work->scratch[thread_id()];
+    struct fma_open_scratch *s = &st->work->scratch[thread_id()];
     cg = s->cand_g;
     cc = s->cand_c;
   }
-  const bool all = o->K == FMA_OPEN_ALL;
-  for (int k = 0; k < bk->level_count[l]; k++, nc++) {
-    cc[nc] = bk->level_window[l][k];
-    cg[nc] = all ? 0.0f : logsumexp(F + bk->level_col[l] + k * p, p);
-  }
+  long nc = 0;
+  for (int k = 0; k < bk->level_count[l]; k++) cc[nc++] = bk->level_window[l][k];
   if (l < st->tree.levels)
     for (int j = 0; j < o->slots[l + 1]; j++) {
       const int32_t c = dec[o->dec_off[l + 1] + j];
-      if (c < 0) continue;
-      for (int half = 0; half < 2; half++, nc++) {
-        cc[nc] = 2L * c + half;
-        cg[nc] = all ? 0.0f : logsumexp(F + o->col[l + 1] + (long)j * 2 * p + half * p, p);
+      if (c >= 0) {
+        cc[nc++] = 2L * c;
+        cc[nc++] = 2L * c + 1;
       }
     }
   /* the K_l best, best first (every one when they are no more than K_l) */
-  const long K = o->slots[l], take = nc < K ? nc : K;
-  int32_t *out = dec + o->dec_off[l];
-  if (take < nc)
+  const long Kl = o->slots[l], take = nc < Kl ? nc : Kl;
+  if (take < nc && !all) {
+    for (long x = 0; x < nc; x++)
+      cg[x] = window_score(qi, K + (st->level_row[l] + cc[x] * p) * d, p, d, scale, logw);
     for (long t = 0; t < take; t++) {
       long best = t;
       for (long x = t + 1; x < nc; x++)
@@ -191,7 +200,9 @@ void fma_open_select(const struct fma_state *st, int l, const struct fma_block_k
       cg[best] = tg;
       cc[best] = tc;
     }
-  for (long t = 0; t < K; t++) out[t] = t < take ? (int32_t)cc[t] : -1;
+  }
+  int32_t *out = dec + o->dec_off[l];
+  for (long t = 0; t < Kl; t++) out[t] = t < take ? (int32_t)cc[t] : -1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -219,12 +230,13 @@ static void head_listed(const struct fma_state *st, struct fma_open_work *w,
 /* Level l's decisions of every query of head h (fma_open_select). */
 static void head_decide(const struct fma_state *st, struct fma_open_work *w,
                         const struct fma_open_args *a, long h, int l) {
-  const long m = st->tree.m, T = st->T, width = st->open.width, ndec = st->open.ndec;
+  const long m = st->tree.m, T = st->T, d = st->d, ndec = st->open.ndec;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
+  const float *K = a->K + h * st->rows * d;
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
     fma_block_keys(st, qb, &s->bk);
     for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
-      fma_open_select(st, l, &s->bk, w->F + (h * T + i) * width, a->dec + (h * T + i) * ndec);
+      fma_open_select(st, l, &s->bk, a->q + (h * T + i) * d, K, a->dec + (h * T + i) * ndec);
   }
 }
 
@@ -349,54 +361,53 @@ static void level_fetch(const struct fma_state *st, struct fma_open_work *w,
     fma_open_let_tokens(st, w, a);
 }
 
+/* Every head's far rows from the decisions: the listed rows, the lists by source, what other
+ * ranks hold (children rows of every level when `children`, and the opened fine blocks), the
+ * opened windows' scores, the masks. The same for forward and backward, so both see one F. */
+static void score_all(const struct fma_state *st, struct fma_open_work *w,
+                      const struct fma_open_args *a, bool children) {
+  const int L = st->tree.levels;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long h = 0; h < a->count; h++) {
+    head_listed(st, w, a, h);
+    for (int l = L; l >= 1; l--) head_lists(st, w, a, h, l);
+  }
+  for (int l = L; l >= 1; l--)
+    if (l == 1 || children) level_fetch(st, w, a, l);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long h = 0; h < a->count; h++) {
+    for (int l = L; l >= 1; l--) head_score(st, w, a, h, l);
+    head_mask(st, w, a, h);
+  }
+}
+
 void fma_open_descend(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, struct fma_times *times) {
   const int L = st->tree.levels;
   const double t0 = timer_now();
   if (!sequence_parallel(a)) { /* every head on its own, all levels at once */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (long h = 0; h < a->count; h++) {
-      head_listed(st, w, a, h);
-      for (int l = L; l >= 1; l--) {
-        head_decide(st, w, a, h, l);
-        head_lists(st, w, a, h, l);
-        head_score(st, w, a, h, l);
-      }
-      head_mask(st, w, a, h);
-    }
-  } else { /* level by level: the windows a level opens are fetched before they are scored */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long h = 0; h < a->count; h++) head_listed(st, w, a, h);
-    for (int l = L; l >= 1; l--) {
+    for (long h = 0; h < a->count; h++)
+      for (int l = L; l >= 1; l--) head_decide(st, w, a, h, l);
+  } else { /* level by level: the children a level opens are fetched before the next decides */
+    for (int l = L; l >= 2; l--) {
 #pragma omp parallel for schedule(dynamic, 1)
       for (long h = 0; h < a->count; h++) {
         head_decide(st, w, a, h, l);
         head_lists(st, w, a, h, l);
       }
       level_fetch(st, w, a, l);
-#pragma omp parallel for schedule(dynamic, 1)
-      for (long h = 0; h < a->count; h++) head_score(st, w, a, h, l);
     }
 #pragma omp parallel for schedule(dynamic, 1)
-    for (long h = 0; h < a->count; h++) head_mask(st, w, a, h);
+    for (long h = 0; h < a->count; h++) head_decide(st, w, a, h, 1);
   }
+  score_all(st, w, a, false);
   times->m2p += timer_now() - t0;
 }
 
 void fma_open_rescore(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, struct fma_times *times) {
-  const int L = st->tree.levels;
   const double t0 = timer_now();
-#pragma omp parallel for schedule(dynamic, 1)
-  for (long h = 0; h < a->count; h++) {
-    head_listed(st, w, a, h);
-    for (int l = L; l >= 1; l--) head_lists(st, w, a, h, l);
-  }
-  for (int l = L; l >= 1; l--) level_fetch(st, w, a, l);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (long h = 0; h < a->count; h++) {
-    for (int l = L; l >= 1; l--) head_score(st, w, a, h, l);
-    head_mask(st, w, a, h);
-  }
+  score_all(st, w, a, true);
   times->m2p += timer_now() - t0;
 }

@@ -40,6 +40,10 @@ struct fma_open_diag {
   double *opened;
 };
 
+/* Most summary rows per window (fma.p) the opening supports: the criterion scores a window's rows
+ * on the stack. */
+#define FMA_OPEN_SCORE_ROWS 4096
+
 /* Members of one group GEMM: at most this many queries share one product with a source. */
 #define FMA_OPEN_GROUP 128
 
@@ -87,10 +91,10 @@ void fma_open_descend(const struct fma_state *st, struct fma_open_work *w,
 void fma_open_rescore(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, struct fma_times *times);
 
-/* The criterion for one query at level l (exposed for the tests): far row F (width), decisions
- * dec (ndec) holding levels > l; writes level l's entries. bk: the query's block lists. */
+/* The criterion for one query at level l: its lists bk, its query qi (d), the key summaries K
+ * (rows, d) of its head, its decisions dec (ndec) holding levels > l; writes level l's. */
 void fma_open_select(const struct fma_state *st, int l, const struct fma_block_keys *bk,
-                     const float *F, int32_t *dec);
+                     const float *qi, const float *K, int32_t *dec);
 
 /* Evaluation with the decisions (evaluate_open.c), after fma_open_descend or fma_open_rescore:
  * forward writes out (count, T, d) and lse (count, T); diag (may be NULL) per head; mass (count,
