@@ -15,6 +15,7 @@
 #include "fma/open.h"
 #include "memory.h"
 #include "timer.h"
+#include "vecmath.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -61,6 +62,7 @@ static void scratch_alloc(const struct fma_state *st, struct fma_open_scratch *s
   s->Pg = mem_alloc(MEM_WORKSPACE, f * (size_t)(FMA_OPEN_GROUP * wide));
   s->cand_g = xmalloc(sizeof(float) * (size_t)cand);
   s->cand_c = xmalloc(sizeof(long) * (size_t)cand);
+  s->cand_rows = xmalloc(sizeof(float *) * (size_t)cand);
 }
 
 static void scratch_free(struct fma_open_scratch *s) {
@@ -79,6 +81,7 @@ static void scratch_free(struct fma_open_scratch *s) {
   mem_free(s->Pg);
   free(s->cand_g);
   free(s->cand_c);
+  free(s->cand_rows);
 }
 
 struct fma_open_work *fma_open_work_get(struct fma_state *st, long count) {
@@ -130,20 +133,17 @@ void fma_open_work_free(struct fma_open_work *w) {
 /* ---------------------------------------------------------------------------------------------
  * the criterion */
 
-/* g = logsumexp_r (q_i·K[row + r]/√d + logw) over window c's p summary rows, each dot product in
- * one fixed order: equal windows score bit for bit alike wherever they come from (a listed
- * window, a child; this rank's, another's), so ties are exact ties, and a choice does not depend
- * on how a GEMM happened to be shaped. Its rounding may differ from the softmax's scores; the
- * choice is held fixed, so that does not matter. */
+/* g = logsumexp_r (q_i·K[row + r]/√d + logw) over a window's p summary rows, each dot product in
+ * one fixed order, so that equal windows score bit for bit alike. The far row's scores come from
+ * differently shaped products (a block's GEMM for listed windows, a query's dot products for
+ * children), whose rounding may differ by an ulp or two; near a tie the criterion asks this. */
 static float window_score(const float *qi, const float *rows, long p, long d, float scale,
                           float logw) {
   float s[FMA_OPEN_SCORE_ROWS];
+  fma_open_dots(qi, rows, p, d, s);
   float mx = -INFINITY;
   for (long r = 0; r < p; r++) {
-    const float *kr = rows + r * d;
-    float dot = 0.0f;
-    for (long f = 0; f < d; f++) dot += qi[f] * kr[f];
-    s[r] = dot * scale + logw;
+    s[r] = s[r] * scale + logw;
     mx = s[r] > mx ? s[r] : mx;
   }
   float sum = 0.0f;
@@ -151,54 +151,111 @@ static float window_score(const float *qi, const float *rows, long p, long d, fl
   return mx + logf(sum);
 }
 
+/* g[x] = log Σ_r exp rows[x][r] for nc candidates of p far-row scores each: the exponentials of
+ * all of them in one vector pass. nc is small (the candidates of one level). */
+static void far_scores(const float *const *rows, long nc, long p, float *g) {
+  float e[(FMA_LIST_MAX + 64) * 8], mx[FMA_LIST_MAX + 64];
+  const bool packed = nc <= FMA_LIST_MAX + 64 && p <= 8;
+  for (long x = 0; x < nc && packed; x++) {
+    mx[x] = -INFINITY;
+    for (long r = 0; r < p; r++) mx[x] = rows[x][r] > mx[x] ? rows[x][r] : mx[x];
+  }
+  if (!packed) { /* many candidates, or wide windows: one at a time */
+    for (long x = 0; x < nc; x++) {
+      float top = -INFINITY, sum = 0.0f;
+      for (long r = 0; r < p; r++) top = rows[x][r] > top ? rows[x][r] : top;
+      for (long r = 0; r < p; r++) sum += expf(rows[x][r] - top);
+      g[x] = top + logf(sum);
+    }
+    return;
+  }
+  for (long x = 0; x < nc; x++)
+    for (long r = 0; r < p; r++) e[x * p + r] = rows[x][r] - mx[x];
+#pragma omp simd
+  for (long i = 0; i < nc * p; i++) e[i] = expf(e[i]);
+  for (long x = 0; x < nc; x++) {
+    float sum = 0.0f;
+    for (long r = 0; r < p; r++) sum += e[x * p + r];
+    g[x] = mx[x] + logf(sum);
+  }
+}
+
 /* Candidate a ranks before candidate b: a larger score, or an equal one and a lower window. */
 static bool ranks_before(float ga, long ca, float gb, long cb) {
   return ga > gb || (ga == gb && ca < cb);
 }
 
+/* The `take` best of nc candidates (scores cg, windows cc) moved to the front, best first. */
+static void select_best(float *cg, long *cc, long nc, long take) {
+  for (long t = 0; t < take; t++) {
+    long best = t;
+    for (long x = t + 1; x < nc; x++)
+      if (ranks_before(cg[x], cc[x], cg[best], cc[best])) best = x;
+    const float tg = cg[t];
+    const long tc = cc[t];
+    cg[t] = cg[best];
+    cc[t] = cc[best];
+    cg[best] = tg;
+    cc[best] = tc;
+  }
+}
+
+/* Whether the choice of `take` among nc sorted-front candidates is closer than rounding to going
+ * the other way: a chosen and an unchosen score within tolerance of each other. */
+static bool near_tie(const float *cg, long nc, long take) {
+  float low = INFINITY, high = -INFINITY;
+  for (long x = 0; x < take; x++) low = cg[x] < low ? cg[x] : low;
+  for (long x = take; x < nc; x++) high = cg[x] > high ? cg[x] : high;
+  const float tol = 1e-4f * (1.0f + fabsf(low));
+  return !(low - high > tol);
+}
+
 void fma_open_select(const struct fma_state *st, int l, const struct fma_block_keys *bk,
-                     const float *qi, const float *K, int32_t *dec) {
+                     const float *F, const float *qi, const float *K, int32_t *dec) {
   const struct fma_open_layout *o = &st->open;
   const long p = st->tree.p, d = st->d;
-  const float scale = 1.0f / sqrtf((float)d);
-  const float logw = st->multiplicity ? logf((float)(st->tree.window[l] / p)) : 0.0f;
-  const bool all = o->K == FMA_OPEN_ALL;
-  /* the candidates: listed windows, then the children of what was opened at l + 1 */
+  /* the candidates: listed windows, then the children of what was opened at l + 1, each with its
+   * columns in the far row */
   float cand_g_local[FMA_LIST_MAX + 64];
   long cand_c_local[FMA_LIST_MAX + 64];
+  const float *cand_rows_local[FMA_LIST_MAX + 64];
   float *cg = cand_g_local;
   long *cc = cand_c_local;
+  const float **rows = cand_rows_local;
   const long need = bk->level_count[l] + (l < st->tree.levels ? 2L * o->slots[l + 1] : 0);
   if (need > FMA_LIST_MAX + 64) { /* a large fma.open: the thread's scratch holds them */
     struct fma_open_scratch *s = &st->work->scratch[thread_id()];
     cg = s->cand_g;
     cc = s->cand_c;
+    rows = s->cand_rows;
   }
+  const long Kl = o->slots[l];
+  const bool all = o->K == FMA_OPEN_ALL || need <= Kl;
   long nc = 0;
-  for (int k = 0; k < bk->level_count[l]; k++) cc[nc++] = bk->level_window[l][k];
+  for (int k = 0; k < bk->level_count[l]; k++, nc++) {
+    cc[nc] = bk->level_window[l][k];
+    if (!all) rows[nc] = F + bk->level_col[l] + k * p;
+  }
   if (l < st->tree.levels)
     for (int j = 0; j < o->slots[l + 1]; j++) {
       const int32_t c = dec[o->dec_off[l + 1] + j];
-      if (c >= 0) {
-        cc[nc++] = 2L * c;
-        cc[nc++] = 2L * c + 1;
+      if (c < 0) continue;
+      for (int half = 0; half < 2; half++, nc++) {
+        cc[nc] = 2L * c + half;
+        if (!all) rows[nc] = F + o->col[l + 1] + (long)j * 2 * p + half * p;
       }
     }
+  if (!all) far_scores(rows, nc, p, cg);
   /* the K_l best, best first (every one when they are no more than K_l) */
-  const long Kl = o->slots[l], take = nc < Kl ? nc : Kl;
-  if (take < nc && !all) {
-    for (long x = 0; x < nc; x++)
-      cg[x] = window_score(qi, K + (st->level_row[l] + cc[x] * p) * d, p, d, scale, logw);
-    for (long t = 0; t < take; t++) {
-      long best = t;
-      for (long x = t + 1; x < nc; x++)
-        if (ranks_before(cg[x], cc[x], cg[best], cc[best])) best = x;
-      const float tg = cg[t];
-      const long tc = cc[t];
-      cg[t] = cg[best];
-      cc[t] = cc[best];
-      cg[best] = tg;
-      cc[best] = tc;
+  const long take = nc < Kl ? nc : Kl;
+  if (take < nc) {
+    select_best(cg, cc, nc, take);
+    if (near_tie(cg, nc, take)) { /* decide by scores that rank equal windows equal */
+      const float scale = 1.0f / sqrtf((float)d);
+      const float logw = st->multiplicity ? logf((float)(st->tree.window[l] / p)) : 0.0f;
+      for (long x = 0; x < nc; x++)
+        cg[x] = window_score(qi, K + (st->level_row[l] + cc[x] * p) * d, p, d, scale, logw);
+      select_best(cg, cc, nc, take);
     }
   }
   int32_t *out = dec + o->dec_off[l];
@@ -227,16 +284,40 @@ static void head_listed(const struct fma_state *st, struct fma_open_work *w,
   }
 }
 
-/* Level l's decisions of every query of head h (fma_open_select). */
-static void head_decide(const struct fma_state *st, struct fma_open_work *w,
-                        const struct fma_open_args *a, long h, int l) {
-  const long m = st->tree.m, T = st->T, d = st->d, ndec = st->open.ndec;
+/* Query i's scores of the children of the windows it opened at level l ≥ 2 (2p summary rows
+ * each, read where they lie: a head's summaries are O(n·p/m) rows and stay in cache), into its
+ * far row F. */
+static void query_score_children(const struct fma_state *st, int l, const float *qi,
+                                 const float *K, float *F, const int32_t *dec) {
+  const struct fma_open_layout *o = &st->open;
+  const long d = st->d, p = st->tree.p;
+  const float scale = 1.0f / sqrtf((float)d);
+  const float logw = st->multiplicity ? logf((float)(st->tree.window[l - 1] / p)) : 0.0f;
+  for (int j = 0; j < o->slots[l]; j++) {
+    const int32_t c = dec[o->dec_off[l] + j];
+    if (c < 0) continue;
+    float *dst = F + o->col[l] + (long)j * 2 * p;
+    fma_open_dots(qi, K + (st->level_row[l - 1] + 2L * c * p) * d, 2 * p, d, dst);
+    for (long t = 0; t < 2 * p; t++) dst[t] = dst[t] * scale + logw;
+  }
+}
+
+/* Level l of head h, query by query: its decisions (when decide: fma_open_select), and the scores
+ * of the children of the windows it opened there (when score and l ≥ 2). */
+static void head_level(const struct fma_state *st, struct fma_open_work *w,
+                       const struct fma_open_args *a, long h, int l, bool decide, bool score) {
+  const long m = st->tree.m, T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
   const float *K = a->K + h * st->rows * d;
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
-    fma_block_keys(st, qb, &s->bk);
-    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
-      fma_open_select(st, l, &s->bk, a->q + (h * T + i) * d, K, a->dec + (h * T + i) * ndec);
+    if (decide) fma_block_keys(st, qb, &s->bk);
+    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++) {
+      const float *qi = a->q + (h * T + i) * d;
+      float *F = w->F + (h * T + i) * width;
+      int32_t *dec = a->dec + (h * T + i) * ndec;
+      if (decide) fma_open_select(st, l, &s->bk, F, qi, K, dec);
+      if (score && l >= 2) query_score_children(st, l, qi, K, F, dec);
+    }
   }
 }
 
@@ -268,37 +349,22 @@ static void head_lists(const struct fma_state *st, struct fma_open_work *w,
   start[0] = 0;
 }
 
-/* The rows a level-l slot of window c reads, for head h: the two children's summary rows (K, or
- * V when values) at level l − 1, or fine block c's tokens. */
-static const float *source_rows(const struct fma_state *st, const struct fma_open_work *w,
-                                const struct fma_open_args *a, long h, int l, long c,
-                                bool values) {
-  const long d = st->d;
-  if (l >= 2) {
-    const float *X = values ? a->V : a->K;
-    return X + (h * st->rows + st->level_row[l - 1] + 2 * c * st->tree.p) * d;
-  }
-  const float *k, *v;
-  fma_open_block_rows(st, w, a, h, c, &k, &v, NULL, NULL, NULL, NULL);
-  return values ? v : k;
-}
-
-/* Head h's scores of the windows opened at level l, source by source: the queries that opened
- * window c (gathered, up to FMA_OPEN_GROUP at a time) times its rows, into their slots. */
-static void head_score(const struct fma_state *st, struct fma_open_work *w,
-                       const struct fma_open_args *a, long h, int l) {
+/* Head h's scores of the fine blocks opened at level 1, source by source: the queries that
+ * opened block c (gathered, up to FMA_OPEN_GROUP at a time) times its m keys, one GEMM, into
+ * their slots. */
+static void head_score_tokens(const struct fma_state *st, struct fma_open_work *w,
+                              const struct fma_open_args *a, long h) {
   const long T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
-  const long nr = st->open.slot_width[l], col = st->open.col[l];
+  const long nr = st->open.slot_width[1], col = st->open.col[1];
   const float scale = 1.0f / sqrtf((float)d);
-  const float logw =
-      l >= 2 && st->multiplicity ? logf((float)(st->tree.window[l - 1] / st->tree.p)) : 0.0f;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
-  const int32_t *start = w->start + h * w->starts + w->lvl_start[l];
-  const long base = h * T * ndec + T * st->open.dec_off[l];
+  const int32_t *start = w->start + h * w->starts + w->lvl_start[1];
+  const long base = h * T * ndec + T * st->open.dec_off[1];
   const float *q = a->q + h * T * d;
-  for (long c = 0; c < st->tree.nwindows[l]; c++) {
+  for (long c = 0; c < st->tree.nwindows[1]; c++) {
     if (start[c + 1] == start[c]) continue;
-    const float *R = source_rows(st, w, a, h, l, c, false);
+    const float *R, *unused;
+    fma_open_block_rows(st, w, a, h, c, &R, &unused, NULL, NULL, NULL, NULL);
     for (long g0 = start[c]; g0 < start[c + 1]; g0 += FMA_OPEN_GROUP) {
       const long ns = start[c + 1] - g0 < FMA_OPEN_GROUP ? start[c + 1] - g0 : FMA_OPEN_GROUP;
       const int32_t *who = w->who + base + g0, *slot = w->slot + base + g0;
@@ -306,10 +372,9 @@ static void head_score(const struct fma_state *st, struct fma_open_work *w,
         memcpy(s->Qg + x * d, q + (long)who[x] * d, sizeof(float) * (size_t)d);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ns, (int)nr, (int)d, scale, s->Qg,
                   (int)d, R, (int)d, 0.0f, s->Sg, (int)nr);
-      for (long x = 0; x < ns; x++) {
-        float *dst = w->F + (h * T + who[x]) * width + col + (long)slot[x] * nr;
-        for (long t = 0; t < nr; t++) dst[t] = s->Sg[x * nr + t] + logw;
-      }
+      for (long x = 0; x < ns; x++)
+        memcpy(w->F + (h * T + who[x]) * width + col + (long)slot[x] * nr, s->Sg + x * nr,
+               sizeof(float) * (size_t)nr);
     }
   }
 }
@@ -351,7 +416,7 @@ static void head_mask(const struct fma_state *st, struct fma_open_work *w,
 
 static bool sequence_parallel(const struct fma_open_args *a) { return a->comm && a->comm->S > 1; }
 
-/* What a level needs from other ranks before its opened windows can be scored. */
+/* What level l needs from other ranks before its opened windows can be scored. */
 static void level_fetch(const struct fma_state *st, struct fma_open_work *w,
                         const struct fma_open_args *a, int l) {
   if (!sequence_parallel(a)) return;
@@ -361,53 +426,54 @@ static void level_fetch(const struct fma_state *st, struct fma_open_work *w,
     fma_open_let_tokens(st, w, a);
 }
 
-/* Every head's far rows from the decisions: the listed rows, the lists by source, what other
- * ranks hold (children rows of every level when `children`, and the opened fine blocks), the
- * opened windows' scores, the masks. The same for forward and backward, so both see one F. */
-static void score_all(const struct fma_state *st, struct fma_open_work *w,
-                      const struct fma_open_args *a, bool children) {
+/* Level by level, every head: the decisions of level l (when decide), the lists, what other
+ * ranks hold, the scores of what was opened. Forward decides; backward (decide false) scores the
+ * same far rows again from the saved decisions, with the same calls. */
+static void descend(const struct fma_state *st, struct fma_open_work *w,
+                    const struct fma_open_args *a, bool decide) {
   const int L = st->tree.levels;
+  if (!sequence_parallel(a)) { /* every head on its own, all levels at once */
 #pragma omp parallel for schedule(dynamic, 1)
-  for (long h = 0; h < a->count; h++) {
-    head_listed(st, w, a, h);
-    for (int l = L; l >= 1; l--) head_lists(st, w, a, h, l);
+    for (long h = 0; h < a->count; h++) {
+      head_listed(st, w, a, h);
+      for (int l = L; l >= 1; l--) head_level(st, w, a, h, l, decide, true);
+      head_lists(st, w, a, h, 1);
+      head_score_tokens(st, w, a, h);
+      head_mask(st, w, a, h);
+    }
+    return;
   }
-  for (int l = L; l >= 1; l--)
-    if (l == 1 || children) level_fetch(st, w, a, l);
 #pragma omp parallel for schedule(dynamic, 1)
-  for (long h = 0; h < a->count; h++) {
-    for (int l = L; l >= 1; l--) head_score(st, w, a, h, l);
-    head_mask(st, w, a, h);
+  for (long h = 0; h < a->count; h++) head_listed(st, w, a, h);
+  for (int l = L; l >= 1; l--) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long h = 0; h < a->count; h++) {
+      if (decide) head_level(st, w, a, h, l, true, false);
+      head_lists(st, w, a, h, l);
+    }
+    level_fetch(st, w, a, l);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long h = 0; h < a->count; h++) {
+      if (l >= 2)
+        head_level(st, w, a, h, l, false, true);
+      else
+        head_score_tokens(st, w, a, h);
+    }
   }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long h = 0; h < a->count; h++) head_mask(st, w, a, h);
 }
 
 void fma_open_descend(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, struct fma_times *times) {
-  const int L = st->tree.levels;
   const double t0 = timer_now();
-  if (!sequence_parallel(a)) { /* every head on its own, all levels at once */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long h = 0; h < a->count; h++)
-      for (int l = L; l >= 1; l--) head_decide(st, w, a, h, l);
-  } else { /* level by level: the children a level opens are fetched before the next decides */
-    for (int l = L; l >= 2; l--) {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (long h = 0; h < a->count; h++) {
-        head_decide(st, w, a, h, l);
-        head_lists(st, w, a, h, l);
-      }
-      level_fetch(st, w, a, l);
-    }
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long h = 0; h < a->count; h++) head_decide(st, w, a, h, 1);
-  }
-  score_all(st, w, a, false);
+  descend(st, w, a, true);
   times->m2p += timer_now() - t0;
 }
 
 void fma_open_rescore(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, struct fma_times *times) {
   const double t0 = timer_now();
-  score_all(st, w, a, true);
+  descend(st, w, a, false);
   times->m2p += timer_now() - t0;
 }

@@ -15,6 +15,27 @@
 extern "C" {
 #endif
 
+/* out[t] = x·R_t for the nr rows R_t (d each, contiguous) — the few-row dot products of the
+ * opening (a window's summary rows, its children's), four rows at a time with eight partial sums
+ * each, added in one fixed order: the compiler keeps them in registers and vectorises over the
+ * eight, and equal rows give bit-equal results wherever they are computed. */
+static inline void fma_open_dots(const float *x, const float *R, long nr, long d, float *out) {
+  enum { LANES = 8, ROWS = 4 };
+  const long body = d - d % LANES;
+  for (long t0 = 0; t0 < nr; t0 += ROWS) {
+    const long nt = nr - t0 < ROWS ? nr - t0 : ROWS;
+    float acc[ROWS][LANES] = {{0}};
+    for (long f = 0; f < body; f += LANES)
+      for (long t = 0; t < nt; t++)
+        for (int j = 0; j < LANES; j++) acc[t][j] += x[f + j] * R[(t0 + t) * d + f + j];
+    for (long t = 0; t < nt; t++) {
+      for (long f = body; f < d; f++) acc[t][f - body] += x[f] * R[(t0 + t) * d + f];
+      out[t0 + t] = ((acc[t][0] + acc[t][4]) + (acc[t][2] + acc[t][6])) +
+                    ((acc[t][1] + acc[t][5]) + (acc[t][3] + acc[t][7]));
+    }
+  }
+}
+
 /* What the opening pass and its evaluation read and write for `count` heads (each array from the
  * group's first head; per head: q (T, d), k and v (kstride, d) from global row st->klo, K and V
  * summaries (rows, d), decisions dec (T, ndec): the window opened at level l in entry
@@ -56,6 +77,7 @@ struct fma_open_scratch {
   float *Sg, *Pg;             /* (FMA_OPEN_GROUP, m) gathered score rows */
   float *cand_g;              /* (candidates) the criterion's scores */
   long *cand_c;               /* (candidates) and windows */
+  const float **cand_rows;    /* (candidates) and their far-row scores */
 };
 
 struct fma_open_fetch; /* open_let.c: what was fetched from other ranks */
@@ -91,10 +113,11 @@ void fma_open_descend(const struct fma_state *st, struct fma_open_work *w,
 void fma_open_rescore(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, struct fma_times *times);
 
-/* The criterion for one query at level l: its lists bk, its query qi (d), the key summaries K
- * (rows, d) of its head, its decisions dec (ndec) holding levels > l; writes level l's. */
+/* The criterion for one query at level l: its lists bk, its far row F scored down to level l
+ * (listed rows, and the children of what it opened at l + 1), its query qi (d), its head's key
+ * summaries K (rows, d), its decisions dec (ndec) holding levels > l; writes level l's. */
 void fma_open_select(const struct fma_state *st, int l, const struct fma_block_keys *bk,
-                     const float *qi, const float *K, int32_t *dec);
+                     const float *F, const float *qi, const float *K, int32_t *dec);
 
 /* Evaluation with the decisions (evaluate_open.c), after fma_open_descend or fma_open_rescore:
  * forward writes out (count, T, d) and lse (count, T); diag (may be NULL) per head; mass (count,
