@@ -26,102 +26,19 @@ static int thread_id(void) {
 #endif
 }
 
-/* The key or value rows of fine block c, head h (local or fetched). */
-static const float *block_rows(const struct fma_state *st, const struct fma_open_work *w,
-                               const struct fma_open_args *a, long h, long c, bool values) {
-  const float *k, *v;
-  fma_open_block_rows(st, w, a, h, c, &k, &v, NULL, NULL, NULL, NULL);
-  return values ? v : k;
-}
-
-/* Where the gradients of fine block c's key or value rows go (local, or the fetched block's). */
-static float *block_grad_rows(const struct fma_state *st, const struct fma_open_work *w,
-                              const struct fma_open_args *a, const struct fma_open_grads *g, long h,
-                              long c, bool values) {
+/* Where the gradients of a level-l slot source's rows go (fma_open_source_rows' rows): the
+ * summaries' dK or dV rows, or fine block c's dk or dv rows (local, or the fetched block's). */
+static float *source_grad_rows(const struct fma_state *st, const struct fma_open_work *w,
+                               const struct fma_open_args *a, const struct fma_open_grads *g,
+                               long h, int l, long c, bool values) {
+  if (l >= 2) {
+    float *dX = values ? g->dV : g->dK;
+    return dX + (h * st->rows + st->level_row[l - 1] + 2 * c * st->tree.p) * st->d;
+  }
   const float *k, *v;
   float *dk, *dv;
   fma_open_block_rows(st, w, a, h, c, &k, &v, g->dk, g->dv, &dk, &dv);
   return values ? dv : dk;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * the children of windows opened at levels l ≥ 2, query by query: 2p summary rows of level l − 1
- * per slot, read where they lie (a head's summaries are few and stay in cache) */
-
-/* The summary rows (keys or values: X) in query row P's level-l slot j, or NULL when unused. */
-static const float *child_rows(const struct fma_state *st, const float *X, const int32_t *dec,
-                               int l, int j) {
-  const int32_t c = dec[st->open.dec_off[l] + j];
-  return c < 0 ? NULL : X + (st->level_row[l - 1] + 2L * c * st->tree.p) * st->d;
-}
-
-/* o (d) += Σ_t P_t·V_t over query i's children slots (P: its far row). */
-static void query_children_values(const struct fma_state *st, float *o, const float *P,
-                                  const float *V, const int32_t *dec) {
-  const struct fma_open_layout *ol = &st->open;
-  const long d = st->d, nr = 2L * st->tree.p;
-  for (int l = st->tree.levels; l >= 2; l--)
-    for (int j = 0; j < ol->slots[l]; j++) {
-      const float *R = child_rows(st, V, dec, l, j), *Pj = P + ol->col[l] + j * nr;
-      for (long t = 0; R && t < nr; t++) {
-        const float pt = Pj[t], *vr = R + t * d;
-        if (pt == 0.0f) continue; /* a child opened in its turn */
-#pragma omp simd
-        for (long f = 0; f < d; f++) o[f] += pt * vr[f];
-      }
-    }
-}
-
-/* The values' transpose for query i's children slots: G_t = g·V_t (its slot-score gradients,
- * G from the first slot column), dV_t += P_t·g. */
-static void query_children_values_backward(const struct fma_state *st, float *G, float *dV,
-                                           const float *g, const float *P, const float *V,
-                                           const int32_t *dec) {
-  const struct fma_open_layout *ol = &st->open;
-  const long d = st->d, nr = 2L * st->tree.p;
-  for (int l = st->tree.levels; l >= 2; l--)
-    for (int j = 0; j < ol->slots[l]; j++) {
-      const float *R = child_rows(st, V, dec, l, j), *Pj = P + ol->col[l] + j * nr;
-      if (!R) continue;
-      float *dR = dV + (R - V), *Gj = G + ol->col[l] - ol->listed + j * nr;
-      for (long t = 0; t < nr; t++) {
-        const float pt = Pj[t], *vr = R + t * d;
-        float *dvr = dR + t * d, dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (long f = 0; f < d; f++) {
-          dot += g[f] * vr[f];
-          dvr[f] += pt * g[f];
-        }
-        Gj[t] = dot;
-      }
-    }
-}
-
-/* The scores' transpose for query i's children slots (dS: its slot-score gradients, from the
- * first slot column): dq += dS_t·K_t/√d, dK_t += dS_t·q/√d. */
-static void query_children_scores_backward(const struct fma_state *st, float *dq, float *dK,
-                                           const float *dS, const float *q, const float *K,
-                                           const int32_t *dec) {
-  const struct fma_open_layout *ol = &st->open;
-  const long d = st->d, nr = 2L * st->tree.p;
-  const float scale = 1.0f / sqrtf((float)d);
-  for (int l = st->tree.levels; l >= 2; l--)
-    for (int j = 0; j < ol->slots[l]; j++) {
-      const float *R = child_rows(st, K, dec, l, j);
-      if (!R) continue;
-      float *dR = dK + (R - K);
-      const float *dSj = dS + ol->col[l] - ol->listed + j * nr;
-      for (long t = 0; t < nr; t++) {
-        const float ds = dSj[t] * scale, *kr = R + t * d;
-        float *dkr = dR + t * d;
-        if (ds == 0.0f) continue;
-#pragma omp simd
-        for (long f = 0; f < d; f++) {
-          dq[f] += ds * kr[f];
-          dkr[f] += ds * q[f];
-        }
-      }
-    }
 }
 
 /* A group of up to FMA_OPEN_GROUP members of one source: their queries (slab rows) and slots. */
@@ -154,15 +71,14 @@ static void group_add_rows(float *x, const float *src, long d, const struct grou
   }
 }
 
-/* Calls fn for every group of the fine blocks opened at level 1, for head h (the children of
- * windows opened above are query by query: their rows are few and stay in cache). */
+/* Calls fn for every group of every window opened at every level, for head h. */
 typedef void (*group_fn)(const struct fma_state *st, struct fma_open_work *w,
                          const struct fma_open_args *a, long h, int l, long c,
                          const struct group *gr, void *ctx);
 static void for_each_group(const struct fma_state *st, struct fma_open_work *w,
                            const struct fma_open_args *a, long h, group_fn fn, void *ctx) {
   const long T = st->T, ndec = st->open.ndec;
-  for (int l = 1; l == 1 && st->tree.levels >= 1; l++) {
+  for (int l = st->tree.levels; l >= 1; l--) {
     const int32_t *start = w->start + h * w->starts + w->lvl_start[l];
     const long base = h * T * ndec + T * st->open.dec_off[l];
     for (long c = 0; c < st->tree.nwindows[l]; c++)
@@ -259,7 +175,7 @@ static void forward_blocks(const struct fma_state *st, struct fma_open_work *w,
                            const struct fma_open_args *a, long h, float *out, float *lse,
                            struct fma_times *times, double *mass, double *entropy,
                            const struct fma_open_diag *diag) {
-  const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width, ndec = st->open.ndec;
+  const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
   const float *q = a->q + h * T * d, *k = a->k + h * a->kstride * d, *v = a->v + h * a->kstride * d;
   const float *V = a->V + h * st->rows * d;
@@ -281,19 +197,17 @@ static void forward_blocks(const struct fma_state *st, struct fma_open_work *w,
     double t1 = timer_now();
     times->p2p += t1 - t0;
     if (nf > 0) fma_M2P_values(st, o, F, width, s->Vf, &s->bk);
-    for (long r = 0; r < m; r++)
-      query_children_values(st, o + r * d, F + r * width, V, a->dec + (h * T + i0 + r) * ndec);
     times->m2p += timer_now() - t1;
   }
 }
 
-/* out += a group's probabilities on its fine block's m value rows: one GEMM. */
+/* out += a group's probabilities on its source's value rows: one GEMM. */
 static void group_values(const struct fma_state *st, struct fma_open_work *w,
                          const struct fma_open_args *a, long h, int l, long c,
                          const struct group *gr, void *ctx) {
   const long T = st->T, d = st->d, width = st->open.width;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
-  const float *Vr = block_rows(st, w, a, h, c, true);
+  const float *Vr = fma_open_source_rows(st, w, a, h, l, c, true);
   group_gather_cols(s->Pg, w->F + h * T * width, width, gr);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)gr->count, (int)d, (int)gr->width,
               1.0f, s->Pg, (int)gr->width, Vr, (int)d, 0.0f, s->Og, (int)d);
@@ -351,8 +265,8 @@ static void group_values_backward(const struct fma_state *st, struct fma_open_wo
   const struct backward_ctx *b = ctx;
   const long T = st->T, d = st->d, sw = st->open.width - st->open.listed;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
-  const float *Vr = block_rows(st, w, a, h, c, true);
-  float *dVr = block_grad_rows(st, w, a, b->g, h, c, true);
+  const float *Vr = fma_open_source_rows(st, w, a, h, l, c, true);
+  float *dVr = source_grad_rows(st, w, a, b->g, h, l, c, true);
   group_gather_rows(s->Og, b->dout + h * T * d, d, gr);
   group_gather_cols(s->Pg, w->F + h * T * st->open.width, st->open.width, gr);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)gr->width, (int)d, (int)gr->count,
@@ -373,8 +287,8 @@ static void group_scores_backward(const struct fma_state *st, struct fma_open_wo
   const long T = st->T, d = st->d, sw = st->open.width - st->open.listed;
   const float scale = 1.0f / sqrtf((float)d);
   struct fma_open_scratch *s = &w->scratch[thread_id()];
-  const float *Kr = block_rows(st, w, a, h, c, false);
-  float *dKr = block_grad_rows(st, w, a, b->g, h, c, false);
+  const float *Kr = fma_open_source_rows(st, w, a, h, l, c, false);
+  float *dKr = source_grad_rows(st, w, a, b->g, h, l, c, false);
   const struct group gs = {gr->who, gr->slot, gr->count, gr->col - st->open.listed, gr->width};
   group_gather_cols(s->Pg, w->G + h * T * sw, sw, &gs);
   group_gather_rows(s->Qg, a->q + h * T * d, d, gr);
@@ -392,7 +306,7 @@ static void backward_blocks(const struct fma_state *st, struct fma_open_work *w,
                             const float *dout, const float *D, const float *lse,
                             struct fma_times *times) {
   const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width;
-  const long listed = st->open.listed, sw = width - listed, ndec = st->open.ndec;
+  const long listed = st->open.listed, sw = width - listed;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
   const float *q = a->q + h * T * d, *k = a->k + h * a->kstride * d, *v = a->v + h * a->kstride * d;
   const float *K = a->K + h * st->rows * d, *V = a->V + h * st->rows * d;
@@ -420,9 +334,6 @@ static void backward_blocks(const struct fma_state *st, struct fma_open_work *w,
     const double t1 = timer_now();
     if (nf > 0)
       fma_M2P_values_backward(st, dV, s->dP + nn, ld, go, F, width, s->Vf, s->dVf, &s->bk);
-    for (long r = 0; r < m; r++)
-      query_children_values_backward(st, w->G + (h * T + i0 + r) * sw, dV, go + r * d,
-                                     F + r * width, V, a->dec + (h * T + i0 + r) * ndec);
     const double t2 = timer_now();
     for (long r = 0; r < m; r++) { /* dS = P ∘ (dP − D) */
       const float Di = D[h * T + i0 + r];
@@ -436,9 +347,6 @@ static void backward_blocks(const struct fma_state *st, struct fma_open_work *w,
     fma_P2P_scores_backward(st, qb, dq, dk, s->dP, ld, q, k, &s->bk);
     const double t3 = timer_now();
     if (nf > 0) fma_M2P_scores_backward(st, qb, dq, dK, s->dP + nn, ld, q, s->Kf, s->dKf, &s->bk);
-    for (long r = 0; r < m; r++)
-      query_children_scores_backward(st, dq + (i0 + r) * d, dK, w->G + (h * T + i0 + r) * sw,
-                                     q + (i0 + r) * d, K, a->dec + (h * T + i0 + r) * ndec);
     times->p2p += (t1 - t0) + (t3 - t2);
     times->m2p += (t2 - t1) + (timer_now() - t3);
   }

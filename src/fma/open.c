@@ -284,40 +284,18 @@ static void head_listed(const struct fma_state *st, struct fma_open_work *w,
   }
 }
 
-/* Query i's scores of the children of the windows it opened at level l ≥ 2 (2p summary rows
- * each, read where they lie: a head's summaries are O(n·p/m) rows and stay in cache), into its
- * far row F. */
-static void query_score_children(const struct fma_state *st, int l, const float *qi,
-                                 const float *K, float *F, const int32_t *dec) {
-  const struct fma_open_layout *o = &st->open;
-  const long d = st->d, p = st->tree.p;
-  const float scale = 1.0f / sqrtf((float)d);
-  const float logw = st->multiplicity ? logf((float)(st->tree.window[l - 1] / p)) : 0.0f;
-  for (int j = 0; j < o->slots[l]; j++) {
-    const int32_t c = dec[o->dec_off[l] + j];
-    if (c < 0) continue;
-    float *dst = F + o->col[l] + (long)j * 2 * p;
-    fma_open_dots(qi, K + (st->level_row[l - 1] + 2L * c * p) * d, 2 * p, d, dst);
-    for (long t = 0; t < 2 * p; t++) dst[t] = dst[t] * scale + logw;
-  }
-}
-
-/* Level l of head h, query by query: its decisions (when decide: fma_open_select), and the scores
- * of the children of the windows it opened there (when score and l ≥ 2). */
-static void head_level(const struct fma_state *st, struct fma_open_work *w,
-                       const struct fma_open_args *a, long h, int l, bool decide, bool score) {
+/* Level l's decisions of every query of head h (fma_open_select), from its far row scored down
+ * to level l. */
+static void head_decide(const struct fma_state *st, struct fma_open_work *w,
+                        const struct fma_open_args *a, long h, int l) {
   const long m = st->tree.m, T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
   const float *K = a->K + h * st->rows * d;
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
-    if (decide) fma_block_keys(st, qb, &s->bk);
-    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++) {
-      const float *qi = a->q + (h * T + i) * d;
-      float *F = w->F + (h * T + i) * width;
-      int32_t *dec = a->dec + (h * T + i) * ndec;
-      if (decide) fma_open_select(st, l, &s->bk, F, qi, K, dec);
-      if (score && l >= 2) query_score_children(st, l, qi, K, F, dec);
-    }
+    fma_block_keys(st, qb, &s->bk);
+    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
+      fma_open_select(st, l, &s->bk, w->F + (h * T + i) * width, a->q + (h * T + i) * d, K,
+                      a->dec + (h * T + i) * ndec);
   }
 }
 
@@ -349,22 +327,35 @@ static void head_lists(const struct fma_state *st, struct fma_open_work *w,
   start[0] = 0;
 }
 
-/* Head h's scores of the fine blocks opened at level 1, source by source: the queries that
- * opened block c (gathered, up to FMA_OPEN_GROUP at a time) times its m keys, one GEMM, into
- * their slots. */
-static void head_score_tokens(const struct fma_state *st, struct fma_open_work *w,
-                              const struct fma_open_args *a, long h) {
+const float *fma_open_source_rows(const struct fma_state *st, const struct fma_open_work *w,
+                                  const struct fma_open_args *a, long h, int l, long c,
+                                  bool values) {
+  if (l >= 2) {
+    const float *X = values ? a->V : a->K;
+    return X + (h * st->rows + st->level_row[l - 1] + 2 * c * st->tree.p) * st->d;
+  }
+  const float *k, *v;
+  fma_open_block_rows(st, w, a, h, c, &k, &v, NULL, NULL, NULL, NULL);
+  return values ? v : k;
+}
+
+/* Head h's scores of the windows opened at level l, source by source: the queries that opened
+ * window c (gathered, up to FMA_OPEN_GROUP at a time) times its rows — its children's 2p summary
+ * rows, or a fine block's m keys — one GEMM, into their slots. */
+static void head_score(const struct fma_state *st, struct fma_open_work *w,
+                       const struct fma_open_args *a, long h, int l) {
   const long T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
-  const long nr = st->open.slot_width[1], col = st->open.col[1];
+  const long nr = st->open.slot_width[l], col = st->open.col[l];
   const float scale = 1.0f / sqrtf((float)d);
+  const float logw =
+      l >= 2 && st->multiplicity ? logf((float)(st->tree.window[l - 1] / st->tree.p)) : 0.0f;
   struct fma_open_scratch *s = &w->scratch[thread_id()];
-  const int32_t *start = w->start + h * w->starts + w->lvl_start[1];
-  const long base = h * T * ndec + T * st->open.dec_off[1];
+  const int32_t *start = w->start + h * w->starts + w->lvl_start[l];
+  const long base = h * T * ndec + T * st->open.dec_off[l];
   const float *q = a->q + h * T * d;
-  for (long c = 0; c < st->tree.nwindows[1]; c++) {
+  for (long c = 0; c < st->tree.nwindows[l]; c++) {
     if (start[c + 1] == start[c]) continue;
-    const float *R, *unused;
-    fma_open_block_rows(st, w, a, h, c, &R, &unused, NULL, NULL, NULL, NULL);
+    const float *R = fma_open_source_rows(st, w, a, h, l, c, false);
     for (long g0 = start[c]; g0 < start[c + 1]; g0 += FMA_OPEN_GROUP) {
       const long ns = start[c + 1] - g0 < FMA_OPEN_GROUP ? start[c + 1] - g0 : FMA_OPEN_GROUP;
       const int32_t *who = w->who + base + g0, *slot = w->slot + base + g0;
@@ -372,9 +363,10 @@ static void head_score_tokens(const struct fma_state *st, struct fma_open_work *
         memcpy(s->Qg + x * d, q + (long)who[x] * d, sizeof(float) * (size_t)d);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ns, (int)nr, (int)d, scale, s->Qg,
                   (int)d, R, (int)d, 0.0f, s->Sg, (int)nr);
-      for (long x = 0; x < ns; x++)
-        memcpy(w->F + (h * T + who[x]) * width + col + (long)slot[x] * nr, s->Sg + x * nr,
-               sizeof(float) * (size_t)nr);
+      for (long x = 0; x < ns; x++) {
+        float *dst = w->F + (h * T + who[x]) * width + col + (long)slot[x] * nr;
+        for (long t = 0; t < nr; t++) dst[t] = s->Sg[x * nr + t] + logw;
+      }
     }
   }
 }
@@ -436,9 +428,11 @@ static void descend(const struct fma_state *st, struct fma_open_work *w,
 #pragma omp parallel for schedule(dynamic, 1)
     for (long h = 0; h < a->count; h++) {
       head_listed(st, w, a, h);
-      for (int l = L; l >= 1; l--) head_level(st, w, a, h, l, decide, true);
-      head_lists(st, w, a, h, 1);
-      head_score_tokens(st, w, a, h);
+      for (int l = L; l >= 1; l--) {
+        if (decide) head_decide(st, w, a, h, l);
+        head_lists(st, w, a, h, l);
+        head_score(st, w, a, h, l);
+      }
       head_mask(st, w, a, h);
     }
     return;
@@ -448,17 +442,12 @@ static void descend(const struct fma_state *st, struct fma_open_work *w,
   for (int l = L; l >= 1; l--) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (long h = 0; h < a->count; h++) {
-      if (decide) head_level(st, w, a, h, l, true, false);
+      if (decide) head_decide(st, w, a, h, l);
       head_lists(st, w, a, h, l);
     }
     level_fetch(st, w, a, l);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (long h = 0; h < a->count; h++) {
-      if (l >= 2)
-        head_level(st, w, a, h, l, false, true);
-      else
-        head_score_tokens(st, w, a, h);
-    }
+    for (long h = 0; h < a->count; h++) head_score(st, w, a, h, l);
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (long h = 0; h < a->count; h++) head_mask(st, w, a, h);

@@ -132,6 +132,12 @@ void fma_open_backward(const struct fma_state *st, struct fma_open_work *w,
                        const float *dout, const float *D, const float *lse,
                        struct fma_times *times);
 
+/* The rows of the source of a level-l slot, window c of head h: its two children's 2p summary
+ * rows at level l − 1 (keys K, or values V when values), or fine block c's m tokens (level 1). */
+const float *fma_open_source_rows(const struct fma_state *st, const struct fma_open_work *w,
+                                  const struct fma_open_args *a, long h, int l, long c,
+                                  bool values);
+
 /* ---- open_let.c: what other ranks hold ---- */
 
 /* Bring the level l − 1 rows (K and V) of both children of every window opened at level l ≥ 2
