@@ -83,8 +83,7 @@ static void format_depth(const struct config *cfg, char *out, size_t len);
 static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
                         size_t len);
 static void format_length(const struct config *cfg, char *out, size_t len);
-static int store_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
-                      size_t len);
+static int store_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail, size_t len);
 static void format_open(const struct config *cfg, char *out, size_t len);
 
 static const struct list_kind split_list = {

@@ -157,7 +157,7 @@ void diag_task(struct diag *diag, long step, const struct task_score *score) {
 }
 
 void diag_attention(struct diag *diag, long step, int L, int H, int bands, const double *mass,
-                    const double *entropy) {
+                    const double *entropy, const double *open_mass, const double *opened) {
   if (!diag->active) return;
   hid_t f = diag_file_open(diag);
   scalar(f, "/attention/step", (double)step,
@@ -168,6 +168,15 @@ void diag_attention(struct diag *diag, long step, int L, int H, int bands, const
                     "averaged over queries");
   h5_append_doubles(f, "/attention/entropy", 2, es, entropy,
                     "nats: entropy of the attention distribution, averaged over queries");
+  if (open_mass) { /* fma.open: what the opening gave, and how much it opened */
+    h5_append_doubles(f, "/attention/open_mass", 2, es, open_mass,
+                      "share of attention probability on the exact tokens of opened fine blocks "
+                      "(fma.open), averaged over queries; level_mass holds the rest");
+    const long os[2] = {L, bands - 1};
+    h5_append_doubles(f, "/attention/opened", 2, os, opened,
+                      "windows opened per query at [level 1, ..., level L] (fma.open), averaged "
+                      "over queries and heads");
+  }
   diag_file_close(f);
 }
 

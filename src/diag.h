@@ -34,9 +34,11 @@ struct task_score;
 void diag_test(struct diag *diag, long step, double loss, const struct task_score *score);
 /* A task's validation accuracy (/task): overall, per sample and by distance bucket. */
 void diag_task(struct diag *diag, long step, const struct task_score *score);
-/* mass (L, H, bands) and entropy (L, H), already averaged over queries. */
+/* mass (L, H, bands) and entropy (L, H), already averaged over queries; when the attention opens
+ * windows (fma.open; else NULL), open_mass (L, H) per query and opened (L, bands − 1) windows
+ * opened per query at levels 1 .. bands − 1. */
 void diag_attention(struct diag *diag, long step, int L, int H, int bands, const double *mass,
-                    const double *entropy);
+                    const double *entropy, const double *open_mass, const double *opened);
 /* Final per-label peak memory (attributes on /memory). */
 void diag_memory_summary(struct diag *diag, const double *label_peaks, int count,
                          const char *const *names);

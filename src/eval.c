@@ -148,8 +148,11 @@ int eval_run(const struct config *cfg, struct comm *comm) {
   }
   evaluate_split(m, &rs.ds, comm, SPLIT_VALID, buckets, &sl[0], true);
   const size_t nm = (size_t)(m->L * m->H * m->diag_bands), ne = (size_t)(m->L * m->H);
+  const size_t nw = (size_t)(m->L * m->diag_bands);
   double *mass = xmalloc(sizeof(double) * nm), *entropy = xmalloc(sizeof(double) * ne);
-  const bool have_diag = m->attn->diagnostics && train_attention_average(m, comm, mass, entropy);
+  double *open_mass = xcalloc(ne, sizeof(double)), *opened = xcalloc(nw, sizeof(double));
+  const bool have_diag =
+      m->attn->diagnostics && train_attention_average(m, comm, mass, entropy, open_mass, opened);
   evaluate_split(m, &rs.ds, comm, SPLIT_TEST, buckets, &sl[1], false);
   const char *names[2] = {"valid", "test"};
   for (int s = 0; s < 2; s++) {
@@ -197,6 +200,14 @@ int eval_run(const struct config *cfg, struct comm *comm) {
                        "share of attention on the near field and each level, first valid batch");
       h5_write_doubles(f, "/attention/entropy", 2, es, entropy,
                        "attention entropy (nats), first valid batch");
+      if (m->diag_open_mass) { /* fma.open */
+        h5_write_doubles(f, "/attention/open_mass", 2, es, open_mass,
+                         "share of attention on opened exact tokens (fma.open), first valid batch");
+        const long os[2] = {m->L, m->diag_bands - 1};
+        h5_write_doubles(f, "/attention/opened", 2, os, opened,
+                         "windows opened per query at [level 1, ..., level L] (fma.open), first "
+                         "valid batch");
+      }
     }
     h5_close(f);
     free(lo);
@@ -205,6 +216,8 @@ int eval_run(const struct config *cfg, struct comm *comm) {
   }
   free(mass);
   free(entropy);
+  free(open_mass);
+  free(opened);
   for (int s = 0; s < 2; s++) {
     free(sl[s].bsum);
     free(sl[s].bcount);

@@ -2,7 +2,7 @@
  * tensors a user supplies, so any prototype can be checked against fmattn. IN: q, k, v, dout
  * (H, n, d), optional params/<name> below attn/<variant>/ (a frozen tensor such as rmfa's omega
  * may carry its own draw), attributes variant, causal and the variant keys without prefix; OUT:
- * out, dq, dk, dv and dparams/<name> of the trainable parameters. */
+ * out, dq, dk, dv, dparams/<name> of the trainable parameters and diagnostics/. */
 #include "kernel.h"
 
 #include <stdio.h>
@@ -157,10 +157,50 @@ struct kernel_tensors {
   float *q, *k, *v, *dout, *out, *dq, *dk, *dv;
 };
 
+/* The attention diagnostics of the op (SPEC §8.1's, for this one op; when the variant has them):
+ * diagnostics/level_mass [H, bands] and entropy [H] averaged over queries; with fma.open also
+ * open_mass [H] and opened [levels] (windows opened per query and head at levels 1 .. L). */
+static void write_diagnostics(hid_t f, struct attn_ctx *ctx, const struct kernel_tensors *x,
+                              const float *params, long H, long n) {
+  const struct attn_variant *v = ctx->variant;
+  if (!v->diagnostics) return;
+  const int bands = attention_diag_bands(ctx->cfg, n);
+  double *mass = xcalloc((size_t)(H * bands), sizeof(double));
+  double *entropy = xcalloc((size_t)H, sizeof(double));
+  double *open_mass = xcalloc((size_t)H, sizeof(double));
+  double *opened = xcalloc((size_t)bands, sizeof(double));
+  const bool opens = v->opens && v->opens(ctx->cfg);
+  if (opens) ctx->open_diag = (struct attn_open_diag){open_mass, opened};
+  const double q = (double)v->diagnostics(ctx, mass, entropy, x->q, x->k, x->v, params);
+  ctx->open_diag = (struct attn_open_diag){NULL, NULL};
+  for (long i = 0; i < H * bands; i++) mass[i] /= q;
+  for (long h = 0; h < H; h++) entropy[h] /= q, open_mass[h] /= q;
+  for (int b = 1; b < bands; b++) opened[b] /= q * (double)H;
+  const long ms[2] = {H, bands}, hs[1] = {H}, ls[1] = {bands - 1};
+  h5_write_doubles(f, "diagnostics/level_mass", 2, ms, mass,
+                   "share of attention probability on [near field, level 1, ..., level L], "
+                   "averaged over queries");
+  h5_write_doubles(f, "diagnostics/entropy", 1, hs, entropy,
+                   "nats: entropy of the attention distribution, averaged over queries");
+  if (opens) {
+    h5_write_doubles(f, "diagnostics/open_mass", 1, hs, open_mass,
+                     "share of attention probability on opened exact tokens, averaged over "
+                     "queries");
+    if (bands > 1)
+      h5_write_doubles(f, "diagnostics/opened", 1, ls, opened + 1,
+                       "windows opened per query at [level 1, ..., level L], averaged over "
+                       "queries and heads");
+  }
+  free(mass);
+  free(entropy);
+  free(open_mass);
+  free(opened);
+}
+
 static void write_outputs(const char *out_path, const struct kernel_tensors *x,
                           const struct attn_params *ap, const struct attn_variant *v,
                           const struct config *cfg, const long *dims3, const long *qdims3,
-                          int causal, double fwd_ms, double bwd_ms) {
+                          int causal, double fwd_ms, double bwd_ms, struct attn_ctx *ctx) {
   hid_t f = h5_create(out_path);
   h5_write_floats(f, "out", 3, dims3, x->out, false, true);
   h5_write_floats(f, "dq", 3, qdims3, x->dq, false, true);
@@ -173,6 +213,7 @@ static void write_outputs(const char *out_path, const struct kernel_tensors *x,
     snprintf(path, sizeof path, "dparams/%s", relative_name(v, p));
     h5_write_floats(f, path, p->ndim, p->shape, ap->dparams + p->offset, false, true);
   }
+  write_diagnostics(f, ctx, x, ap->list.count ? ap->params : NULL, dims3[0], dims3[1]);
   h5_attr_string(f, "/", "variant", v->name);
   h5_attr_long(f, "/", "causal", causal);
   h5_attr_string(f, "/", "deck", cfg->resolved);
@@ -233,7 +274,7 @@ int kernel_run(const char *in_path, const char *out_path) {
                      x.v, pp, x.out, saved);
   const double t2 = timer_now();
   write_outputs(out_path, &x, &ap, v, &cfg, dims3, qdims3, ka.causal, 1e3 * (t1 - t0),
-                1e3 * (t2 - t1));
+                1e3 * (t2 - t1), &ctx);
   printf("fmattn kernel: %s %s, H %ld, n %ld, d %ld: forward %.2f ms, backward %.2f ms -> %s\n",
          v->name, ka.causal ? "causal" : "bidirectional", H, n, d, 1e3 * (t1 - t0), 1e3 * (t2 - t1),
          out_path);

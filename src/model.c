@@ -251,6 +251,10 @@ void model_build_on(struct model *m, const struct config *cfg, struct comm *comm
   m->diag_bands = attention_diag_bands(cfg, m->n);
   m->diag_mass = xcalloc((size_t)(m->L * m->H * m->diag_bands), sizeof(double));
   m->diag_entropy = xcalloc((size_t)(m->L * m->H), sizeof(double));
+  if (m->attn->opens && m->attn->opens(cfg)) {
+    m->diag_open_mass = xcalloc((size_t)(m->L * m->H), sizeof(double));
+    m->diag_opened = xcalloc((size_t)(m->L * m->diag_bands), sizeof(double));
+  }
 }
 
 void model_free(struct model *m) {
@@ -281,6 +285,8 @@ void model_free(struct model *m) {
   free(m->G.block);
   free(m->diag_mass);
   free(m->diag_entropy);
+  free(m->diag_open_mass);
+  free(m->diag_opened);
   param_list_free(&m->plist);
 }
 
@@ -351,9 +357,13 @@ static void block_diagnostics(struct model *m, int l, const struct block_acts *a
     q = host, k = host + qk, v = host + 2 * qk, params = params ? host + 2 * qk + vv : NULL;
   }
   const struct comm_transport *transport = comm_host_begin(m->comm);
-  m->diag_queries =
-      m->attn->diagnostics(&m->actx[l], m->diag_mass + (size_t)l * m->H * m->diag_bands,
-                           m->diag_entropy + (size_t)l * m->H, q, k, v, params);
+  struct attn_ctx *ctx = &m->actx[l];
+  if (m->diag_open_mass)
+    ctx->open_diag = (struct attn_open_diag){m->diag_open_mass + (size_t)l * m->H,
+                                             m->diag_opened + (size_t)l * m->diag_bands};
+  m->diag_queries = m->attn->diagnostics(ctx, m->diag_mass + (size_t)l * m->H * m->diag_bands,
+                                         m->diag_entropy + (size_t)l * m->H, q, k, v, params);
+  ctx->open_diag = (struct attn_open_diag){NULL, NULL};
   comm_host_end(m->comm, transport);
   mem_free(host);
 }
@@ -419,6 +429,10 @@ static void forward_logits(struct model *m, long step, bool train) {
   if (m->diag_request) {
     memset(m->diag_mass, 0, sizeof(double) * (size_t)(m->L * m->H * m->diag_bands));
     memset(m->diag_entropy, 0, sizeof(double) * (size_t)(m->L * m->H));
+    if (m->diag_open_mass) {
+      memset(m->diag_open_mass, 0, sizeof(double) * (size_t)(m->L * m->H));
+      memset(m->diag_opened, 0, sizeof(double) * (size_t)(m->L * m->diag_bands));
+    }
     m->diag_queries = 0;
   }
   for (int l = 0; l < m->L; l++)

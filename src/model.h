@@ -89,10 +89,13 @@ struct model {
   /* activation gradients (one block's worth); dproj and dqkv share proj's and qkv's memory */
   float *dres_a, *dres_b, *dres2, *dproj, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt, *datty;
 
-  /* diagnostics requested for the next forward: (L, H, bands) mass and (L, H) entropy sums */
+  /* diagnostics requested for the next forward: (L, H, bands) mass and (L, H) entropy sums;
+   * when the attention opens windows (fma.open), (L, H) opened-token mass and (L, bands) windows
+   * opened per level (index 0 unused) sums, else NULL */
   bool diag_request;
   int diag_bands;
   double *diag_mass, *diag_entropy;
+  double *diag_open_mass, *diag_opened;
   long diag_queries;
 };
 

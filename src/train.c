@@ -191,20 +191,29 @@ void train_print_summary(const struct config *cfg, struct comm *comm, double wal
   print_summary(test_loss, wall, peaks);
 }
 
-bool train_attention_average(struct model *m, struct comm *comm, double *mass, double *entropy) {
+bool train_attention_average(struct model *m, struct comm *comm, double *mass, double *entropy,
+                             double *open_mass, double *opened) {
   const int L = m->L, H = m->H, bands = m->diag_bands;
-  size_t nm = (size_t)(L * H * bands), ne = (size_t)(L * H);
-  double *buf = xmalloc(sizeof(double) * (nm + ne + 1));
+  const size_t nm = (size_t)(L * H * bands), ne = (size_t)(L * H);
+  const size_t no = m->diag_open_mass ? ne : 0, nw = m->diag_open_mass ? (size_t)(L * bands) : 0;
+  const size_t n = nm + ne + no + nw;
+  double *buf = xmalloc(sizeof(double) * (n + 1));
   memcpy(buf, m->diag_mass, sizeof(double) * nm);
   memcpy(buf + nm, m->diag_entropy, sizeof(double) * ne);
-  buf[nm + ne] = (double)m->diag_queries;
+  if (no) memcpy(buf + nm + ne, m->diag_open_mass, sizeof(double) * no);
+  if (nw) memcpy(buf + nm + ne + no, m->diag_opened, sizeof(double) * nw);
+  buf[n] = (double)m->diag_queries;
   /* only replica 0's batch element 0 is examined; its sequence ranks hold disjoint queries */
-  if (comm->replica != 0) memset(buf, 0, sizeof(double) * (nm + ne + 1));
-  comm_allreduce_sum_double(comm, COMM_WORLD, buf, nm + ne + 1);
-  const double q = buf[nm + ne];
-  for (size_t i = 0; i < nm + ne && q > 0; i++) buf[i] /= q;
+  if (comm->replica != 0) memset(buf, 0, sizeof(double) * (n + 1));
+  comm_allreduce_sum_double(comm, COMM_WORLD, buf, n + 1);
+  const double q = buf[n];
+  for (size_t i = 0; i < n && q > 0; i++) buf[i] /= i < nm + ne + no ? q : q * H; /* per query */
   memcpy(mass, buf, sizeof(double) * nm);
   memcpy(entropy, buf + nm, sizeof(double) * ne);
+  if (no && open_mass) memcpy(open_mass, buf + nm + ne, sizeof(double) * no);
+  for (int l = 0; nw && opened && l < L; l++) /* levels 1 .. L (the sums' index 0 is unused) */
+    memcpy(opened + l * (bands - 1), buf + nm + ne + no + l * bands + 1,
+           sizeof(double) * (size_t)(bands - 1));
   free(buf);
   return q > 0;
 }
@@ -213,10 +222,15 @@ bool train_attention_average(struct model *m, struct comm *comm, double *mass, d
 static void record_attention(struct model *m, struct comm *comm, struct diag *diag, long step) {
   double *mass = xmalloc(sizeof(double) * (size_t)(m->L * m->H * m->diag_bands));
   double *entropy = xmalloc(sizeof(double) * (size_t)(m->L * m->H));
-  if (train_attention_average(m, comm, mass, entropy))
-    diag_attention(diag, step, m->L, m->H, m->diag_bands, mass, entropy);
+  double *open_mass = m->diag_open_mass ? xmalloc(sizeof(double) * (size_t)(m->L * m->H)) : NULL;
+  double *opened =
+      m->diag_open_mass ? xmalloc(sizeof(double) * (size_t)(m->L * m->diag_bands)) : NULL;
+  if (train_attention_average(m, comm, mass, entropy, open_mass, opened))
+    diag_attention(diag, step, m->L, m->H, m->diag_bands, mass, entropy, open_mass, opened);
   free(mass);
   free(entropy);
+  free(open_mass);
+  free(opened);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -35,9 +35,11 @@ void train_close_run(struct run_state *rs);
 void train_print_summary(const struct config *cfg, struct comm *comm, double wall,
                          double test_loss);
 /* The attention diagnostics of the last forward (model.h diag_request), averaged over every
- * rank's examined queries: mass (L, H, bands) and entropy (L, H). False when none were examined.
- * Collective. */
-bool train_attention_average(struct model *m, struct comm *comm, double *mass, double *entropy);
+ * rank's examined queries: mass (L, H, bands) and entropy (L, H); when the model has them
+ * (fma.open) open_mass (L, H) and opened (L, bands − 1): windows opened at levels 1 .. L per query
+ * and head (each may be NULL to skip). False when none were examined. Collective. */
+bool train_attention_average(struct model *m, struct comm *comm, double *mass, double *entropy,
+                             double *open_mass, double *opened);
 /* The start-up lines of SPEC §9: ranks, model, attention, batch, output directory. */
 void train_print_decomposition(const struct config *cfg, const struct comm *comm,
                                const struct model *m, const char *run_dir);

@@ -40,11 +40,12 @@ struct layer {
 
 static void layer_setup(struct layer *ly, const struct open_case *t) {
   memset(ly, 0, sizeof *ly);
-  tu_config(&ly->cfg, "fma", t->n, (int)t->H, (int)t->d, t->causal,
-            TU_SETS(tu_fmt("attention.fma.m=%d", t->m), tu_fmt("attention.fma.p=%d", t->p),
-                    tu_fmt("attention.fma.downsample=%s", down_name[t->down]),
-                    "attention.fma.init=random",
-                    t->open < 0 ? "attention.fma.open=all" : tu_fmt("attention.fma.open=%d", t->open)));
+  tu_config(
+      &ly->cfg, "fma", t->n, (int)t->H, (int)t->d, t->causal,
+      TU_SETS(tu_fmt("attention.fma.m=%d", t->m), tu_fmt("attention.fma.p=%d", t->p),
+              tu_fmt("attention.fma.downsample=%s", down_name[t->down]),
+              "attention.fma.init=random",
+              t->open < 0 ? "attention.fma.open=all" : tu_fmt("attention.fma.open=%d", t->open)));
   char err[CONFIG_ERR_LEN];
   if (attention_check(&ly->cfg, t->n, 1, err, sizeof err))
     fail_msg("attention_check refuses a valid fma.open configuration: %s", err);
@@ -131,12 +132,12 @@ static void test_open_all_is_full(void **state) {
     long n;
     int m, p;
     enum fo_down down;
-  } sizes[] = {{32, 8, 2, FO_CONV}, {64, 8, 4, FO_M2M}, {128, 8, 2, FO_AVG},
+  } sizes[] = {{32, 8, 2, FO_CONV},  {64, 8, 4, FO_M2M},   {128, 8, 2, FO_AVG},
                {256, 16, 4, FO_M2M}, {128, 4, 2, FO_CONV}, {16, 8, 8, FO_M2M}};
   int failed = 0;
   for (int causal = 0; causal < 2; causal++)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-      const struct open_case t = {2, 2, sizes[s].n, 8, sizes[s].m, sizes[s].p, sizes[s].down,
+      const struct open_case t = {2,      2, sizes[s].n, 8, sizes[s].m, sizes[s].p, sizes[s].down,
                                   causal, -1};
       failed += all_is_full(&t);
     }
@@ -245,8 +246,8 @@ static int matches_oracle(const struct open_case *t, bool mult, long period, dou
     const char *names[4] = {"out", "dq", "dk", "dv"};
     for (int x = 0; x < 4; x++)
       if (!(e[x] < tol)) {
-        printf("# %s head %ld: %s differs from the oracle by %.3g (relative)\n", what, bh,
-               names[x], e[x]);
+        printf("# %s head %ld: %s differs from the oracle by %.3g (relative)\n", what, bh, names[x],
+               e[x]);
         failed++;
       }
     free(qd), free(kd), free(vd), free(gd);
@@ -277,8 +278,8 @@ static void test_open_matches_oracle(void **state) {
     for (int down = 0; down < 3; down++)
       for (int causal = 0; causal < 2; causal++)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-          const struct open_case t = {2,        2,      sizes[s].n, 8, sizes[s].m,
-                                      sizes[s].p, (enum fo_down)down, causal, K};
+          const struct open_case t = {
+              2, 2, sizes[s].n, 8, sizes[s].m, sizes[s].p, (enum fo_down)down, causal, K};
           failed += matches_oracle(&t, true, 0, 1e-4);
           if (s == 0) failed += matches_oracle(&t, false, 0, 1e-4);
         }

@@ -121,6 +121,9 @@ struct attn_variant {
    * queries examined; returns how many queries were examined per head. */
   long (*diagnostics)(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                       const float *k, const float *v, const float *params);
+  /* Whether cfg opens far windows by content (fma.open, SPEC §6.4a): then diagnostics also fills
+   * ctx->open_diag when the caller sets it. NULL: never. */
+  bool (*opens)(const struct config *cfg);
   /* Incremental decoding of one causal sequence (generation; B = 1, positions 0 .. n − 1 of the
    * context, host arrays): decode_open makes an empty cache of what later positions need;
    * decode_step adds position pos's key and value and writes the output (H, d) of its query (q, k

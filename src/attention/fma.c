@@ -258,10 +258,9 @@ static struct fma_open_args open_args(const struct attn_ctx *ctx, const struct f
 
 /* out, lse and the decisions dec (BH, T, ndec) of BH heads; mass, entropy and diag (per head) as
  * fma_open_forward's, or NULL. */
-static void open_forward(struct attn_ctx *ctx, float *out, float *lse, int32_t *dec,
-                         const float *q, const struct fma_inputs *in, long BH,
-                         struct fma_times *times, double *mass, double *entropy,
-                         const struct fma_open_diag *diag) {
+static void open_forward(struct attn_ctx *ctx, float *out, float *lse, int32_t *dec, const float *q,
+                         const struct fma_inputs *in, long BH, struct fma_times *times,
+                         double *mass, double *entropy, const struct fma_open_diag *diag) {
   struct fma_state *st = ctx->state;
   const long T = st->T, d = st->d, G = open_group(ctx, BH), bands = st->tree.levels + 1;
   for (long h0 = 0; h0 < BH; h0 += G) {
@@ -459,13 +458,15 @@ static void open_diagnostics(struct attn_ctx *ctx, const struct fma_inputs *in, 
   struct fma_state *st = ctx->state;
   const long T = st->T, d = st->d, L = st->tree.levels;
   struct fma_open_work *w = fma_open_work_get(st, open_group(ctx, count));
-  int32_t *dec = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * (size_t)(count * T * st->open.ndec + 1));
+  int32_t *dec =
+      mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * (size_t)(count * T * st->open.ndec + 1));
   float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * T * d));
   float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * T));
   double *opened = xcalloc((size_t)(count * (L + 1)), sizeof(double));
   double *open_mass = xcalloc((size_t)count, sizeof(double));
   struct fma_open_diag *diag = xcalloc((size_t)count, sizeof *diag);
-  for (long h = 0; h < count; h++) diag[h] = (struct fma_open_diag){open_mass + h, opened + h * (L + 1)};
+  for (long h = 0; h < count; h++)
+    diag[h] = (struct fma_open_diag){open_mass + h, opened + h * (L + 1)};
   open_forward(ctx, out, lse, dec, q, in, count, times, mass, entropy, diag);
   const struct attn_open_diag *want = &ctx->open_diag;
   for (long h = 0; h < count; h++) {
@@ -562,6 +563,8 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   return BH * (4.0 * d * (near_pairs + far) + up * share * d * nsets(st));
 }
 
+static bool fma_opens(const struct config *cfg) { return fma_options_read(cfg).open != 0; }
+
 static void *fma_decode_open_ops(const struct attn_ctx *ctx, const float *params) {
   return fma_decode_open(ctx->state, params, ctx->dims.H);
 }
@@ -588,6 +591,7 @@ struct attn_variant attention_fma = {
     .setup = fma_setup,
     .teardown = fma_teardown,
     .diagnostics = fma_diagnostics,
+    .opens = fma_opens,
     .flops = fma_flops,
     .cpu = {.saved_floats = fma_saved_floats, .forward = fma_forward, .backward = fma_backward},
 };

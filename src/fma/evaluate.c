@@ -91,7 +91,7 @@ void fma_scatter_add_rows(float *dst, const float *src, const long *rows, int co
  * columns [0, nn) (P2P) and the far columns [nn, nn + nf) (M2P). */
 
 void fma_P2P_scores(const struct fma_state *st, long qb, const float *q, const float *k,
-                           const struct fma_block_keys *bk, float *S, long ld) {
+                    const struct fma_block_keys *bk, float *S, long ld) {
   const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count;
   const float scale = 1.0f / sqrtf((float)d);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nn, (int)d, scale,
@@ -116,23 +116,23 @@ void fma_M2P_scores(const struct fma_state *st, long qb, const float *q, const f
   }
 }
 
-void fma_P2P_values(const struct fma_state *st, float *o, const float *P, long ld,
-                           const float *v, const struct fma_block_keys *bk) {
+void fma_P2P_values(const struct fma_state *st, float *o, const float *P, long ld, const float *v,
+                    const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, nn = bk->near_count;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, 1.0f, P, (int)ld,
               v + (bk->near_lo - st->klo) * d, (int)d, 0.0f, o, (int)d);
 }
 
-void fma_M2P_values(const struct fma_state *st, float *o, const float *Pf, long ld,
-                    const float *Vf, const struct fma_block_keys *bk) {
+void fma_M2P_values(const struct fma_state *st, float *o, const float *Pf, long ld, const float *Vf,
+                    const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, nf = bk->nfar;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f, Pf,
-              (int)ld, Vf, (int)d, 1.0f, o, (int)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, 1.0f, Pf, (int)ld,
+              Vf, (int)d, 1.0f, o, (int)d);
 }
 
-void fma_P2P_values_backward(const struct fma_state *st, float *dv, float *dP,
-                                    const float *g, const float *P, long ld, const float *v,
-                                    const struct fma_block_keys *bk) {
+void fma_P2P_values_backward(const struct fma_state *st, float *dv, float *dP, const float *g,
+                             const float *P, long ld, const float *v,
+                             const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, nn = bk->near_count;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nn, (int)d, (int)m, 1.0f, P, (int)ld, g,
               (int)d, 1.0f, dv + (bk->near_lo - st->klo) * d, (int)d);
@@ -152,8 +152,8 @@ void fma_M2P_values_backward(const struct fma_state *st, float *dV, float *dPf, 
 }
 
 void fma_P2P_scores_backward(const struct fma_state *st, long qb, float *dq, float *dk,
-                                    const float *dS, long ld, const float *q, const float *k,
-                                    const struct fma_block_keys *bk) {
+                             const float *dS, long ld, const float *q, const float *k,
+                             const struct fma_block_keys *bk) {
   const long m = st->tree.m, d = st->d, i0 = qb * m, nn = bk->near_count;
   const float scale = 1.0f / sqrtf((float)d);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nn, scale, dS,
@@ -170,8 +170,8 @@ void fma_M2P_scores_backward(const struct fma_state *st, long qb, float *dq, flo
   const float scale = 1.0f / sqrtf((float)d);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)d, (int)nf, scale, dSf,
               (int)ld, Kf, (int)d, 1.0f, dq + (i0 - st->t0) * d, (int)d);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale, dSf,
-              (int)ld, q + (i0 - st->t0) * d, (int)d, 0.0f, dKf, (int)d);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nf, (int)d, (int)m, scale, dSf, (int)ld,
+              q + (i0 - st->t0) * d, (int)d, 0.0f, dKf, (int)d);
   fma_scatter_add_rows(dK, dKf, bk->far_row, (int)nf, d);
 }
 
@@ -313,8 +313,7 @@ void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, flo
     fma_P2P_values_backward(st, dv, s.dP, g, s.S, ld, v, &s.bk);
     double t1 = timer_now();
     times->p2p += t1 - t0;
-    if (nf > 0)
-      fma_M2P_values_backward(st, dV, s.dP + nn, ld, g, s.S + nn, ld, s.Vf, s.dVf, &s.bk);
+    if (nf > 0) fma_M2P_values_backward(st, dV, s.dP + nn, ld, g, s.S + nn, ld, s.Vf, s.dVf, &s.bk);
     double t2 = timer_now();
     times->m2p += t2 - t1;
     rows_softmax_backward(s.dP, s.S, m, ld, D + (i0 - st->t0));

@@ -130,9 +130,8 @@ static void rows_joint_softmax(float *S, long ldS, long nn, float *F, long width
  * and the token-level entropy (a summary row stands for e^logw tokens); the opening's own: mass
  * on opened exact tokens and windows opened per level. */
 static void block_diagnostics(const struct fma_state *st, const struct fma_block_keys *bk,
-                              const float *S, long ldS, const float *F, const int32_t *dec,
-                              long m, double *mass, double *entropy,
-                              const struct fma_open_diag *diag) {
+                              const float *S, long ldS, const float *F, const int32_t *dec, long m,
+                              double *mass, double *entropy, const struct fma_open_diag *diag) {
   const struct fma_open_layout *o = &st->open;
   const long nn = bk->near_count, width = o->width, p = st->tree.p;
   for (long r = 0; r < m; r++) {
@@ -269,10 +268,10 @@ static void group_values_backward(const struct fma_state *st, struct fma_open_wo
   float *dVr = source_grad_rows(st, w, a, b->g, h, l, c, true);
   group_gather_rows(s->Og, b->dout + h * T * d, d, gr);
   group_gather_cols(s->Pg, w->F + h * T * st->open.width, st->open.width, gr);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)gr->width, (int)d, (int)gr->count,
-              1.0f, s->Pg, (int)gr->width, s->Og, (int)d, 1.0f, dVr, (int)d);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)gr->count, (int)gr->width, (int)d,
-              1.0f, s->Og, (int)d, Vr, (int)d, 0.0f, s->Sg, (int)gr->width);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)gr->width, (int)d, (int)gr->count, 1.0f,
+              s->Pg, (int)gr->width, s->Og, (int)d, 1.0f, dVr, (int)d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)gr->count, (int)gr->width, (int)d, 1.0f,
+              s->Og, (int)d, Vr, (int)d, 0.0f, s->Sg, (int)gr->width);
   const long col = gr->col - st->open.listed; /* G holds the slot columns only */
   for (long x = 0; x < gr->count; x++)
     memcpy(w->G + (h * T + gr->who[x]) * sw + col + gr->slot[x] * gr->width, s->Sg + x * gr->width,

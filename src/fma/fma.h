@@ -46,14 +46,14 @@ struct fma_open_work;
  * window it may open: level l ≥ 2 a slot of 2p columns (the opened window's two children's
  * summary rows), level 1 a slot of m columns (the opened fine block's exact tokens). */
 struct fma_open_layout {
-  int K;                            /* fma.open; FMA_OPEN_ALL: every candidate */
-  int slots[FMA_MAX_LEVELS + 2];    /* K_l: windows a query opens at most at level l */
-  int dec_off[FMA_MAX_LEVELS + 2];  /* first decision entry of level l in a query's decisions */
-  int ndec;                         /* Σ_l K_l: decision entries per query */
+  int K;                              /* fma.open; FMA_OPEN_ALL: every candidate */
+  int slots[FMA_MAX_LEVELS + 2];      /* K_l: windows a query opens at most at level l */
+  int dec_off[FMA_MAX_LEVELS + 2];    /* first decision entry of level l in a query's decisions */
+  int ndec;                           /* Σ_l K_l: decision entries per query */
   int slot_width[FMA_MAX_LEVELS + 2]; /* 2p for l ≥ 2, m for l = 1 */
-  long col[FMA_MAX_LEVELS + 2];     /* first far-row column of level l's slots */
-  long listed;                      /* far-row columns of the listed summary rows */
-  long width;                       /* far-row columns in all */
+  long col[FMA_MAX_LEVELS + 2];       /* first far-row column of level l's slots */
+  long listed;                        /* far-row columns of the listed summary rows */
+  long width;                         /* far-row columns in all */
 };
 
 /* Everything the operators read about one layer on this rank: the tree, the settings they depend
@@ -70,8 +70,8 @@ struct fma_state {
   long rows;           /* summary rows per (batch, head): Σ_l windows_l · p */
   long level_row[FMA_MAX_LEVELS + 2]; /* first row of level l; level_row[L + 1] = rows */
   struct fma_layout layout;
-  struct fma_open_layout open;      /* open.K == 0: the paper's fma, no opening */
-  struct fma_open_work *work;       /* the opening pass's buffers, kept between calls (open.c) */
+  struct fma_open_layout open; /* open.K == 0: the paper's fma, no opening */
+  struct fma_open_work *work;  /* the opening pass's buffers, kept between calls (open.c) */
 };
 
 /* ---- state.c ---- */

@@ -86,15 +86,15 @@ struct fma_open_fetch; /* open_let.c: what was fetched from other ranks */
  * training step allocates nothing: far rows F, slot gradients G, the per-source lists, each
  * thread's scratch and, under sequence parallelism, what was fetched from other ranks. */
 struct fma_open_work {
-  long count;            /* heads the buffers hold */
-  float *F;              /* (count, T, width) far rows: scores, then probabilities */
-  float *G;              /* (count, T, width − listed) slot score gradients (backward) */
-  int32_t *dec;          /* (count, T, ndec) decisions when the caller keeps none */
+  long count;   /* heads the buffers hold */
+  float *F;     /* (count, T, width) far rows: scores, then probabilities */
+  float *G;     /* (count, T, width − listed) slot score gradients (backward) */
+  int32_t *dec; /* (count, T, ndec) decisions when the caller keeps none */
   long lvl_start[FMA_MAX_LEVELS + 2]; /* first entry of level l in a head's start (per window) */
-  long starts;           /* start entries per head: Σ_l (windows_l + 1) */
-  int32_t *start;        /* (count, starts): level l window c's members [start[c], start[c+1]) */
-  int32_t *who, *slot;   /* (count, T·ndec): a member's query (slab row) and slot; level l's
-                            members from T·dec_off[l] */
+  long starts;                        /* start entries per head: Σ_l (windows_l + 1) */
+  int32_t *start;      /* (count, starts): level l window c's members [start[c], start[c+1]) */
+  int32_t *who, *slot; /* (count, T·ndec): a member's query (slab row) and slot; level l's
+                          members from T·dec_off[l] */
   int threads;
   struct fma_open_scratch *scratch; /* (threads) */
   struct fma_open_fetch *fetch;     /* NULL until a sequence group fetches */

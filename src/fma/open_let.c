@@ -22,8 +22,8 @@ struct item_list {
 struct fma_open_fetch {
   long count, starts, nblocks;
   long lvl_start[FMA_MAX_LEVELS + 2]; /* the work's: first window entry of level l */
-  unsigned char *local; /* (starts) summary windows this rank holds for every head */
-  unsigned char *have;  /* (count, starts) held now: local, or fetched during this call */
+  unsigned char *local;               /* (starts) summary windows this rank holds for every head */
+  unsigned char *have; /* (count, starts) held now: local, or fetched during this call */
   int S;
   /* per rank, in the order of the rounds of one call: the summary windows (code h·starts + level
    * start + window) and the fine blocks (h·nblocks + block) fetched from it and served to it */
@@ -222,8 +222,8 @@ void fma_open_let_children(const struct fma_state *st, struct fma_open_work *w,
       }
     }
   }
-  round_trip(st, f, a, need, f->win_from, f->win_to, 2 * (size_t)(st->tree.p * st->d),
-             pack_window, unpack_window);
+  round_trip(st, f, a, need, f->win_from, f->win_to, 2 * (size_t)(st->tree.p * st->d), pack_window,
+             unpack_window);
   for (int r = 0; r < S; r++) free(need[r].code);
   free(need);
 }
@@ -280,7 +280,8 @@ void fma_open_let_tokens(const struct fma_state *st, struct fma_open_work *w,
   for (long h = 0; h < a->count; h++) {
     const int32_t *start = w->start + h * w->starts + w->lvl_start[1];
     for (long c = 0; c < st->tree.nwindows[1]; c++)
-      if (start[c + 1] > start[c] && !block_local(st, a, c) && f->block_slot[h * f->nblocks + c] < 0)
+      if (start[c + 1] > start[c] && !block_local(st, a, c) &&
+          f->block_slot[h * f->nblocks + c] < 0)
         more++;
   }
   store_reserve(st, f, more);
