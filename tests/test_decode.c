@@ -90,6 +90,23 @@ static void test_fma(void **state) {
     }
 }
 
+/* fma.open (SPEC §6.4a): the cache keeps every key and value, and each token opens its windows
+ * as the batched forward's row does; conv and m2m with parameters off their init, K = 1, 2, all. */
+static void test_fma_open(void **state) {
+  const char *downs[] = {"conv", "m2m", "avg"}, *opens[] = {"1", "2", "all"};
+  for (int i = 0; i < 3; i++)
+    for (int o = 0; o < 3; o++) {
+      char a[64], b[64];
+      snprintf(a, sizeof a, "attention.fma.downsample=%s", downs[i]);
+      snprintf(b, sizeof b, "attention.fma.open=%s", opens[o]);
+      const char *x[] = {a, b, "attention.fma.m=4", "attention.fma.p=2", "attention.fma.init=random",
+                         NULL};
+      check_decode("fma", 64, x);
+      const char *y[] = {a, b, "attention.fma.m=8", "attention.fma.p=4", NULL};
+      check_decode("fma", 256, y);
+    }
+}
+
 /* Variants without a cache say so (generation then recomputes, with a note). */
 static void test_without_cache(void **state) {
   struct config cfg;
@@ -106,6 +123,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_exact),
     cmocka_unit_test(test_kernelized),
     cmocka_unit_test(test_fma),
+    cmocka_unit_test(test_fma_open),
     cmocka_unit_test(test_without_cache),
 };
 

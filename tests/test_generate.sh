@@ -1,7 +1,7 @@
 #!/bin/sh
 # Generation with the decode caches (issue 11): cached and recomputed generation from a checkpoint
 # give the same 300 bytes (several passes of the 64-byte context) and logits within 1e-4, for full,
-# local, fma and the running-sum variants; fma_linear, without a cache, says so and recomputes;
+# local, fma (also with fma.open = 2) and the running-sum variants; fma_linear, without a cache, says so and recomputes;
 # prompt files, samples, generate.txt, the bytes/s line; eval mode's eval.h5 and its plot; bench
 # mode's generate rows.
 . "$TESTDIR/tap.sh"
@@ -10,14 +10,20 @@ cd "$WORK" || exit 1
 F="$FMATTN"
 G="$TESTDIR/decks/generate.in"
 
-for v in full local fma linear fmmformer rmfa; do
-  if ! "$F" "$G" --set run.name=$v --set attention.variant=$v > train-$v.log 2>&1; then
+# cached_equals_recomputed NAME SETTINGS: train run NAME, then generate from its checkpoint with
+# and without the decode cache
+cached_equals_recomputed() {
+  v=$1
+  shift
+  if ! "$F" "$G" --set run.name=$v "$@" > train-$v.log 2>&1; then
     not_ok "$v: trains" "$(tail -n 5 train-$v.log)"
-    continue
+    return
   fi
-  gen="--set run.name=$v --set attention.variant=$v --set run.mode=generate --set output.restart=latest --set generate.record=true"
-  "$F" "$G" $gen --set generate.cache=true > cached-$v.log 2>&1 && mv out/$v/generate.h5 cached-$v.h5
-  "$F" "$G" $gen --set generate.cache=false > plain-$v.log 2>&1 && mv out/$v/generate.h5 plain-$v.h5
+  gen="--set run.name=$v --set run.mode=generate --set output.restart=latest --set generate.record=true"
+  # shellcheck disable=SC2086 # $gen is a list of options
+  "$F" "$G" "$@" $gen --set generate.cache=true > cached-$v.log 2>&1 && mv out/$v/generate.h5 cached-$v.h5
+  # shellcheck disable=SC2086
+  "$F" "$G" "$@" $gen --set generate.cache=false > plain-$v.log 2>&1 && mv out/$v/generate.h5 plain-$v.h5
   check "$v: cached and recomputed generation give the same 300 bytes, logits within 1e-4" py -c "
 import h5py, numpy as np, sys
 a, b = h5py.File('cached-$v.h5'), h5py.File('plain-$v.h5')
@@ -25,7 +31,12 @@ same = np.array_equal(a['byte'][...], b['byte'][...]) and len(a['byte']) == 300
 diff = np.abs(a['logits'][...] - b['logits'][...]).max()
 print('max logit difference', diff)
 sys.exit(0 if same and diff <= 1e-4 and int(a.attrs['cache']) == 1 and int(b.attrs['cache']) == 0 else 1)"
+}
+for v in full local fma linear fmmformer rmfa; do
+  cached_equals_recomputed $v --set attention.variant=$v
 done
+# fma.open (SPEC §6.4a): the cache keeps every key and value; each byte opens its own windows
+cached_equals_recomputed fma_open2 --set attention.variant=fma --set attention.fma.open=2
 check "the bytes/s line names the decode cache" grep -q "bytes/s (decode cache)" cached-fma.log
 check "generate.txt holds the prompt and the bytes" sh -c "head -c 21 out/fma/generate.txt | grep -q 'Everyone is permitted' && test \$(wc -c < out/fma/generate.txt) -ge 321"
 

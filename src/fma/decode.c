@@ -1,13 +1,17 @@
 /* Incremental decoding of causal `fma` (generation; docs/generate.md): a cache of the last 2m
  * keys and values and of every level's summaries, kept up to date token by token — P2M taps added
  * as each token arrives, M2M once both children are complete — so a token costs O(m + p·L)
- * attention work instead of O(n log n). Equal within rounding to the batched forward's row. */
+ * attention work instead of O(n log n). With fma.open the cache keeps every key and value (an
+ * opened fine block may lie anywhere before the query) and a token's opening runs the criterion
+ * of fma/open.c on its own far row: O(m + p·L + K·(p·L + m)). Equal within rounding to the
+ * batched forward's row. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
 #include "fma/fma.h"
+#include "fma/open.h"
 #include "memory.h"
 
 struct fma_decoder {
@@ -15,18 +19,34 @@ struct fma_decoder {
   long H;
   struct fma_down_weights w[2]; /* K, V */
   float *X[2];                  /* (H, rows, d) summaries of keys and values */
-  float *rk, *rv;               /* (H, 2m, d) the last 2m keys and values; position j in j % 2m */
+  long hist;                    /* keys and values kept: 2m, or n with fma.open */
+  float *rk, *rv;               /* (H, hist, d) the last keys and values; position j in j % hist */
   float *s;                     /* (2m + 3pL) scores */
   long *row;                    /* (3pL) summary rows of the far keys */
   float *logw;                  /* (3pL) their multiplicity terms */
+  /* fma.open: the query's block lists, far row (open.width) and decisions (open.ndec) */
+  struct fma_block_keys bk;
+  float *F;
+  int32_t *dec;
 };
 
-struct fma_decoder *fma_decode_open(const struct fma_state *st, const float *params, long H) {
+struct fma_decoder *fma_decode_open(struct fma_state *st, const float *params, long H) {
   if (!st->causal || st->linear) error("fma decoding is for causal fma");
   struct fma_decoder *dec = xcalloc(1, sizeof *dec);
-  const long d = st->d, ring = 2L * st->tree.m, far = 3L * st->tree.p * st->tree.levels;
+  const bool open = st->open.K != 0;
+  const long d = st->d, far = 3L * st->tree.p * st->tree.levels;
+  const long ring = open ? st->tree.n : 2L * st->tree.m;
   dec->st = st;
   dec->H = H;
+  dec->hist = ring;
+  if (open) {
+    fma_open_work_get(st, 1); /* the criterion's scratch, for a large fma.open */
+    dec->bk.far_row = xcalloc((size_t)(far + 1), sizeof(long));
+    dec->bk.far_logw = xcalloc((size_t)(far + 1), sizeof(float));
+    dec->bk.far_level = xcalloc((size_t)(far + 1), sizeof(int));
+    dec->F = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(st->open.width + 1));
+    dec->dec = xcalloc((size_t)st->open.ndec + 1, sizeof(int32_t));
+  }
   for (int s = 0; s < 2; s++) {
     fma_weights_load(st, params, (enum fma_set)s, &dec->w[s]);
     dec->X[s] = mem_alloc(MEM_ACTIVATIONS, sizeof(float) * (size_t)(H * st->rows * d + 1));
@@ -50,6 +70,11 @@ void fma_decode_close(struct fma_decoder *dec) {
   mem_free(dec->s);
   free(dec->row);
   free(dec->logw);
+  free(dec->bk.far_row);
+  free(dec->bk.far_logw);
+  free(dec->bk.far_level);
+  mem_free(dec->F);
+  free(dec->dec);
   free(dec);
 }
 
@@ -85,11 +110,78 @@ static void summaries_add(const struct fma_state *st, const struct fma_down_weig
   }
 }
 
+static float dot(const float *a, const float *b, long d) {
+  float acc = 0.0f;
+  for (long f = 0; f < d; f++) acc += a[f] * b[f];
+  return acc;
+}
+
+/* fma.open, one head at position i: the query's far row — its listed summary rows, then level by
+ * level the criterion (fma_open_select) and the scores of what it opened: the children's summary
+ * rows, or an opened fine block's keys from the history — masked, then one softmax with the near
+ * field (the last keys up to i) and the values. XK, XV: the head's summaries; rk, rv its
+ * history (every position). */
+static void open_step(struct fma_decoder *dec, float *o, const float *qh, const float *XK,
+                      const float *XV, const float *rk, const float *rv, long i) {
+  const struct fma_state *st = dec->st;
+  const struct fma_open_layout *ol = &st->open;
+  const struct fma_tree *tr = &st->tree;
+  const long d = st->d, m = tr->m, p = tr->p, width = ol->width;
+  const float scale = 1.0f / sqrtf((float)d);
+  const struct fma_block_keys *bk = &dec->bk;
+  float *F = dec->F;
+  for (long c = 0; c < width; c++)
+    F[c] = c < bk->nfar ? dot(qh, XK + bk->far_row[c] * d, d) * scale + bk->far_logw[c] : -INFINITY;
+  for (int l = tr->levels; l >= 1; l--) {
+    fma_open_select(st, l, bk, F, qh, XK, dec->dec);
+    const float logw = l >= 2 && st->multiplicity ? logf((float)(tr->window[l - 1] / p)) : 0.0f;
+    for (int j = 0; j < ol->slots[l]; j++) {
+      const int32_t c = dec->dec[ol->dec_off[l] + j];
+      if (c < 0) continue;
+      const float *R = l >= 2 ? XK + (st->level_row[l - 1] + 2L * c * p) * d : rk + c * m * d;
+      for (long t = 0; t < ol->slot_width[l]; t++)
+        F[ol->col[l] + j * ol->slot_width[l] + t] = dot(qh, R + t * d, d) * scale + logw;
+    }
+  }
+  fma_open_mask(st, bk, F, dec->dec);
+  const long lo = i / m * m - m > 0 ? i / m * m - m : 0, nnear = i - lo + 1;
+  float mx = -INFINITY, sum = 0.0f;
+  for (long j = 0; j < nnear; j++) {
+    dec->s[j] = dot(qh, rk + (lo + j) * d, d) * scale;
+    mx = dec->s[j] > mx ? dec->s[j] : mx;
+  }
+  for (long c = 0; c < width; c++) mx = F[c] > mx ? F[c] : mx;
+  memset(o, 0, sizeof(float) * (size_t)d);
+  for (long j = 0; j < nnear; j++) {
+    const float e = expf(dec->s[j] - mx);
+    sum += e;
+    for (long f = 0; f < d; f++) o[f] += e * rv[(lo + j) * d + f];
+  }
+  for (long c = 0; c < width; c++) {
+    if (F[c] == -INFINITY) continue;
+    const float e = expf(F[c] - mx);
+    const float *val = NULL;
+    sum += e;
+    if (c < bk->nfar) {
+      val = XV + bk->far_row[c] * d;
+    } else {
+      int l;
+      for (l = tr->levels; l >= 1; l--) /* the level whose slots hold column c */
+        if (c >= ol->col[l] && c < ol->col[l] + (long)ol->slots[l] * ol->slot_width[l]) break;
+      const long j = (c - ol->col[l]) / ol->slot_width[l], t = (c - ol->col[l]) % ol->slot_width[l];
+      const int32_t w = dec->dec[ol->dec_off[l] + j];
+      val = l >= 2 ? XV + (st->level_row[l - 1] + 2L * w * p + t) * d : rv + (w * m + t) * d;
+    }
+    for (long f = 0; f < d; f++) o[f] += e * val[f];
+  }
+  for (long f = 0; f < d; f++) o[f] /= sum;
+}
+
 void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const float *k,
                      const float *v, long i) {
   const struct fma_state *st = dec->st;
   const struct fma_tree *tr = &st->tree;
-  const long d = st->d, m = tr->m, ring = 2 * m, rows = st->rows;
+  const long d = st->d, m = tr->m, ring = dec->hist, rows = st->rows;
   const float scale = 1.0f / sqrtf((float)d);
   /* the far keys of position i: every level's listed windows (complete, earlier than i's own) */
   long windows[FMA_LIST_MAX], nfar = 0;
@@ -102,6 +194,7 @@ void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const 
         dec->logw[nfar] = logw;
       }
   }
+  if (st->open.K != 0) fma_block_keys(st, i / m, &dec->bk);
   const long lo = i / m * m - m > 0 ? i / m * m - m : 0; /* block b − 1, then b up to i */
   const long nnear = i - lo + 1;
   for (long h = 0; h < dec->H; h++) {
@@ -112,6 +205,10 @@ void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const 
     memcpy(rv + (i % ring) * d, v + h * d, sizeof(float) * (size_t)d);
     summaries_add(st, &dec->w[FMA_K], XK, k + h * d, i);
     summaries_add(st, &dec->w[FMA_V], XV, v + h * d, i);
+    if (st->open.K != 0) {
+      open_step(dec, out + h * d, qh, XK, XV, rk, rv, i);
+      continue;
+    }
     /* one softmax over the near keys and the far summaries */
     float mx = -INFINITY, sum = 0.0f;
     for (long j = 0; j < nnear + nfar; j++) {

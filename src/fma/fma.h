@@ -245,7 +245,7 @@ long fma_linear_query_row(const struct fma_state *st, long rho);
  * pos's key and value (k, v (H, d)) and writes out (H, d) of its query q (H, d). st must outlive
  * the decoder. */
 struct fma_decoder;
-struct fma_decoder *fma_decode_open(const struct fma_state *st, const float *params, long H);
+struct fma_decoder *fma_decode_open(struct fma_state *st, const float *params, long H);
 void fma_decode_step(struct fma_decoder *dec, float *out, const float *q, const float *k,
                      const float *v, long pos);
 void fma_decode_close(struct fma_decoder *dec);

@@ -371,9 +371,7 @@ static void head_score(const struct fma_state *st, struct fma_open_work *w,
   }
 }
 
-/* −inf over the rows of every window query i opened: a listed one's p columns, or the half of
- * its parent's slot that held it. The far row then has each allowed key exactly once. */
-static void query_mask(const struct fma_state *st, const struct fma_block_keys *bk, float *F,
+void fma_open_mask(const struct fma_state *st, const struct fma_block_keys *bk, float *F,
                        const int32_t *dec) {
   const struct fma_open_layout *o = &st->open;
   const long p = st->tree.p;
@@ -399,7 +397,7 @@ static void head_mask(const struct fma_state *st, struct fma_open_work *w,
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
     fma_block_keys(st, qb, &s->bk);
     for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
-      query_mask(st, &s->bk, w->F + (h * T + i) * width, a->dec + (h * T + i) * ndec);
+      fma_open_mask(st, &s->bk, w->F + (h * T + i) * width, a->dec + (h * T + i) * ndec);
   }
 }
 

@@ -119,6 +119,12 @@ void fma_open_rescore(const struct fma_state *st, struct fma_open_work *w,
 void fma_open_select(const struct fma_state *st, int l, const struct fma_block_keys *bk,
                      const float *F, const float *qi, const float *K, int32_t *dec);
 
+/* −inf over the rows of every window a query opened (decisions dec, its block's lists bk): a
+ * listed one's p columns of its far row F, or the half of its parent's slot that held it. The far
+ * row then has each allowed key exactly once. */
+void fma_open_mask(const struct fma_state *st, const struct fma_block_keys *bk, float *F,
+                   const int32_t *dec);
+
 /* Evaluation with the decisions (evaluate_open.c), after fma_open_descend or fma_open_rescore:
  * forward writes out (count, T, d) and lse (count, T); diag (may be NULL) per head; mass (count,
  * L + 1) and entropy (count) as fma_evaluate_forward's, when not NULL. */
