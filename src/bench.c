@@ -70,7 +70,7 @@ double bench_sgemm_gflops(void) {
 struct attn_row {
   char variant[64];
   char downsample[64]; /* the variant's option label (fma: conv, m2m or avg); "-" otherwise */
-  double n, heads, head_dim, causal;
+  double n, open, heads, head_dim, causal;
   double fwd_ms, bwd_ms, workspace_bytes, gflops, p2p_gflops;
 };
 
@@ -198,6 +198,22 @@ static int bench_variant_config(const struct config *base, const char *variant, 
   return bad;
 }
 
+/* The variant's name in the console's lines: fma with its fma.open when it opens windows. */
+static const char *row_label(const struct config *cfg, const struct attn_variant *v, char *buf,
+                             size_t len) {
+  if (!(v->opens && v->opens(cfg))) return v->name;
+  if (cfg->attention.fma_open == FMA_OPEN_ALL)
+    snprintf(buf, len, "%s/all", v->name);
+  else
+    snprintf(buf, len, "%s/o%d", v->name, cfg->attention.fma_open);
+  return buf;
+}
+
+/* The row's fma.open column: the value, −1 for all, 0 for a variant that does not open. */
+static double row_open(const struct config *cfg, const struct attn_variant *v) {
+  return v->opens ? (double)cfg->attention.fma_open : 0.0;
+}
+
 static bool bench_attention_one(const struct config *cfg, long n, int repeats, double rate,
                                 struct attn_row *row) {
   const struct attn_variant *v = attention_select(cfg);
@@ -207,8 +223,10 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   timed_op_open(&o, cfg, NULL, dims);
   double p2p = 0.0, flops = v->flops(&o.ctx, &p2p);
   const double est = 3.0 * flops / (0.5 * rate * 1e9);
+  char label[64];
   if (est > BENCH_MAX_SECONDS) {
-    message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
+    message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)",
+            row_label(cfg, v, label, sizeof label), n, est);
     timed_op_close(&o);
     return false;
   }
@@ -231,6 +249,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   snprintf(row->downsample, sizeof row->downsample, "%s",
            v->option_label ? v->option_label(cfg) : "-");
   row->n = n;
+  row->open = row_open(cfg, v);
   row->heads = H;
   row->head_dim = d;
   row->causal = dims.causal;
@@ -249,8 +268,8 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   message(
       "  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of GEMM) | "
       "workspace %8.2f MiB",
-      row->variant, n, row->fwd_ms, row->bwd_ms, row->gflops, 100.0 * row->gflops / rate,
-      row->workspace_bytes / 1048576.0);
+      row_label(cfg, v, label, sizeof label), n, row->fwd_ms, row->bwd_ms, row->gflops,
+      100.0 * row->gflops / rate, row->workspace_bytes / 1048576.0);
   if (!isnan(row->p2p_gflops))
     message("  %-10s             near field (P2P): %.1f GFLOP/s (%.1f%% of GEMM)", "",
             row->p2p_gflops, 100.0 * row->p2p_gflops / rate);
@@ -262,7 +281,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
 
 struct comm_row {
   char variant[64];
-  double n, seq_ranks, bytes, fwd_ms, bwd_ms;
+  double n, open, seq_ranks, bytes, fwd_ms, bwd_ms;
 };
 
 static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
@@ -277,8 +296,10 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   /* judge the time by the whole job's FLOPs against the machine's rate (all ranks) */
   comm_allreduce_sum_double(comm, COMM_SEQ, &flops, 1);
   const double est = 3.0 * flops / (0.5 * rate * 1e9);
+  char label[64];
   if (est > BENCH_MAX_SECONDS) {
-    message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)", v->name, n, est);
+    message("  %-10s n = %8ld: skipped (estimated %.0f s per repetition)",
+            row_label(cfg, v, label, sizeof label), n, est);
     timed_op_close(&o);
     return false;
   }
@@ -300,6 +321,7 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   }
   snprintf(row->variant, sizeof row->variant, "%s", v->name);
   row->n = n;
+  row->open = row_open(cfg, v);
   row->seq_ranks = (int)S;
   row->bytes = bytes;
   row->fwd_ms = median(tf, repeats);
@@ -307,7 +329,8 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   message(
       "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | fwd %9.2f ms | bwd "
       "%9.2f ms",
-      v->name, n, row->bytes, row->bytes / 1048576.0, row->fwd_ms, row->bwd_ms);
+      row_label(cfg, v, label, sizeof label), n, row->bytes, row->bytes / 1048576.0, row->fwd_ms,
+      row->bwd_ms);
   free(tf);
   free(tb);
   timed_op_close(&o);
@@ -434,6 +457,28 @@ static bool bench_generate_one(const struct config *cfg, struct comm *comm, int 
  * the sweeps: each fills its rows and returns how many */
 
 /* Attention forward + backward of every variant of bench.variants at every n (rank 0 alone). */
+/* The fma.open values to time variant name with: bench.fma_open's (deck: attention.fma.open)
+ * for a variant that opens windows; 0 for any other (fma_linear refuses an opening). */
+static int open_values(const struct config *cfg, const char *name, int *values) {
+  const struct attn_variant *v = attention_find(name);
+  if (!v || !v->opens) {
+    values[0] = 0;
+    return 1;
+  }
+  for (int i = 0; i < cfg->bench.fma_open_count; i++)
+    values[i] = cfg->bench.fma_open[i] == BENCH_OPEN_DECK ? cfg->attention.fma_open
+                                                          : cfg->bench.fma_open[i];
+  return cfg->bench.fma_open_count;
+}
+
+/* bench_variant_config with fma.open = open. */
+static int bench_open_config(const struct config *base, const char *variant, int open, long n,
+                             int seq_ranks, struct config *cfg, char *err, size_t len) {
+  struct config with = *base;
+  with.attention.fma_open = open;
+  return bench_variant_config(&with, variant, n, seq_ranks, cfg, err, len);
+}
+
 static int sweep_attention(const struct config *cfg, struct comm *comm, double rate,
                            struct attn_row *rows) {
   message("attention forward + backward (median of %d; batch %d, %d heads of %d, %s):",
@@ -441,15 +486,19 @@ static int sweep_attention(const struct config *cfg, struct comm *comm, double r
           cfg->model.objective == OBJECTIVE_CLM ? "causal" : "bidirectional");
   int count = 0;
   char err[1024];
-  for (int vi = 0; vi < cfg->bench.variant_count && comm->world_rank == 0; vi++)
-    for (int ni = 0; ni < cfg->bench.n_count && count < BENCH_ROWS; ni++) {
-      struct config c;
-      const long n = cfg->bench.n_list[ni];
-      if (bench_variant_config(cfg, cfg->bench.variants[vi], n, 1, &c, err, sizeof err))
-        message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
-      else if (bench_attention_one(&c, n, cfg->bench.repeats, rate, &rows[count]))
-        count++;
-    }
+  int opens[CONFIG_LIST_MAX];
+  for (int vi = 0; vi < cfg->bench.variant_count && comm->world_rank == 0; vi++) {
+    const int no = open_values(cfg, cfg->bench.variants[vi], opens);
+    for (int ni = 0; ni < cfg->bench.n_count; ni++)
+      for (int oi = 0; oi < no && count < BENCH_ROWS; oi++) {
+        struct config c;
+        const long n = cfg->bench.n_list[ni];
+        if (bench_open_config(cfg, cfg->bench.variants[vi], opens[oi], n, 1, &c, err, sizeof err))
+          message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
+        else if (bench_attention_one(&c, n, cfg->bench.repeats, rate, &rows[count]))
+          count++;
+      }
+  }
   comm_barrier(comm, COMM_WORLD);
   return count;
 }
@@ -483,15 +532,20 @@ static int sweep_comm(const struct config *cfg, struct comm *comm, double rate,
       comm->S, cfg->bench.repeats);
   int count = 0;
   char err[1024];
-  for (int vi = 0; vi < cfg->bench.variant_count; vi++)
-    for (int ni = 0; ni < cfg->bench.n_count && count < BENCH_ROWS; ni++) {
-      struct config c;
-      const long n = cfg->bench.n_list[ni];
-      if (bench_variant_config(cfg, cfg->bench.variants[vi], n, comm->S, &c, err, sizeof err))
-        message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
-      else if (bench_comm_one(&c, comm, n, cfg->bench.repeats, rate, &rows[count]))
-        count++;
-    }
+  int opens[CONFIG_LIST_MAX];
+  for (int vi = 0; vi < cfg->bench.variant_count; vi++) {
+    const int no = open_values(cfg, cfg->bench.variants[vi], opens);
+    for (int ni = 0; ni < cfg->bench.n_count; ni++)
+      for (int oi = 0; oi < no && count < BENCH_ROWS; oi++) {
+        struct config c;
+        const long n = cfg->bench.n_list[ni];
+        if (bench_open_config(cfg, cfg->bench.variants[vi], opens[oi], n, comm->S, &c, err,
+                              sizeof err))
+          message("  %-10s n = %8ld: skipped (%s)", cfg->bench.variants[vi], n, err);
+        else if (bench_comm_one(&c, comm, n, cfg->bench.repeats, rate, &rows[count]))
+          count++;
+      }
+  }
   return count;
 }
 
@@ -537,6 +591,7 @@ static const struct column attn_columns[] = {
     TEXT(attn_row, variant, "attention variant"),
     TEXT(attn_row, downsample, "the variant's option (fma: fma.downsample; - when it has none)"),
     NUM(attn_row, n, "tokens"),
+    NUM(attn_row, open, "attention.fma.open of the row (-1: all; 0 for variants that do not open)"),
     NUM(attn_row, heads, "heads"),
     NUM(attn_row, head_dim, "channels per head"),
     NUM(attn_row, causal, "1 = causal, 0 = bidirectional"),
@@ -557,6 +612,7 @@ static const struct column train_columns[] = {
 static const struct column comm_columns[] = {
     TEXT(comm_row, variant, "attention variant"),
     NUM(comm_row, n, "tokens"),
+    NUM(comm_row, open, "attention.fma.open of the row (-1: all; 0 for variants that do not open)"),
     NUM(comm_row, seq_ranks, "ranks sharing the sequence"),
     {"bytes_per_rank_per_layer", offsetof(struct comm_row, bytes), false,
      "bytes sent by the busiest rank in one attention forward + backward"},

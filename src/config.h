@@ -19,6 +19,8 @@ extern "C" {
 
 #define CONFIG_STR      512
 #define CONFIG_LIST_MAX 32
+/* bench.fma_open's item `deck`: the deck's own attention.fma.open. */
+#define BENCH_OPEN_DECK (-2)
 
 /* Bytes of the err buffer that callers pass to config_load, config_from_text and
  * config_check_layout: size it with this, and no message is cut short. */
@@ -147,6 +149,8 @@ struct config_bench {
   long n_list[CONFIG_LIST_MAX];
   int variant_count;
   char variants[CONFIG_LIST_MAX][64];
+  int fma_open_count; /* bench.fma_open: the fma.open values of variants that open windows */
+  int fma_open[CONFIG_LIST_MAX]; /* FMA_OPEN_ALL, or BENCH_OPEN_DECK: attention.fma.open */
   int repeats;
   int batch; /* sequences per timed attention call and per timed training step */
 };

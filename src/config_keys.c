@@ -84,6 +84,9 @@ static int store_length(struct config *cfg, char items[][LIST_ITEM], int n, char
                         size_t len);
 static void format_length(const struct config *cfg, char *out, size_t len);
 static int store_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail, size_t len);
+static int store_bench_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                            size_t len);
+static void format_bench_open(const struct config *cfg, char *out, size_t len);
 static void format_open(const struct config *cfg, char *out, size_t len);
 
 static const struct list_kind split_list = {
@@ -101,6 +104,9 @@ static const struct list_kind depth_list = {
     NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_depth, format_depth};
 static const struct list_kind length_list = {
     NULL, "a fraction in [0, 1], or two (lo,hi) with lo <= hi", store_length, format_length};
+static const struct list_kind bench_open_list = {
+    NULL, "a comma list of fma.open values: integers >= 0, all, or deck (attention.fma.open)",
+    store_bench_open, format_bench_open};
 static const struct list_kind open_list = {NULL, "an integer >= 0, or all", store_open,
                                            format_open};
 
@@ -301,6 +307,9 @@ const struct key_def config_keys[] = {
     K_LIST("bench", "n_list", "1024,4096,16384", n_list, "n lengths",
            "sequence lengths of the sweep"),
     K_LIST("bench", "variants", "full,fma", variants_list, "", "attention variants of the sweep"),
+    K_LIST("bench", "fma_open", "deck", bench_open_list, "open_list",
+           "fma.open values timed for fma (each a row): integers >= 0, all, or deck (the deck's "
+           "attention.fma.open)"),
     K_NUM("bench", "repeats", KEY_INT, "5", 1, 1000, LOHI, bench.repeats, "",
           "timed repetitions after one warm-up (the median is reported)"),
     K_NUM("bench", "batch", KEY_INT, "1", 1, 0, LO1, bench.batch, "",
@@ -768,24 +777,56 @@ static int store_depth(struct config *cfg, char items[][LIST_ITEM], int n, char 
   return store_range(cfg->data.passkey_depth, items, n, detail, len);
 }
 
+/* One fma.open value of a list: an integer >= 0, all, or (when deck_ok) deck. */
+static int parse_open(const char *item, bool deck_ok, int *out) {
+  long long v;
+  if (strcasecmp(item, "all") == 0)
+    *out = FMA_OPEN_ALL;
+  else if (deck_ok && strcasecmp(item, "deck") == 0)
+    *out = BENCH_OPEN_DECK;
+  else if (config_parse_integer(item, &v) == 0 && v >= 0 && v <= 1000000)
+    *out = (int)v;
+  else
+    return 1;
+  return 0;
+}
+
 /* attention.fma.open: one integer >= 0, or `all` (every candidate window: SPEC §6.4a). */
 static int store_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
                       size_t len) {
-  long long v;
   if (n != 1) {
     snprintf(detail, len, "; give one value, not %d", n);
     return 1;
   }
-  if (strcasecmp(items[0], "all") == 0) {
-    cfg->attention.fma_open = FMA_OPEN_ALL;
-    return 0;
-  }
-  if (config_parse_integer(items[0], &v) != 0 || v < 0 || v > 1000000) {
+  if (parse_open(items[0], false, &cfg->attention.fma_open)) {
     snprintf(detail, len, "; '%s' is neither an integer >= 0 nor all", items[0]);
     return 1;
   }
-  cfg->attention.fma_open = (int)v;
   return 0;
+}
+
+static int store_bench_open(struct config *cfg, char items[][LIST_ITEM], int n, char *detail,
+                            size_t len) {
+  for (int i = 0; i < n; i++)
+    if (parse_open(items[i], true, &cfg->bench.fma_open[i])) {
+      snprintf(detail, len, "; '%s' is not an integer >= 0, all or deck", items[i]);
+      return 1;
+    }
+  cfg->bench.fma_open_count = n;
+  return 0;
+}
+
+static void format_bench_open(const struct config *cfg, char *out, size_t len) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (int i = 0; i < cfg->bench.fma_open_count && used < len; i++) {
+    const int k = cfg->bench.fma_open[i];
+    const char *sep = i ? "," : "";
+    int w = k == FMA_OPEN_ALL    ? snprintf(out + used, len - used, "%sall", sep)
+            : k == BENCH_OPEN_DECK ? snprintf(out + used, len - used, "%sdeck", sep)
+                                   : snprintf(out + used, len - used, "%s%d", sep, k);
+    used += w > 0 ? (size_t)w : 0;
+  }
 }
 
 static void format_open(const struct config *cfg, char *out, size_t len) {

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Training with sequence parallelism against one rank (SPEC §7): with parallel.seq_ranks = S = 2, 4
 # the losses, gradient norms, validation losses and attention diagnostics equal the 1-rank run's
-# within 1e-5, for every variant (both objectives where they can) and FiSH heads; world 4 as S = 2
-# × 2 replicas, and S = 8, equal world 1; a checkpoint written with S = 4 restarts with S = 2 and 1.
+# within 1e-5, for every variant (both objectives where they can), FiSH heads and fma.open = 2;
+# world 4 as S = 2 × 2 replicas, and S = 8, equal world 1; a checkpoint written with S = 4 restarts
+# with S = 2 and 1 (fma.open too).
 . "$TESTDIR/tap.sh"
 need_h5py
 cd "$WORK" || exit 1
@@ -15,12 +16,14 @@ same() { # name: the run out/$1 equals its 1-rank twin out/$2 within 1e-5
   check "$1: attention level masses and entropies equal 1 rank" py "$TESTDIR/h5check.py" same-series "out/$2/diag.h5" "out/$1/diag.h5" attention 0 1e-5
 }
 
-for v in "fma clm" "fma mlm" "fma_linear clm" "full clm" "full mlm" "local clm" "linear clm" "fmmformer mlm" "rmfa clm" "nystrom mlm" "fish clm" "fish-local mlm"; do
+for v in "fma clm" "fma mlm" "fmaopen clm" "fmaopen mlm" "fma_linear clm" "full clm" "full mlm" "local clm" "linear clm" "fmmformer mlm" "rmfa clm" "nystrom mlm" "fish clm" "fish-local mlm"; do
   set -- $v
   tag="$1-$2"
   extra="--set attention.variant=$1 --set model.objective=$2"
   # FiSH heads (one global head for the two value heads) with training noise, on full and local
   [ "$1" = fish ] && extra="--set attention.variant=full --set attention.heads_mode=fish --set attention.fish.noise=0.3 --set model.objective=$2"
+  # fma.open (SPEC §6.4a): windows opened by content, fetched from other ranks as the descent goes
+  [ "$1" = fmaopen ] && extra="--set attention.variant=fma --set attention.fma.open=2 --set model.objective=$2"
   [ "$1" = fish-local ] && extra="--set attention.variant=local --set attention.heads_mode=fish --set attention.fish.mix=mlp --set model.objective=$2"
   # mlm scores masked positions; the majority task scores only its markers: use the copy task
   [ "$2" = mlm ] && extra="$extra --set data.source=copy"
@@ -34,10 +37,16 @@ check "fma: world 4 as 2 sequence ranks x 2 replicas" "$MPI_RUN" 4 "$F" "$SP" --
 same mixed fma-clm-1
 check "fma with 8 sequence ranks (windows span ranks, slabs of 16 tokens)" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fma-8 --set parallel.seq_ranks=8
 same fma-8 fma-clm-1
+O="--set attention.fma.open=2"
+check "fma.open = 2 with 8 sequence ranks (opened windows and blocks on other ranks)" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fmaopen-8 --set parallel.seq_ranks=8 $O
+same fmaopen-8 fmaopen-clm-1
 for S in 2 1; do
   mkdir -p "out/from4-$S" && cp out/fma-clm-4/ckpt_000005.h5 "out/from4-$S/"
   check "a checkpoint written with S = 4 restarts with S = $S" "$MPI_RUN" $S "$F" "$SP" --set run.name=from4-$S --set parallel.seq_ranks=$S --set output.restart=latest
   check "restarted with S = $S: the same losses within 1e-5" py "$TESTDIR/h5check.py" same-series out/fma-clm-4/diag.h5 "out/from4-$S/diag.h5" train 5 1e-5
+  mkdir -p "out/open4-$S" && cp out/fmaopen-clm-4/ckpt_000005.h5 "out/open4-$S/"
+  check "fma.open = 2: a checkpoint written with S = 4 restarts with S = $S" "$MPI_RUN" $S "$F" "$SP" --set run.name=open4-$S --set parallel.seq_ranks=$S --set output.restart=latest $O
+  check "fma.open = 2, restarted with S = $S: the same losses and diagnostics within 1e-5" sh -c "'${PYTHON3:-/usr/bin/python3}' '$TESTDIR/h5check.py' same-series out/fmaopen-clm-4/diag.h5 out/open4-$S/diag.h5 train 5 1e-5 && '${PYTHON3:-/usr/bin/python3}' '$TESTDIR/h5check.py' same-series out/fmaopen-clm-4/diag.h5 out/open4-$S/diag.h5 attention 4 1e-5"
 done
 check "diag.h5 of a sequence-parallel run has the SPEC layout" py "$TESTDIR/h5check.py" diag out/fma-clm-4/diag.h5
 expect_fail "slabs that are not whole fine blocks are refused" "must be a whole number of fine blocks" "$MPI_RUN" 4 "$F" "$SP" --set parallel.seq_ranks=4 --set attention.fma.m=64

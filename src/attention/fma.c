@@ -525,7 +525,7 @@ static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
 }
 
 /* Forward FLOPs of this rank's share: 4·d per (query, key) pair the lists allow for its queries
- * (scores and values), plus its upward pass. *p2p_flops: its near-field GEMMs as executed (whole
+ * (scores and values; with fma.open every column of the far row's slots), plus its upward pass. *p2p_flops: its near-field GEMMs as executed (whole
  * blocks, masked entries included). */
 static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   const struct fma_state *st = ctx->state;
@@ -542,6 +542,10 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
       int nw = fma_lists_level(tr, st->causal, l, b * tr->m / tr->window[l], windows);
       far += m * nw * tr->p;
     }
+    /* fma.open: every slot of the far row as if used (the opened windows' children and fine
+     * blocks; random inputs fill nearly all) — what the opening executes, an upper bound of the
+     * pairs a query's softmax keeps */
+    far += m * (double)(st->open.width - st->open.listed);
   }
   double up = 0.0;
   for (int l = 1; l <= tr->levels; l++) {
