@@ -2,7 +2,9 @@
 // variant's host state and lists as device tables (fma_lists.cu), the upward pass (fma_upward.cu),
 // the locally essential tree over the device transport (fma_let.cu), evaluation in chunks
 // (fma_evaluate.cu, fma_linear.cu); backward recomputes the summaries as the CPU does.
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "check.h"
 #include "fma_gpu.h"
@@ -175,8 +177,23 @@ void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *
   release(g, &in);
 }
 
+// fma.open (SPEC §6.4a) has no GPU implementation yet: refused before anything is allocated.
+bool fma_refuses(const struct config *cfg, struct attn_refusal *r) {
+  if (cfg->attention.fma_open == 0) return false;
+  snprintf(r->keys, sizeof r->keys, "attention.fma.open parallel.device");
+  snprintf(r->msg, sizeof r->msg,
+           "attention.fma.open = %s opens far windows by content, which runs on the CPU only: the "
+           "GPU back end has no opening pass yet (set parallel.device = cpu, or "
+           "attention.fma.open = 0)",
+           cfg->attention.fma_open == FMA_OPEN_ALL
+               ? "all"
+               : std::to_string(cfg->attention.fma_open).c_str());
+  return true;
+}
+
 struct attn_impl make_fma() {
   struct attn_impl impl = {};
+  impl.refuses = fma_refuses;
   impl.open = fma_open;
   impl.close = fma_close;
   impl.saved_floats = fma_saved_floats;

@@ -471,12 +471,15 @@ static int open_values(const struct config *cfg, const char *name, int *values) 
   return cfg->bench.fma_open_count;
 }
 
-/* bench_variant_config with fma.open = open. */
+/* bench_variant_config with fma.open = open, refused also where the implementation on the
+ * deck's device does not take it (fma.open on the GPU). */
 static int bench_open_config(const struct config *base, const char *variant, int open, long n,
                              int seq_ranks, struct config *cfg, char *err, size_t len) {
   struct config with = *base;
   with.attention.fma_open = open;
-  return bench_variant_config(&with, variant, n, seq_ranks, cfg, err, len);
+  if (bench_variant_config(&with, variant, n, seq_ranks, cfg, err, len)) return 1;
+  const struct backend *be = backend_for(cfg, err, len);
+  return !be || attention_impl_refuses(attention_select(cfg), be->device, cfg, err, len);
 }
 
 static int sweep_attention(const struct config *cfg, struct comm *comm, double rate,

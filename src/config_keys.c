@@ -822,7 +822,7 @@ static void format_bench_open(const struct config *cfg, char *out, size_t len) {
   for (int i = 0; i < cfg->bench.fma_open_count && used < len; i++) {
     const int k = cfg->bench.fma_open[i];
     const char *sep = i ? "," : "";
-    int w = k == FMA_OPEN_ALL    ? snprintf(out + used, len - used, "%sall", sep)
+    int w = k == FMA_OPEN_ALL      ? snprintf(out + used, len - used, "%sall", sep)
             : k == BENCH_OPEN_DECK ? snprintf(out + used, len - used, "%sdeck", sep)
                                    : snprintf(out + used, len - used, "%s%d", sep, k);
     used += w > 0 ? (size_t)w : 0;

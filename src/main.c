@@ -58,6 +58,7 @@ static void check_runnable(const struct config *cfg, int world, bool check_only)
              cfg->attention.variant, be->name, config_device_name(cfg->parallel.device));
     error_collective(err);
   }
+  if (v && attention_impl_refuses(v, be->device, cfg, err, sizeof err)) error_collective(err);
 }
 
 /* `fmattn [--check] DECK.in [--set section.key=value ...]`: the deck, whether only to check it,

@@ -141,6 +141,15 @@ const struct attn_impl *attention_impl(const struct attn_variant *v, enum device
   return v->cpu.forward ? &v->cpu : NULL;
 }
 
+int attention_impl_refuses(const struct attn_variant *v, enum device_kind dev,
+                           const struct config *cfg, char *err, size_t len) {
+  const struct attn_impl *impl = attention_impl(v, dev);
+  struct attn_refusal r;
+  if (!impl || !impl->refuses || !impl->refuses(cfg, &r)) return 0;
+  snprintf(err, len, "%s", r.msg);
+  return 1;
+}
+
 int attention_register_params(const struct config *cfg, const struct attn_variant *v, long n,
                               int layer, struct param_list *list) {
   if (!v->describe) return 0;

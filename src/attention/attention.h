@@ -71,6 +71,10 @@ struct attn_impl {
   /* State of the implementation for one context (NULL when it needs none); close frees it. */
   void *(*open)(const struct attn_ctx *ctx);
   void (*close)(void *impl_state);
+  /* Whether this implementation refuses cfg — a setting of the variant it does not implement —
+   * and why (keys and message in *r). NULL: it takes whatever the variant takes. Called before
+   * anything is allocated. */
+  bool (*refuses)(const struct config *cfg, struct attn_refusal *r);
   /* Floats that forward saves for backward (per layer). */
   size_t (*saved_floats)(const struct attn_ctx *ctx);
   /* out (B, H, T, d) = attention(q, k, v); params: this layer's variant parameters (or NULL). */
@@ -160,6 +164,10 @@ bool attention_deck_rule(const struct config *cfg, char *keys, size_t keys_len, 
                          size_t msg_len);
 /* Record dev's implementation of the variant called name (a device back end, when it opens). */
 void attention_register_impl(const char *name, enum device_kind dev, const struct attn_impl *impl);
+/* Whether v's implementation on dev refuses cfg (attn_impl.refuses): 1 with the reason in err,
+ * else 0 (also when there is no implementation: attention_impl says so). */
+int attention_impl_refuses(const struct attn_variant *v, enum device_kind dev,
+                           const struct config *cfg, char *err, size_t len);
 /* The implementation of v on dev (DEVICE_CPU or DEVICE_GPU), or NULL when there is none. */
 const struct attn_impl *attention_impl(const struct attn_variant *v, enum device_kind dev);
 
