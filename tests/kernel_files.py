@@ -120,6 +120,22 @@ def main(argv):
             err = np.max(np.abs(a["out"][...] - ref)) / max(np.max(np.abs(ref)), 1e-30)
             if err > float(argv[4]):
                 sys.exit(f"out differs from rmfa on the file's draw by {err:.3e}")
+    elif cmd == "diagnostics":  # the op's attention diagnostics: shares that add up to 1
+        with h5py.File(argv[2], "r") as f:
+            g = f["diagnostics"]
+            mass = g["level_mass"][...]
+            total = mass.sum(-1) + (g["open_mass"][...] if "open_mass" in g else 0.0)
+            if not np.allclose(total, 1.0, atol=1e-5):
+                sys.exit(f"level_mass + open_mass add up to {total}, not 1")
+            if (g["entropy"][...] <= 0).any():
+                sys.exit("an entropy is not positive")
+            if len(argv) > 3:  # fma.open: the expected opened-mass side and the windows opened
+                want = argv[3]
+                opened, om = g["opened"][...], g["open_mass"][...]
+                if want == "all" and not (np.allclose(mass[:, 1:], 0) and (opened > 0).all()):
+                    sys.exit(f"fma.open = all left summaries: level_mass {mass}, opened {opened}")
+                if want != "all" and not ((om > 0).all() and (opened <= int(want) + 1e-9).all()):
+                    sys.exit(f"fma.open = {want}: open_mass {om}, opened {opened}")
     elif cmd == "dparams":
         with h5py.File(argv[2], "r") as f:
             name, shape = "dparams/" + argv[3], tuple(int(x) for x in argv[4].split(","))

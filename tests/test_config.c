@@ -682,8 +682,36 @@ static void test_cross_key_rules(void **state) {
   expect_error("[data]\ncopy_len = 513\n", copy_source, ":2: data.copy_len = 513 does not fit",
                NULL);
 
+  /* fma.open (SPEC §6.4a): an integer >= 0 or all; fma only; all is the check of small contexts */
+  expect_error("[attention]\nfma.open = -1\n", copy_source,
+               ":2: attention.fma.open = '-1': expected an integer >= 0, or all", NULL);
+  expect_error("[attention]\nfma.open = 1.5\n", copy_source,
+               "attention.fma.open = '1.5': expected an integer >= 0, or all", NULL);
+  expect_error("[attention]\nfma.open = every\n", copy_source,
+               "'every' is neither an integer >= 0 nor all", NULL);
+  expect_error("[attention]\nfma.open = 1,2\n", copy_source, "give one value, not 2", NULL);
+  expect_error("[attention]\nvariant = fma_linear\nfma.open = 2\n", copy_source,
+               ":3: attention.fma.open opens far windows of fma's single softmax; fma_linear "
+               "normalises each level on its own and has no opening",
+               NULL);
+  expect_error("[model]\ncontext = 16384\n[attention]\nfma.open = all\n", copy_source,
+               "attention.fma.open = all opens every window: it is exact attention at O(n^2) cost",
+               "model.context = 16384", NULL);
+  expect_error("[bench]\nfma_open = 0,x\n", copy_source,
+               "bench.fma_open = '0,x': expected a comma list of fma.open values", NULL);
+
   /* The same keys, consistent, pass; a variant's rules apply to the variant the deck runs. */
   struct config c;
+  expect_ok(&c, "[attention]\nfma.open = ALL\n[bench]\nfma_open = 0,2,all,deck\n", copy_source);
+  assert_int_equal(c.attention.fma_open, FMA_OPEN_ALL);
+  assert_int_equal(c.bench.fma_open_count, 4);
+  assert_int_equal(c.bench.fma_open[1], 2);
+  assert_int_equal(c.bench.fma_open[3], BENCH_OPEN_DECK);
+  config_free(&c);
+  expect_ok(&c, "[attention]\nfma.open = 3\n", copy_source);
+  assert_int_equal(c.attention.fma_open, 3);
+  assert_non_null(strstr(c.resolved, "fma.open = 3"));
+  config_free(&c);
   expect_ok(&c,
             "[model]\nposition = rope\ndim = 16\nheads = 4\nobjective = mlm\ncontext = 128\n"
             "[attention]\nvariant = nystrom\nnystrom.landmarks = 32\n"

@@ -1,6 +1,7 @@
 #!/bin/sh
 # `fmattn kernel IN.h5 OUT.h5` (SPEC §8.3) for every variant built: OUT holds out, dq, dk, dv and
-# the variant's dparams under their checkpoint names; fma with n = 2m (no levels) equals full; fma
+# the variant's dparams under their checkpoint names, and its diagnostics; fma with open = all
+# equals full, and its diagnostics show every level opened; fma with n = 2m (no levels) equals full; fma
 # with avg summaries, and linear, give 1 everywhere for v ≡ 1; parameters given in the file are
 # used; bad kernel files get one clear message. The numerical ladders against the dense oracles
 # are test_fma and test_kernelized.
@@ -19,6 +20,19 @@ for c in 1 0; do
   check "causal=$c: kernel runs fma on v = 1" "$F" kernel ones.h5 ones_out.h5
   check "causal=$c: fma, avg summaries, v = 1: every output is 1" py "$K" ones ones_out.h5 1e-6
 done
+# fma.open (SPEC §6.4a): all is exact attention; the output carries the opening's diagnostics
+for c in 1 0; do
+  py "$K" make fullo.h5 full $c 2 128 8
+  py "$K" make openall.h5 fma $c 2 128 8 m=8 p=2 downsample=conv init=random open=all
+  py "$K" make open2.h5 fma $c 2 128 8 m=8 p=2 downsample=m2m open=2
+  check "causal=$c: kernel runs full" "$F" kernel fullo.h5 fullo_out.h5
+  check "causal=$c: kernel runs fma with open = all" "$F" kernel openall.h5 openall_out.h5
+  check "causal=$c: fma with open = all equals full" py "$K" close openall_out.h5 fullo_out.h5 1e-5
+  check "causal=$c: open = all: no summary keeps mass; every level opens" py "$K" diagnostics openall_out.h5 all
+  check "causal=$c: kernel runs fma with open = 2" "$F" kernel open2.h5 open2_out.h5
+  check "causal=$c: open = 2: shares add up to 1, at most 2 windows a level" py "$K" diagnostics open2_out.h5 2
+done
+check "full's diagnostics in the kernel output add up to 1" py "$K" diagnostics fullo_out.h5
 py "$K" make conv.h5 fma 1 2 128 8 m=16 p=2 downsample=conv
 check "fma conv: kernel runs" "$F" kernel conv.h5 conv_out.h5
 check "fma conv: dparams/k_down/level_02/weight has shape [d, p, w_2]" py "$K" dparams conv_out.h5 k_down/level_02/weight 8,2,32
