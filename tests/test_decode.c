@@ -99,8 +99,8 @@ static void test_fma_open(void **state) {
       char a[64], b[64];
       snprintf(a, sizeof a, "attention.fma.downsample=%s", downs[i]);
       snprintf(b, sizeof b, "attention.fma.open=%s", opens[o]);
-      const char *x[] = {a, b, "attention.fma.m=4", "attention.fma.p=2", "attention.fma.init=random",
-                         NULL};
+      const char *x[] = {
+          a, b, "attention.fma.m=4", "attention.fma.p=2", "attention.fma.init=random", NULL};
       check_decode("fma", 64, x);
       const char *y[] = {a, b, "attention.fma.m=8", "attention.fma.p=4", NULL};
       check_decode("fma", 256, y);
@@ -120,10 +120,8 @@ static void test_without_cache(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_exact),
-    cmocka_unit_test(test_kernelized),
-    cmocka_unit_test(test_fma),
-    cmocka_unit_test(test_fma_open),
+    cmocka_unit_test(test_exact),         cmocka_unit_test(test_kernelized),
+    cmocka_unit_test(test_fma),           cmocka_unit_test(test_fma_open),
     cmocka_unit_test(test_without_cache),
 };
 

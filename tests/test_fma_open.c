@@ -299,10 +299,101 @@ static void test_open_ties(void **state) {
   if (failed) fail_msg("fma.open breaks ties unlike the oracle in %d places (above)", failed);
 }
 
+/* ================================================================================================
+ * causality, and the diagnostics against the oracle
+ * ============================================================================================== */
+
+/* Causality by perturbation (testutil.c) for K = 1, 2, 3 and all, conv and m2m with parameters off
+ * their init and avg: a change at j moves nothing before j — neither directly nor through what a
+ * query opens. */
+static void test_open_causality(void **state) {
+  const long at[] = {0, 7, 8, 37, 64, 70, 101, 127};
+  const struct tu_probe probe = {at, sizeof at / sizeof at[0], TU_MOVE_QKV, false};
+  int failed = 0;
+  for (int K = -1; K <= 3; K++)
+    for (int down = 0; down < 3; down++) {
+      if (K == 0) continue;
+      const struct open_case t = {1, 2, 128, 8, 8, 2, (enum fo_down)down, true, K};
+      char what[200];
+      case_text(&t, what, sizeof what);
+      struct layer ly;
+      layer_setup(&ly, &t);
+      const long count = t.B * t.H * t.n * t.d;
+      float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
+      tu_randn(q, count, 201, 1.0f);
+      tu_randn(k, count, 202, 1.0f);
+      tu_randn(v, count, 203, 1.0f);
+      struct attn_ctx ctx = tu_attn_open(&ly.cfg, t.B);
+      failed += tu_causality(&ctx, ly.params, q, k, v, &probe, what);
+      attention_close(&ctx);
+      free(q), free(k), free(v);
+      layer_free(&ly);
+    }
+  if (failed) fail_msg("fma.open causal: %d probes broke causality (listed above)", failed);
+}
+
+/* The variant's diagnostics (attn_ctx.open_diag) against the oracle's statistics of the same
+ * forward: the probability on opened exact tokens per head, and the windows opened per level. */
+static void test_open_diagnostics(void **state) {
+  int failed = 0;
+  for (int K = -1; K <= 2; K++)
+    for (int causal = 0; causal < 2; causal++) {
+      if (K == 0) continue;
+      const struct open_case t = {1, 2, 128, 8, 8, 2, FO_M2M, causal, K};
+      char what[200];
+      case_text(&t, what, sizeof what);
+      struct layer ly;
+      layer_setup(&ly, &t);
+      const long nd = t.n * t.d, count = t.H * nd;
+      float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count);
+      tu_randn(q, count, 301 + K, 1.0f);
+      tu_randn(k, count, 302 + K, 1.0f);
+      tu_randn(v, count, 303 + K, 1.0f);
+      struct attn_ctx ctx = tu_attn_open(&ly.cfg, t.B);
+      const int bands = attention_diag_bands(&ly.cfg, t.n);
+      double mass[2 * 8] = {0}, entropy[2] = {0}, open_mass[2] = {0}, opened[8] = {0};
+      assert_true(bands <= 8 && ctx.variant->opens && ctx.variant->opens(&ly.cfg));
+      ctx.open_diag = (struct attn_open_diag){open_mass, opened};
+      const long queries = ctx.variant->diagnostics(&ctx, mass, entropy, q, k, v, ly.params);
+      attention_close(&ctx);
+      assert_int_equal(queries, t.n);
+      struct fo_cfg fc;
+      fo_cfg_init(&fc, t.n, t.d, t.m, t.p, t.down, t.causal, true);
+      fc.open = t.open;
+      struct fo_params kp, vp;
+      to_oracle(&ly, &fc, "k_down", &kp);
+      to_oracle(&ly, &fc, "v_down", &vp);
+      double want_opened[8] = {0};
+      for (long h = 0; h < t.H; h++) {
+        double *qd = tu_to_double(q + h * nd, nd), *kd = tu_to_double(k + h * nd, nd),
+               *vd = tu_to_double(v + h * nd, nd);
+        struct fo_open_stats os;
+        fo_fma_open_stats(&fc, &os, qd, kd, vd, &kp, &vp);
+        if (!(fabs(os.open_mass - open_mass[h]) <= 1e-4 * t.n)) {
+          printf("# %s head %ld: mass on opened tokens %.6f, oracle %.6f\n", what, h, open_mass[h],
+                 os.open_mass);
+          failed++;
+        }
+        for (int l = 1; l < bands; l++) want_opened[l] += os.opened[l];
+        free(qd), free(kd), free(vd);
+      }
+      for (int l = 1; l < bands; l++)
+        if (opened[l] != want_opened[l]) {
+          printf("# %s: %g windows opened at level %d, oracle %g\n", what, opened[l], l,
+                 want_opened[l]);
+          failed++;
+        }
+      fo_params_free(&fc, &kp), fo_params_free(&fc, &vp);
+      free(q), free(k), free(v);
+      layer_free(&ly);
+    }
+  if (failed) fail_msg("fma.open's diagnostics differ from the oracle in %d places", failed);
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_open_all_is_full),
-    cmocka_unit_test(test_open_matches_oracle),
-    cmocka_unit_test(test_open_ties),
+    cmocka_unit_test(test_open_all_is_full), cmocka_unit_test(test_open_matches_oracle),
+    cmocka_unit_test(test_open_ties),        cmocka_unit_test(test_open_causality),
+    cmocka_unit_test(test_open_diagnostics),
 };
 
 TU_MAIN(tests)

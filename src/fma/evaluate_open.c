@@ -2,8 +2,9 @@
  * every query's far row — listed summaries, opened windows' children and exact tokens, −inf where
  * a window was opened — in the work's F. One softmax per query over its near field (P2P, per
  * block, as fma_evaluate_forward) and its far row; the far row's values are the listed rows (M2P,
- * per block) and the opened windows' rows, source by source (one GEMM per group of the queries
- * that opened a window). Backward recomputes nothing the decisions fix: the caller rescored F. */
+ * per block) and the opened windows' rows, query by query (so that no query's output depends on
+ * which others opened the same window). Backward runs source by source: one GEMM per group of
+ * the queries that opened a window, for their score and value gradients. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -169,7 +170,7 @@ static void block_diagnostics(const struct fma_state *st, const struct fma_block
 }
 
 /* Head h's query blocks: near scores, the joint softmax with the far rows, and the values of the
- * near field and the listed summaries (the opened windows' follow, source by source). */
+ * near field (P2P) and the listed summaries (M2P); the opened windows' follow (group_values). */
 static void forward_blocks(const struct fma_state *st, struct fma_open_work *w,
                            const struct fma_open_args *a, long h, float *out, float *lse,
                            struct fma_times *times, double *mass, double *entropy,
@@ -200,17 +201,30 @@ static void forward_blocks(const struct fma_state *st, struct fma_open_work *w,
   }
 }
 
-/* out += a group's probabilities on its source's value rows: one GEMM. */
+/* out += a group's probabilities on its source's value rows, member by member with the rows in
+ * cache: each output element sums its own products in a fixed order (not a GEMM shared by the
+ * members, whose rounding would depend on who else opened the window: see open.c). */
 static void group_values(const struct fma_state *st, struct fma_open_work *w,
                          const struct fma_open_args *a, long h, int l, long c,
                          const struct group *gr, void *ctx) {
   const long T = st->T, d = st->d, width = st->open.width;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
   const float *Vr = fma_open_source_rows(st, w, a, h, l, c, true);
-  group_gather_cols(s->Pg, w->F + h * T * width, width, gr);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)gr->count, (int)d, (int)gr->width,
-              1.0f, s->Pg, (int)gr->width, Vr, (int)d, 0.0f, s->Og, (int)d);
-  group_add_rows((float *)ctx + h * T * d, s->Og, d, gr);
+  for (long x = 0; x < gr->count; x++) {
+    const float *P = w->F + (h * T + gr->who[x]) * width + gr->col + gr->slot[x] * gr->width;
+    float *o = (float *)ctx + (h * T + gr->who[x]) * d;
+    if (x + FMA_OPEN_AHEAD < gr->count) { /* members are scattered: ask for a later one's rows */
+      const long ia = gr->who[x + FMA_OPEN_AHEAD];
+      for (long f = 0; f < d; f += 16) __builtin_prefetch((float *)ctx + (h * T + ia) * d + f, 1);
+      __builtin_prefetch(w->F + (h * T + ia) * width + gr->col +
+                         gr->slot[x + FMA_OPEN_AHEAD] * gr->width);
+    }
+    for (long t = 0; t < gr->width; t++) {
+      const float pt = P[t], *vr = Vr + t * d;
+      if (pt == 0.0f) continue; /* a child opened in its turn */
+#pragma omp simd
+      for (long f = 0; f < d; f++) o[f] += pt * vr[f];
+    }
+  }
 }
 
 void fma_open_forward(const struct fma_state *st, struct fma_open_work *w,

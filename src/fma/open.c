@@ -6,7 +6,6 @@
  * scores of opened windows are computed source by source: all queries of a head that opened one
  * window share one GEMM with its rows (no per-token gather of keys). Nothing is O(n²) unless
  * fma.open = all, which is exact attention. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,21 +283,6 @@ static void head_listed(const struct fma_state *st, struct fma_open_work *w,
   }
 }
 
-/* Level l's decisions of every query of head h (fma_open_select), from its far row scored down
- * to level l. */
-static void head_decide(const struct fma_state *st, struct fma_open_work *w,
-                        const struct fma_open_args *a, long h, int l) {
-  const long m = st->tree.m, T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
-  const float *K = a->K + h * st->rows * d;
-  for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
-    fma_block_keys(st, qb, &s->bk);
-    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
-      fma_open_select(st, l, &s->bk, w->F + (h * T + i) * width, a->q + (h * T + i) * d, K,
-                      a->dec + (h * T + i) * ndec);
-  }
-}
-
 /* Head h's level-l lists by source: the queries that opened each window, in query order (a
  * counting sort of the decisions). */
 static void head_lists(const struct fma_state *st, struct fma_open_work *w,
@@ -339,9 +323,13 @@ const float *fma_open_source_rows(const struct fma_state *st, const struct fma_o
   return values ? v : k;
 }
 
-/* Head h's scores of the windows opened at level l, source by source: the queries that opened
- * window c (gathered, up to FMA_OPEN_GROUP at a time) times its rows — its children's 2p summary
- * rows, or a fine block's m keys — one GEMM, into their slots. */
+/* Head h's scores of the windows opened at level l, source by source: for each window, its rows
+ * — its children's 2p summary rows (l ≥ 2) or the fine block's m keys (l = 1) — stay in cache
+ * while every query that opened it takes their dot products with its own row, into its slot.
+ * Each dot product is computed alone (fma_open_dots), never by a GEMM shared by the queries:
+ * OpenBLAS rounds a row by where it sits in the product (measured), so a later query's choice
+ * would move an earlier query's output in its last bits, and causality would hold only to
+ * rounding. */
 static void head_score(const struct fma_state *st, struct fma_open_work *w,
                        const struct fma_open_args *a, long h, int l) {
   const long T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
@@ -349,30 +337,45 @@ static void head_score(const struct fma_state *st, struct fma_open_work *w,
   const float scale = 1.0f / sqrtf((float)d);
   const float logw =
       l >= 2 && st->multiplicity ? logf((float)(st->tree.window[l - 1] / st->tree.p)) : 0.0f;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
   const int32_t *start = w->start + h * w->starts + w->lvl_start[l];
   const long base = h * T * ndec + T * st->open.dec_off[l];
   const float *q = a->q + h * T * d;
   for (long c = 0; c < st->tree.nwindows[l]; c++) {
     if (start[c + 1] == start[c]) continue;
     const float *R = fma_open_source_rows(st, w, a, h, l, c, false);
-    for (long g0 = start[c]; g0 < start[c + 1]; g0 += FMA_OPEN_GROUP) {
-      const long ns = start[c + 1] - g0 < FMA_OPEN_GROUP ? start[c + 1] - g0 : FMA_OPEN_GROUP;
-      const int32_t *who = w->who + base + g0, *slot = w->slot + base + g0;
-      for (long x = 0; x < ns; x++)
-        memcpy(s->Qg + x * d, q + (long)who[x] * d, sizeof(float) * (size_t)d);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ns, (int)nr, (int)d, scale, s->Qg,
-                  (int)d, R, (int)d, 0.0f, s->Sg, (int)nr);
-      for (long x = 0; x < ns; x++) {
-        float *dst = w->F + (h * T + who[x]) * width + col + (long)slot[x] * nr;
-        for (long t = 0; t < nr; t++) dst[t] = s->Sg[x * nr + t] + logw;
+    for (long x = start[c]; x < start[c + 1]; x++) {
+      const long i = w->who[base + x];
+      float *dst = w->F + (h * T + i) * width + col + (long)w->slot[base + x] * nr;
+      if (x + FMA_OPEN_AHEAD < start[c + 1]) { /* members are scattered: ask for a later one's */
+        const long ia = w->who[base + x + FMA_OPEN_AHEAD];
+        for (long f = 0; f < d; f += 16) __builtin_prefetch(q + ia * d + f);
+        __builtin_prefetch(w->F + (h * T + ia) * width + col, 1);
       }
+      fma_open_dots(q + i * d, R, nr, d, dst);
+      for (long t = 0; t < nr; t++) dst[t] = dst[t] * scale + logw;
     }
   }
 }
 
+/* Level l's decisions of every query of head h (fma_open_select), from its far row scored down
+ * to level l. */
+static void head_decide(const struct fma_state *st, struct fma_open_work *w,
+                        const struct fma_open_args *a, long h, int l) {
+  const long m = st->tree.m, T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
+  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  const float *K = a->K + h * st->rows * d;
+  for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
+    fma_block_keys(st, qb, &s->bk);
+    for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)
+      fma_open_select(st, l, &s->bk, w->F + (h * T + i) * width, a->q + (h * T + i) * d, K,
+                      a->dec + (h * T + i) * ndec);
+  }
+}
+
+/* −inf over the rows of every window query i opened: a listed one's p columns, or the half of
+ * its parent's slot that held it. The far row then has each allowed key exactly once. */
 void fma_open_mask(const struct fma_state *st, const struct fma_block_keys *bk, float *F,
-                       const int32_t *dec) {
+                   const int32_t *dec) {
   const struct fma_open_layout *o = &st->open;
   const long p = st->tree.p;
   for (int l = 1; l <= st->tree.levels; l++)

@@ -7,6 +7,7 @@
 #define FMATTN_FMA_OPEN_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "comm.h"
 #include "fma/fma.h"
@@ -15,24 +16,56 @@
 extern "C" {
 #endif
 
-/* out[t] = x·R_t for the nr rows R_t (d each, contiguous) — the few-row dot products of the
- * opening (a window's summary rows, its children's), four rows at a time with eight partial sums
- * each, added in one fixed order: the compiler keeps them in registers and vectorises over the
- * eight, and equal rows give bit-equal results wherever they are computed. */
+/* Eight floats as one value (GCC and clang vector extensions: a SIMD register where there is one,
+ * plain code elsewhere); loads and stores through memcpy, so any alignment will do. */
+typedef float fma_open_v8 __attribute__((vector_size(32)));
+static inline fma_open_v8 fma_open_load8(const float *p) {
+  fma_open_v8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/* The sum of eight partial sums, in one fixed order. */
+static inline float fma_open_lanes(fma_open_v8 a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* out[t] = x·R_t for the nr rows R_t (d each, contiguous) — the dot products of the opening (a
+ * window's summary rows, its children's, a fine block's keys). Every one is summed the same way,
+ * whatever nr and wherever the rows come from: eight partial sums over f mod 8, then
+ * fma_open_lanes (a tail of d mod 8 is added into the first partial sums); four rows at a time,
+ * so that x is loaded once for four. Equal rows give bit-equal results, and a query's result
+ * never depends on what else is computed beside it (as a GEMM's rounding can). */
 static inline void fma_open_dots(const float *x, const float *R, long nr, long d, float *out) {
-  enum { LANES = 8, ROWS = 4 };
-  const long body = d - d % LANES;
-  for (long t0 = 0; t0 < nr; t0 += ROWS) {
-    const long nt = nr - t0 < ROWS ? nr - t0 : ROWS;
-    float acc[ROWS][LANES] = {{0}};
-    for (long f = 0; f < body; f += LANES)
-      for (long t = 0; t < nt; t++)
-        for (int j = 0; j < LANES; j++) acc[t][j] += x[f + j] * R[(t0 + t) * d + f + j];
-    for (long t = 0; t < nt; t++) {
-      for (long f = body; f < d; f++) acc[t][f - body] += x[f] * R[(t0 + t) * d + f];
-      out[t0 + t] = ((acc[t][0] + acc[t][4]) + (acc[t][2] + acc[t][6])) +
-                    ((acc[t][1] + acc[t][5]) + (acc[t][3] + acc[t][7]));
+  const long body = d - d % 8;
+  long t = 0;
+  for (; t + 4 <= nr; t += 4) {
+    const float *r0 = R + t * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
+    fma_open_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (long f = 0; f < body; f += 8) {
+      const fma_open_v8 xv = fma_open_load8(x + f);
+      a0 += xv * fma_open_load8(r0 + f);
+      a1 += xv * fma_open_load8(r1 + f);
+      a2 += xv * fma_open_load8(r2 + f);
+      a3 += xv * fma_open_load8(r3 + f);
     }
+    for (long f = body; f < d; f++) {
+      a0[f - body] += x[f] * r0[f];
+      a1[f - body] += x[f] * r1[f];
+      a2[f - body] += x[f] * r2[f];
+      a3[f - body] += x[f] * r3[f];
+    }
+    out[t] = fma_open_lanes(a0);
+    out[t + 1] = fma_open_lanes(a1);
+    out[t + 2] = fma_open_lanes(a2);
+    out[t + 3] = fma_open_lanes(a3);
+  }
+  for (; t < nr; t++) { /* the same sums, one row at a time */
+    const float *r0 = R + t * d;
+    fma_open_v8 a0 = {0};
+    for (long f = 0; f < body; f += 8) a0 += fma_open_load8(x + f) * fma_open_load8(r0 + f);
+    for (long f = body; f < d; f++) a0[f - body] += x[f] * r0[f];
+    out[t] = fma_open_lanes(a0);
   }
 }
 
@@ -64,6 +97,10 @@ struct fma_open_diag {
 /* Most summary rows per window (fma.p) the opening supports: the criterion scores a window's rows
  * on the stack. */
 #define FMA_OPEN_SCORE_ROWS 4096
+
+/* Members of a source are processed in query order but lie scattered: their rows are prefetched
+ * this many members ahead. */
+#define FMA_OPEN_AHEAD 8
 
 /* Members of one group GEMM: at most this many queries share one product with a source. */
 #define FMA_OPEN_GROUP 128
