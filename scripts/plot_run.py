@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 # Plot a training run's diagnostics: reads runs/<name>/diag.h5 (SPEC section 8.1) and writes
-# loss.png, lr.png, timing.png, attention_mass.png and entropy.png; on a task (docs/tasks.md)
+# loss.png, lr.png, timing.png, attention_mass.png and entropy.png; with fma.open, opening.png
+# (the share of attention on opened exact tokens, the windows opened per level); on a task (docs/tasks.md)
 # accuracy.png (validation accuracy against step) and accuracy_by_distance.png (accuracy on the
 # scored targets by how far back their answer lies: from eval.h5 when there is one, else the last
 # validation and the test split of diag.h5); when the run directory also holds eval.h5
@@ -213,6 +214,10 @@ def plot_attention_mass(data, attrs, title, out_dir, written):
     astep = astep[:R] if astep is not None and len(astep) >= R else np.arange(R)
     last = mass[-1]  # (L, H, bands)
     names, colors = band_names(nb), band_colors(nb)
+    opened = data.get("/attention/open_mass")  # fma.open: the rest of each query's attention
+    if opened is not None and opened.shape[:3] == (R, L, H):
+        last = np.concatenate([last, opened[-1][:, :, None]], axis=2)
+        names, colors, nb = names + ["opened tokens"], colors + ["#ff7f0e"], nb + 1
 
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(max(8, 0.35 * L * (H + 1) + 2), 8),
                                  gridspec_kw={"height_ratios": [3, 2]})
@@ -247,6 +252,38 @@ def plot_attention_mass(data, attrs, title, out_dir, written):
     mark_restart(a2, attrs)
     fig.tight_layout()
     save(fig, out_dir, "attention_mass.png", written, tight=False)
+
+
+def plot_opening(data, attrs, title, out_dir, written):
+    """fma.open (SPEC 6.4a): what the opening gave and how much it opened."""
+    om, opened, astep = (data.get("/attention/open_mass"), data.get("/attention/opened"),
+                         data.get("/attention/step"))
+    if om is None or opened is None or om.ndim != 3 or om.shape[0] == 0:
+        return
+    R, L, H = om.shape
+    astep = astep[:R] if astep is not None and len(astep) >= R else np.arange(R)
+    levels = opened.shape[2]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for l_ in range(L):
+        a1.plot(astep, om[:, l_, :].mean(axis=1), "o-", ms=3, label=f"layer {l_}")
+    a1.set_xlabel("optimizer step")
+    a1.set_ylabel("share of attention on opened exact tokens\n(mean over heads and queries)")
+    a1.set_ylim(bottom=0)
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    mark_restart(a1, attrs)
+    lv = np.arange(1, levels + 1)
+    for l_ in range(L):
+        a2.plot(lv, opened[-1, l_], "o-", ms=4, label=f"layer {l_}")
+    a2.set_xlabel("level (window = fma.m x 2^(level-1) tokens)")
+    a2.set_ylabel(f"windows opened per query at step {int(astep[-1])}")
+    a2.set_xticks(lv)
+    a2.set_ylim(bottom=0)
+    a2.grid(alpha=0.3)
+    a2.legend(fontsize=8)
+    fig.suptitle(f"{title}: the opening (fma.open = {attrs['_deck'].get('attention.fma.open', '?')})")
+    fig.tight_layout()
+    save(fig, out_dir, "opening.png", written, tight=False)
 
 
 def uniform_entropy(deck):
@@ -431,6 +468,7 @@ def main():
     plot_timing(data, attrs, title, out_dir, written)
     plot_attention_mass(data, attrs, title, out_dir, written)
     plot_entropy(data, attrs, title, out_dir, written)
+    plot_opening(data, attrs, title, out_dir, written)
     eval_path = os.path.join(os.path.dirname(os.path.abspath(path)), "eval.h5")
     plot_accuracy(data, attrs, title, out_dir, written)
     plot_accuracy_by_distance(data, eval_path, title, out_dir, written)

@@ -66,6 +66,14 @@ def check_diag(path):
         if lm.ndim != 4 or lm.shape[1] != L or lm.shape[2] != H:
             fail(f"/attention/level_mass has shape {lm.shape}, expected [records, {L}, {H}, bands]")
         mass = lm[...].sum(axis=3)
+        if "/attention/open_mass" in f:  # fma.open: the share on opened exact tokens is the rest
+            om = f["/attention/open_mass"]
+            if om.shape != lm.shape[:3]:
+                fail(f"/attention/open_mass has shape {om.shape}, expected {lm.shape[:3]}")
+            op = f["/attention/opened"]
+            if op.shape != lm.shape[:2] + (lm.shape[3] - 1,):
+                fail(f"/attention/opened has shape {op.shape}, expected {lm.shape[:2]} + (levels,)")
+            mass = mass + om[...]
         if not np.allclose(mass, 1.0, atol=1e-6):
             fail(f"attention mass does not sum to 1 over bands: {mass.min()}..{mass.max()}")
         if f["/attention/entropy"].shape != lm.shape[:3]:
