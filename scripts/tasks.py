@@ -28,8 +28,16 @@ PROG = "tasks.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DECKS = os.path.join(ROOT, "inputs", "tasks")
-# every variant that runs causally (nystrom is bidirectional only)
-VARIANTS = ["full", "local", "linear", "fmmformer", "rmfa", "fma", "fma_linear"]
+# every variant that runs causally (nystrom is bidirectional only); fma/oK is fma with
+# attention.fma.open = K (SPEC 6.4a: far windows opened by content)
+VARIANTS = ["full", "local", "linear", "fmmformer", "rmfa", "fma", "fma/o1", "fma/o2",
+            "fma_linear"]
+
+
+def variant_sets(v):
+    """The deck settings of a study variant: attention.variant, and fma.open for fma/oK."""
+    base, _, k = v.partition("/o")
+    return [f"attention.variant={base}"] + ([f"attention.fma.open={k}"] if k else [])
 TASKS = ["mqar", "passkey", "copy", "majority"]
 
 
@@ -143,8 +151,8 @@ def plan(a):
             if a.tokens_per_step % n:
                 die(f"{a.tokens_per_step} tokens per step is not a whole number of contexts of {n}")
             for v in a.variants:
-                name = f"{task}-{n}-{v}"
-                runtime = [f"attention.variant={v}", f"model.context={n}",
+                name = f"{task}-{n}-{v.replace('/', '_')}"
+                runtime = variant_sets(v) + [f"model.context={n}",
                            f"train.batch={a.tokens_per_step // n}", f"train.steps={steps}",
                            f"train.eval_every={max(1, steps // a.evals)}",
                            f"train.eval_windows={a.eval_samples}", f"run.name={name}",
@@ -196,7 +204,7 @@ def plots(out, rows):
             for r in rs:
                 m = r["scored"] > 0
                 x = np.sqrt(np.maximum(r["start"][m], 0.5) * np.maximum(r["end"][m] - 1, 0.5))
-                ls = "-" if r["variant"] in ("full", "fma", "local") else "--"
+                ls = "-" if r["variant"] in ("full", "fma", "local", "fma/o2") else "--"
                 ax.plot(x, r["by_distance"][m], ls, marker="o", ms=3,
                         color=colors.get(r["variant"]), label=f"{r['variant']} ({r['accuracy']:.2f})")
             if rs:
@@ -241,7 +249,8 @@ def write_h5(path, rows, meta):
         for k, v in meta.items():
             f.attrs[k] = v
         g = f.create_group("runs")
-        text = {"name": "run name: task-context-variant", "variant": "attention.variant",
+        text = {"name": "run name: task-context-variant",
+                "variant": "attention.variant (fma/oK: fma with attention.fma.open = K)",
                 "task": "data.source (inputs/tasks/<task>.in)"}
         for c, d in text.items():
             g.create_dataset(c, data=np.array([r[c] for r in rows], dtype=h5py.string_dtype()))
@@ -314,7 +323,7 @@ def parse_args():
     ap.add_argument("--threads", type=int, default=0,
                     help="OMP threads per run (default: cores / jobs)")
     ap.add_argument("--quick", action="store_true",
-                    help="three variants, two tasks, one short context, a few steps: the tests'")
+                    help="four variants, two tasks, one short context, a few steps: the tests'")
     ap.add_argument("--force", action="store_true", help="run again even if a run is complete")
     ap.add_argument("--check", action="store_true",
                     help="validate every run's deck with fmattn --check, run nothing")
@@ -325,7 +334,7 @@ def parse_args():
                     help="train nothing: gather the complete runs into tasks.h5, plots, table")
     a = ap.parse_args()
     if a.quick:
-        a.variants, a.tasks, a.lengths = "full,local,fma", "mqar,copy", "64"
+        a.variants, a.tasks, a.lengths = "full,local,fma,fma/o2", "mqar,copy", "64"
         a.steps, a.tokens_per_step, a.eval_samples, a.evals = 20, 512, 8, 2
         a.extra = ("attention.fma.m=8 attention.fma.p=2 attention.local.band=8 "
                    "attention.full.block=16 " + a.extra)

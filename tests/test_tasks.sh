@@ -285,14 +285,14 @@ check "local with band 8 stays near chance there (accuracy $al <= 0.25)" py -c "
 check "tasks.py --check: every run's deck is valid, nothing written" \
   py "$SRCDIR/scripts/tasks.py" --check --fmattn "$F" --out study-check
 check "tasks.py --check wrote nothing" test ! -e study-check
-check "tasks.py --quick: 3 variants x 2 tasks, tasks.h5, plots and a table" \
+check "tasks.py --quick: 4 variants (fma.open = 2 among them) x 2 tasks, tasks.h5, plots and a table" \
   py "$SRCDIR/scripts/tasks.py" --quick --fmattn "$F" --out study
 check "tasks.h5 holds every run with its accuracy by distance and units" py -c "
 import h5py, numpy as np, sys
 f = h5py.File('study/tasks.h5')
 r = f['runs']
 names = sorted(x.decode() if isinstance(x, bytes) else x for x in r['name'][...])
-ok = names == sorted('%s-64-%s' % (t, v) for t in ('mqar', 'copy') for v in ('full', 'local', 'fma'))
+ok = names == sorted('%s-64-%s' % (t, v) for t in ('mqar', 'copy') for v in ('full', 'local', 'fma', 'fma_o2'))
 ok = ok and all(np.isfinite(r[c][...]).all() for c in ('accuracy', 'sample_accuracy', 'train_s', 'wall_s'))
 ok = ok and all('units' in d.attrs or 'description' in d.attrs for d in r.values())
 ok = ok and all(len(f['by_distance/%s/accuracy' % n]) == 7 for n in names)
@@ -302,5 +302,5 @@ for png in accuracy accuracy_by_distance_mqar accuracy_by_distance_copy; do
   check "study: $png.png is a PNG" sh -c "head -c 8 study/$png.png | grep -q PNG"
 done
 check "tasks.py --list numbers the runs for a SLURM array" sh -c \
-  "'${PYTHON3:-/usr/bin/python3}' '$SRCDIR/scripts/tasks.py' --quick --list --fmattn '$F' --out study | grep -c '' | grep -qx 6"
+  "'${PYTHON3:-/usr/bin/python3}' '$SRCDIR/scripts/tasks.py' --quick --list --fmattn '$F' --out study | grep -c '' | grep -qx 8"
 tap_done
