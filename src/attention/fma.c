@@ -525,8 +525,8 @@ static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
 }
 
 /* Forward FLOPs of this rank's share: 4·d per (query, key) pair the lists allow for its queries
- * (scores and values; with fma.open every column of the far row's slots), plus its upward pass. *p2p_flops: its near-field GEMMs as executed (whole
- * blocks, masked entries included). */
+ * (scores and values; with fma.open every column of the far row's slots), plus its upward pass.
+ * *p2p_flops: its near-field GEMMs as executed (whole blocks, masked entries included). */
 static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
   const struct fma_state *st = ctx->state;
   const struct fma_tree *tr = &st->tree;
