@@ -136,6 +136,29 @@ def read_run(run_dir):
                 "tokens_per_s": float(np.median(tr["tokens_per_s"]))}
 
 
+def read_previous(path):
+    """The runs of an earlier study's tasks.h5, by name, as read_run and plan give them."""
+    rows = {}
+    with h5py.File(path, "r") as f:
+        g = f["runs"]
+        text = lambda c: [x.decode() if isinstance(x, bytes) else x for x in g[c][...]]
+        names = text("name")
+        cols = {c: text(c) for c in ("variant", "task")}
+        for c in g:
+            if c not in ("name", "variant", "task"):
+                cols[c] = g[c][...]
+        for i, name in enumerate(names):
+            r = {c: v[i] for c, v in cols.items()}
+            r["context"], r["steps"], r["batch"] = (int(r["context"]), int(r["steps"]),
+                                                    int(r["batch"]))
+            h, c = f[f"by_distance/{name}"], f[f"curves/{name}"]
+            r.update(start=h["start"][...], end=h["end"][...], by_distance=h["accuracy"][...],
+                     scored=h["scored"][...], curve_step=c["step"][...],
+                     curve=c["valid_accuracy"][...])
+            rows[name] = r
+    return rows
+
+
 def plan(a):
     """Every run of the study: (meta, command) in a fixed order (--index counts in it)."""
     base = os.path.join(DECKS, "base.in")
@@ -332,6 +355,9 @@ def parse_args():
                     help="run only run INDEX of --list (a SLURM array task), then stop")
     ap.add_argument("--collect", action="store_true",
                     help="train nothing: gather the complete runs into tasks.h5, plots, table")
+    ap.add_argument("--reuse", default="",
+                    help="an earlier study's tasks.h5: its runs (same name, steps, batch) are "
+                         "taken from it instead of trained again")
     a = ap.parse_args()
     if a.quick:
         a.variants, a.tasks, a.lengths = "full,local,fma,fma/o2", "mqar,copy", "64"
@@ -370,9 +396,20 @@ def main():
         if a.index >= len(runs):
             die(f"--index {a.index}: the study has {len(runs)} runs (0 .. {len(runs) - 1})")
         runs = [runs[a.index]]
+    previous = read_previous(a.reuse) if a.reuse else {}
+    reused = {}
+    for meta, _ in runs:
+        p = previous.get(meta["name"])
+        if p and not a.force and (p["steps"], p["batch"]) == (meta["steps"], meta["batch"]) and \
+                not complete(os.path.join(a.runs_dir, meta["name"]), meta["steps"]):
+            reused[meta["name"]] = p
+    if reused:
+        note(f"{len(reused)} run(s) taken from {a.reuse}")
     jobs = []
     for meta, cmd in runs:
         run_dir = os.path.join(a.runs_dir, meta["name"])
+        if meta["name"] in reused:
+            continue
         if not a.collect and (a.force or not complete(run_dir, meta["steps"])):
             jobs.append((meta["name"], cmd, env, os.path.join(a.runs_dir, meta["name"] + ".log")))
     note(f"{len(runs)} run(s), {len(jobs)} to do, {a.jobs} at a time x {threads} thread(s); "
@@ -393,6 +430,11 @@ def main():
     rows, missing = [], []
     for meta, _ in runs:
         run_dir = os.path.join(a.runs_dir, meta["name"])
+        if meta["name"] in reused:
+            r = dict(meta)
+            r.update({k: v for k, v in reused[meta["name"]].items() if k not in meta})
+            rows.append(r)
+            continue
         if not complete(run_dir, meta["steps"]):
             missing.append(meta["name"])
             continue
@@ -411,6 +453,7 @@ def main():
             "task_decks": "\n".join(f"[{t}.in]\n" + open(os.path.join(DECKS, f"{t}.in")).read()
                                     for t in a.tasks),
             "threads_per_run": threads, "runs_at_once": a.jobs,
+            "reused_from": a.reuse, "runs_reused": len(reused),
             "wall_s": wall, "runs_trained": len(jobs),
             "run_seconds": float(np.nansum([r["wall_s"] for r in rows]))}
     out_h5 = os.path.join(a.out, "tasks.h5")
