@@ -64,11 +64,21 @@ def lines_by(g, label_cols):
         for c, fmt in label_cols:
             if c in g:
                 parts.append(fmt(g[c][i]))
+        if parts:
+            parts[0] += open_label(g, i)  # the variant: fma's rows at each fma.open apart
         label = " ".join(p for p in parts if p)
         out.setdefault(label, []).append(i)
     for label in out:
         out[label] = sorted(out[label], key=lambda i: g["n"][i])
     return out
+
+
+def open_label(g, i):
+    """fma's rows at fma.open = K (the bench.h5 column open; -1: all) read fma/oK, as the console."""
+    if "open" not in g:
+        return ""
+    o = g["open"][i]
+    return "" if not np.isfinite(o) or o == 0 else ("/all" if o < 0 else f"/o{int(o)}")
 
 
 def attention_lines(a):
@@ -78,7 +88,7 @@ def attention_lines(a):
     mixed = len({c for c in causal if np.isfinite(c)}) > 1
     labels = {}
     for i in range(k):
-        lab = str(variant[i])
+        lab = str(variant[i]) + open_label(a, i)
         if mixed:
             lab += " (causal)" if causal[i] == 1 else " (bidir)"
         labels.setdefault(lab, []).append(i)
