@@ -1,10 +1,8 @@
-/* fma evaluation with opened windows (SPEC §6.4a), after the opening pass (fma/open.c) has left
- * every query's far row — listed summaries, opened windows' children and exact tokens, −inf where
- * a window was opened — in the work's F. One softmax per query over its near field (P2P, per
- * block, as fma_evaluate_forward) and its far row; the far row's values are the listed rows (M2P,
- * per block) and the opened windows' rows, query by query (so that no query's output depends on
- * which others opened the same window). Backward runs source by source: one GEMM per group of
- * the queries that opened a window, for their score and value gradients. */
+/* fma evaluation with opened windows (SPEC §6.4a), from the far rows the opening pass (fma/open.c)
+ * left: one softmax per query over its near field (P2P) and its far row (listed summaries, opened
+ * windows' children and tokens); forward's opened-window values source by source, each query's
+ * products alone (its output never depends on who else opened a window); backward one GEMM per
+ * group of the queries that opened a window. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -14,18 +12,6 @@
 #include "memory.h"
 #include "timer.h"
 #include "vecmath.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-static int thread_id(void) {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
 /* Where the gradients of a level-l slot source's rows go (fma_open_source_rows' rows): the
  * summaries' dK or dV rows, or fine block c's dk or dv rows (local, or the fetched block's). */
@@ -176,7 +162,7 @@ static void forward_blocks(const struct fma_state *st, struct fma_open_work *w,
                            struct fma_times *times, double *mass, double *entropy,
                            const struct fma_open_diag *diag) {
   const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   const float *q = a->q + h * T * d, *k = a->k + h * a->kstride * d, *v = a->v + h * a->kstride * d;
   const float *V = a->V + h * st->rows * d;
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
@@ -277,7 +263,7 @@ static void group_values_backward(const struct fma_state *st, struct fma_open_wo
                                   const struct group *gr, void *ctx) {
   const struct backward_ctx *b = ctx;
   const long T = st->T, d = st->d, sw = st->open.width - st->open.listed;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   const float *Vr = fma_open_source_rows(st, w, a, h, l, c, true);
   float *dVr = source_grad_rows(st, w, a, b->g, h, l, c, true);
   group_gather_rows(s->Og, b->dout + h * T * d, d, gr);
@@ -299,7 +285,7 @@ static void group_scores_backward(const struct fma_state *st, struct fma_open_wo
   const struct backward_ctx *b = ctx;
   const long T = st->T, d = st->d, sw = st->open.width - st->open.listed;
   const float scale = 1.0f / sqrtf((float)d);
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   const float *Kr = fma_open_source_rows(st, w, a, h, l, c, false);
   float *dKr = source_grad_rows(st, w, a, b->g, h, l, c, false);
   const struct group gs = {gr->who, gr->slot, gr->count, gr->col - st->open.listed, gr->width};
@@ -320,7 +306,7 @@ static void backward_blocks(const struct fma_state *st, struct fma_open_work *w,
                             struct fma_times *times) {
   const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width;
   const long listed = st->open.listed, sw = width - listed;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   const float *q = a->q + h * T * d, *k = a->k + h * a->kstride * d, *v = a->v + h * a->kstride * d;
   const float *K = a->K + h * st->rows * d, *V = a->V + h * st->rows * d;
   float *dq = g->dq + h * T * d, *dk = g->dk + h * a->kstride * d, *dv = g->dv + h * a->kstride * d;

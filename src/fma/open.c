@@ -1,11 +1,8 @@
-/* The opening pass of fma (SPEC §6.4a): an N-body code opens a far cell whose expansion is not
- * good enough; here a query opens the far windows it would give the most attention, by content.
- * Coarse to fine, each query scores its candidates — its listed windows (fma/lists.c decides
- * those, not this file) and the children of what it opened one level up — by the logsumexp of
- * their summary scores, opens the best K, and an opened fine block gives its exact tokens. The
- * scores of opened windows are computed source by source: all queries of a head that opened one
- * window share one GEMM with its rows (no per-token gather of keys). Nothing is O(n²) unless
- * fma.open = all, which is exact attention. */
+/* The opening pass of fma (SPEC §6.4a), as an N-body code opens a far cell whose expansion is not
+ * good enough: coarse to fine, each query opens the K candidates (its listed windows — fma/lists.c
+ * decides those — and the children of what it opened above) with the most attention, down to
+ * exact tokens; the opened windows' scores go source by source, each window's rows in cache for
+ * every query that opened it. Nothing is O(n²) unless fma.open = all (exact attention). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,18 +12,6 @@
 #include "memory.h"
 #include "timer.h"
 #include "vecmath.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-static int thread_id(void) {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
 /* ---------------------------------------------------------------------------------------------
  * buffers */
@@ -223,7 +208,7 @@ void fma_open_select(const struct fma_state *st, int l, const struct fma_block_k
   const float **rows = cand_rows_local;
   const long need = bk->level_count[l] + (l < st->tree.levels ? 2L * o->slots[l + 1] : 0);
   if (need > FMA_LIST_MAX + 64) { /* a large fma.open: the thread's scratch holds them */
-    struct fma_open_scratch *s = &st->work->scratch[thread_id()];
+    struct fma_open_scratch *s = &st->work->scratch[fma_open_thread()];
     cg = s->cand_g;
     cc = s->cand_c;
     rows = s->cand_rows;
@@ -269,7 +254,7 @@ void fma_open_select(const struct fma_state *st, int l, const struct fma_block_k
 static void head_listed(const struct fma_state *st, struct fma_open_work *w,
                         const struct fma_open_args *a, long h) {
   const long m = st->tree.m, d = st->d, T = st->T, width = st->open.width;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   const float *K = a->K + h * st->rows * d, *q = a->q + h * T * d;
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
     fma_block_keys(st, qb, &s->bk);
@@ -362,7 +347,7 @@ static void head_score(const struct fma_state *st, struct fma_open_work *w,
 static void head_decide(const struct fma_state *st, struct fma_open_work *w,
                         const struct fma_open_args *a, long h, int l) {
   const long m = st->tree.m, T = st->T, d = st->d, width = st->open.width, ndec = st->open.ndec;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   const float *K = a->K + h * st->rows * d;
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
     fma_block_keys(st, qb, &s->bk);
@@ -396,7 +381,7 @@ void fma_open_mask(const struct fma_state *st, const struct fma_block_keys *bk, 
 static void head_mask(const struct fma_state *st, struct fma_open_work *w,
                       const struct fma_open_args *a, long h) {
   const long m = st->tree.m, T = st->T, width = st->open.width, ndec = st->open.ndec;
-  struct fma_open_scratch *s = &w->scratch[thread_id()];
+  struct fma_open_scratch *s = &w->scratch[fma_open_thread()];
   for (long qb = st->t0 / m; qb < (st->t0 + T) / m; qb++) {
     fma_block_keys(st, qb, &s->bk);
     for (long i = qb * m - st->t0; i < (qb + 1) * m - st->t0; i++)

@@ -12,6 +12,10 @@
 #include "comm.h"
 #include "fma/fma.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -97,6 +101,15 @@ struct fma_open_diag {
 /* Most summary rows per window (fma.p) the opening supports: the criterion scores a window's rows
  * on the stack. */
 #define FMA_OPEN_SCORE_ROWS 4096
+
+/* The calling thread's index among OpenMP's (its scratch). */
+static inline int fma_open_thread(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
 
 /* Members of a source are processed in query order but lie scattered: their rows are prefetched
  * this many members ahead. */

@@ -1,10 +1,8 @@
-/* The opened windows' share of the locally essential tree (SPEC §6.4a, §7): when a query opens a
- * window, the descent needs its children's summaries, and an opened fine block its exact keys and
- * values, wherever they live. Unlike the LET of fma/let.c no rank can know in advance what another
- * will open, so each level is a request and a reply: every rank asks each owner for the rows it
- * lacks (each at most once per call), the owners answer, and the backward returns the gradients of
- * everything fetched to its owner, where they are added. A window's owner is the rank holding its
- * first token; a window spanning ranks is held by every rank of its group after fma_let_upward. */
+/* The opened windows' share of the locally essential tree (SPEC §6.4a, §7): no rank knows in
+ * advance what another's queries will open, so each level of the descent is a request and a reply
+ * — children's summaries, then opened fine blocks' keys and values, each asked for once per call
+ * — and backward returns the gradients of everything fetched to its owner, added there. An owner
+ * holds a window's first token; a spanning window is held by its whole group after the LET. */
 #include <stdlib.h>
 #include <string.h>
 
