@@ -68,9 +68,17 @@ static void scratch_free(struct fma_open_scratch *s) {
   free(s->cand_rows);
 }
 
+static int max_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 struct fma_open_work *fma_open_work_get(struct fma_state *st, long count) {
   struct fma_open_work *w = st->work;
-  if (w && w->count >= count) return w;
+  if (w && w->count >= count && w->threads >= max_threads()) return w;
   struct fma_open_fetch *fetch = w ? w->fetch : NULL;
   if (w) w->fetch = NULL;
   fma_open_work_free(w);
@@ -89,11 +97,7 @@ struct fma_open_work *fma_open_work_get(struct fma_state *st, long count) {
   w->start = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * ((size_t)count * (size_t)w->starts + 1));
   w->who = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * ((size_t)count * T * ndec + 1));
   w->slot = mem_alloc(MEM_WORKSPACE, sizeof(int32_t) * ((size_t)count * T * ndec + 1));
-#ifdef _OPENMP
-  w->threads = omp_get_max_threads();
-#else
-  w->threads = 1;
-#endif
+  w->threads = max_threads();
   w->scratch = xcalloc((size_t)w->threads, sizeof *w->scratch);
   for (int t = 0; t < w->threads; t++) scratch_alloc(st, &w->scratch[t]);
   st->work = w;
