@@ -132,23 +132,31 @@ static void mpi_sendrecv_float(struct comm *c, const float *send, size_t count, 
   if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
 }
 
-static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
-                                const size_t *sdispl, float *recv, const size_t *rcount,
-                                const size_t *rdispl) {
+/* MPI_Alltoallv of elements of `type` (elem bytes, `what` in messages) with size_t counts and
+ * displacements, which must fit MPI's int; the off-rank bytes are counted as sent. */
+static void alltoallv(struct comm *c, const void *send, const size_t *scount, const size_t *sdispl,
+                      void *recv, const size_t *rcount, const size_t *rdispl, MPI_Datatype type,
+                      size_t elem, const char *what) {
   const int S = c->S;
   int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
   for (int r = 0; r < S; r++) {
     if (scount[r] > COMM_PIECE || rcount[r] > COMM_PIECE || sdispl[r] > (size_t)INT_MAX ||
         rdispl[r] > (size_t)INT_MAX)
-      error("alltoallv of %zu floats is too large for one MPI call", scount[r] + sdispl[r]);
+      error("alltoallv of %zu %s is too large for one MPI call", scount[r] + sdispl[r], what);
     sc[r] = (int)scount[r];
     sd[r] = (int)sdispl[r];
     rc[r] = (int)rcount[r];
     rd[r] = (int)rdispl[r];
-    if (r != c->seq_rank) c->bytes_sent += scount[r] * sizeof(float);
+    if (r != c->seq_rank) c->bytes_sent += scount[r] * elem;
   }
-  MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->seq));
+  MPI_CHECK(MPI_Alltoallv(send, sc, sd, type, recv, rc, rd, type, c->seq));
   free(sc);
+}
+
+static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                                const size_t *sdispl, float *recv, const size_t *rcount,
+                                const size_t *rdispl) {
+  alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_FLOAT, sizeof(float), "floats");
 }
 
 void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
@@ -160,20 +168,7 @@ void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
 void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
                          const size_t *sdispl, long *recv, const size_t *rcount,
                          const size_t *rdispl) {
-  const int S = c->S;
-  int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
-  for (int r = 0; r < S; r++) {
-    if (scount[r] > COMM_PIECE || rcount[r] > COMM_PIECE || sdispl[r] > (size_t)INT_MAX ||
-        rdispl[r] > (size_t)INT_MAX)
-      error("alltoallv of %zu longs is too large for one MPI call", scount[r] + sdispl[r]);
-    sc[r] = (int)scount[r];
-    sd[r] = (int)sdispl[r];
-    rc[r] = (int)rcount[r];
-    rd[r] = (int)rdispl[r];
-    if (r != c->seq_rank) c->bytes_sent += scount[r] * sizeof(long);
-  }
-  MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_LONG, recv, rc, rd, MPI_LONG, c->seq));
-  free(sc);
+  alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_LONG, sizeof(long), "longs");
 }
 
 static void mpi_isendrecv_float(struct comm *c, const float *send, size_t count, int dest,
