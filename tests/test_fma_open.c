@@ -1,8 +1,8 @@
 /* fma with content-based opening (SPEC §6.4a, `attention.fma.open`) through its ops table: open =
  * all against exact attention (the FMM's "open everything = direct sum"), open = 1, 2, 3 against
  * the float64 oracle of fma_oracle.c, which applies the criterion with its own traversal, ties
- * included; causality by perturbation for every K; float gradients against float differences;
- * the deck's refusals. It reads nothing of the production opening code. */
+ * included; causality by perturbation for every K; the diagnostics against the oracle's; float
+ * gradients against float differences. It reads nothing of the production opening code. */
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
@@ -390,10 +390,85 @@ static void test_open_diagnostics(void **state) {
   if (failed) fail_msg("fma.open's diagnostics differ from the oracle in %d places", failed);
 }
 
+/* Float gradients against float central differences of J = Σ g·out (loose tolerance; an
+ * oracle-free check). A step that changes what some query opens makes J jump: such a coordinate
+ * shows a second difference far above a smooth function's, and is left out (at most a quarter may
+ * be). */
+static int float_fd_case(const struct open_case *t) {
+  char what[200];
+  case_text(t, what, sizeof what);
+  struct layer ly;
+  layer_setup(&ly, t);
+  const long count = t->B * t->H * t->n * t->d;
+  float *q = malloc(4 * count), *k = malloc(4 * count), *v = malloc(4 * count),
+        *g = malloc(4 * count);
+  tu_randn(q, count, 411 + t->open, 1.0f);
+  tu_randn(k, count, 412 + t->open, 1.0f);
+  tu_randn(v, count, 413 + t->open, 1.0f);
+  tu_randn(g, count, 414 + t->open, 1.0f);
+  struct tu_run r = layer_run(&ly, t, q, k, v, g);
+  struct attn_ctx ctx = tu_attn_open(&ly.cfg, t->B);
+  float *out = calloc(count, 4), *saved = calloc(attention_saved_floats(&ctx) + 1, 4);
+  const float h = 2e-3f;
+  float *xs[4] = {q, k, v, ly.params};
+  const float *grads[4] = {r.dq, r.dk, r.dv, ly.dparams};
+  const char *names[4] = {"dq", "dk", "dv", "dparams"};
+  int failed = 0;
+  for (int x = 0; x < 4; x++) {
+    const long len = x < 3 ? count : (long)ly.list.total;
+    double num = 0.0, den = 1e-30;
+    long skipped = 0;
+    for (long e = 0; e < len; e++) {
+      double J[5];
+      const float s0 = xs[x][e], steps[5] = {0.0f, h, -h, h / 2, -h / 2};
+      for (int z = 0; z < 5; z++) {
+        xs[x][e] = s0 + steps[z];
+        attention_forward(&ctx, out, saved, q, k, v, ly.params);
+        J[z] = 0.0;
+        for (long i = 0; i < count; i++) J[z] += (double)g[i] * out[i];
+      }
+      xs[x][e] = s0;
+      /* a smooth J has second differences of order h²; a changed choice, of the jump's size */
+      const double kink = 1e-4 * (1.0 + fabs(J[0]));
+      if (fabs(J[1] - 2 * J[0] + J[2]) > kink || fabs(J[3] - 2 * J[0] + J[4]) > kink) {
+        skipped++;
+        continue;
+      }
+      const double fd = (J[1] - J[2]) / (2.0 * h);
+      num = fmax(num, fabs(grads[x][e] - fd));
+      den = fmax(den, fabs(fd));
+    }
+    if (!(num / den < 2e-2) || skipped > len / 4) {
+      printf(
+          "# %s: float %s vs float central differences: %.3g relative, %ld of %ld steps "
+          "changed a choice\n",
+          what, names[x], num / den, skipped, len);
+      failed++;
+    }
+  }
+  attention_close(&ctx);
+  free(out), free(saved);
+  tu_run_free(&r);
+  free(q), free(k), free(v), free(g);
+  layer_free(&ly);
+  return failed;
+}
+
+static void test_open_float_gradients(void **state) {
+  int failed = 0;
+  for (int K = 1; K <= 2; K++)
+    for (int down = 0; down < 2; down++) /* conv, m2m: their parameters have gradients */
+      for (int causal = 0; causal < 2; causal++) {
+        const struct open_case t = {1, 2, 32, 4, 4, 2, (enum fo_down)down, causal, K};
+        failed += float_fd_case(&t);
+      }
+  if (failed) fail_msg("fma.open's float gradients differ from central differences (above)");
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_open_all_is_full), cmocka_unit_test(test_open_matches_oracle),
     cmocka_unit_test(test_open_ties),        cmocka_unit_test(test_open_causality),
-    cmocka_unit_test(test_open_diagnostics),
+    cmocka_unit_test(test_open_diagnostics), cmocka_unit_test(test_open_float_gradients),
 };
 
 TU_MAIN(tests)
