@@ -1,9 +1,10 @@
 #!/bin/sh
 # fma.open end to end (SPEC §6.4a): a training run writes the opening's diagnostics to diag.h5 and
 # eval.h5 (the layouts; level mass and opened-token mass add up to 1; at most K windows a level),
-# plot_run.py draws opening.png, the bench times fma at every value of bench.fma_open (attention
-# and comm rows, the opened windows' bytes counted), and bad settings are refused with one message
-# before anything is written. The numerical ladder is test_fma_open, test_seq and test_seqtrain.sh.
+# plot_run.py draws opening.png, a restart continues bit for bit, the bench times fma at every
+# value of bench.fma_open (attention and comm rows, the opened windows' bytes counted), and bad
+# settings are refused with one message before anything is written. The numerical ladder is
+# test_fma_open, test_seq and test_seqtrain.sh.
 . "$TESTDIR/tap.sh"
 need_h5py
 cd "$WORK" || exit 1
@@ -34,6 +35,15 @@ check "plot_run.py draws opening.png" sh -c "'${PYTHON3:-/usr/bin/python3}' '$SR
 check "a run without fma.open has no opening diagnostics" sh -c "'$F' '$D' --set run.name=o0 > o0.log 2>&1 && '${PYTHON3:-/usr/bin/python3}' -c \"
 import h5py, sys
 sys.exit(1 if 'open_mass' in h5py.File('out/o0/diag.h5')['attention'] else 0)\""
+
+# a restart continues bit for bit on its layout (2 sequence ranks, dropout on): what a query
+# opens is a function of the restored parameters and the data, nothing else
+R="--set parallel.seq_ranks=2 --set output.checkpoint_every=5 --set output.diag_every=5"
+check "S = 2: 10 steps straight" "$MPI_RUN" 2 "$F" "$D" --set run.name=straight $O $R
+mkdir -p out/resumed && cp out/straight/ckpt_000005.h5 out/resumed/
+check "S = 2: resumed from step 5" "$MPI_RUN" 2 "$F" "$D" --set run.name=resumed --set output.restart=latest $O $R
+check "resumed losses and validation equal the uninterrupted run bit for bit" sh -c "'${PYTHON3:-/usr/bin/python3}' '$TESTDIR/h5check.py' same-series out/straight/diag.h5 out/resumed/diag.h5 train 5 0 && '${PYTHON3:-/usr/bin/python3}' '$TESTDIR/h5check.py' same-series out/straight/diag.h5 out/resumed/diag.h5 eval 5 0"
+check "resumed final parameters and moments are identical" py "$TESTDIR/h5check.py" same-tensors out/straight/ckpt_000010.h5 out/resumed/ckpt_000010.h5 0
 
 # the bench: fma at fma.open = 0, 1, 2 beside full, one run
 B="--set run.mode=bench --set bench.n_list=128 --set bench.repeats=1"
