@@ -8,10 +8,8 @@
 # reused (delete the run directory, or --force, to redo one).
 import argparse
 import concurrent.futures
-import configparser
 import datetime
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -20,10 +18,10 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import group_columns, text  # noqa: E402
+from fmattn_h5 import group_columns  # noqa: E402
 from fmattn_plot import byte_unit, plt, save  # noqa: E402
+from fmattn_runs import check_decks, deck_sets, deck_value, die, note, run_one  # noqa: E402
 
-PROG = "compare.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VARIANTS = ["full", "local", "linear", "fmmformer", "rmfa", "fish", "fma", "fma_linear",
@@ -35,31 +33,8 @@ PAPER = {"fma-m64-3lev-512": (1.353, 11.6), "fma-m64-4lev-1024": (1.256, 21.6),
          "fma-m128-4lev-2048": (1.220, 48.2)}
 
 
-def note(msg):
-    print(f"{PROG}: {msg}", flush=True)
 
 
-def die(msg):
-    print(f"{PROG}: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def deck_sets(path):
-    """The settings of a small deck as fmattn --set options (section.key=value)."""
-    cp = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), comment_prefixes=(";", "#"))
-    try:
-        with open(path) as f:
-            cp.read_file(f)
-    except (OSError, configparser.Error) as e:
-        die(f"cannot read {path}: {e}")
-    return [f"{s}.{k}={v}" for s in cp.sections() for k, v in cp[s].items()]
-
-
-def deck_value(sets, key, default):
-    for s in reversed(sets):
-        if s.startswith(key + "="):
-            return s.split("=", 1)[1]
-    return default
 
 
 def complete(run_dir, steps):
@@ -76,29 +51,6 @@ def complete(run_dir, steps):
         return False
 
 
-def run_one(job):
-    """Run fmattn for one (name, settings) job; returns (name, status, seconds, log path)."""
-    name, cmd, env, log = job
-    t0 = time.time()
-    with open(log, "w") as out:
-        out.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
-        out.flush()
-        rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return name, rc, time.time() - t0, log
-
-
-def check_decks(named_commands):
-    """Resolve every run's deck with fmattn --check (nothing is trained or written); a refused
-    deck is an error naming the run and quoting fmattn's message."""
-    refused = []
-    for name, cmd in named_commands:
-        p = subprocess.run([cmd[0], "--check"] + cmd[1:], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            refused.append(f"{name}: {p.stderr.strip().splitlines()[-1] if p.stderr else p.returncode}")
-    if refused:
-        die(f"{len(refused)} deck(s) refused:\n  " + "\n  ".join(refused))
-    note(f"{len(named_commands)} deck(s) valid")
 
 
 def read_run(run_dir):

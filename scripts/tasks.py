@@ -9,7 +9,6 @@
 # run one run per SLURM array task (scripts/slurm/tasks.sbatch) and --collect gathers them.
 import argparse
 import concurrent.futures
-import configparser
 import datetime
 import os
 import shlex
@@ -23,8 +22,8 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 from fmattn_h5 import group_columns  # noqa: E402
 from fmattn_plot import plt, save  # noqa: E402
+from fmattn_runs import check_decks, deck_sets, deck_value, die, log_wall, note, run_one  # noqa: E402
 
-PROG = "tasks.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DECKS = os.path.join(ROOT, "inputs", "tasks")
@@ -41,31 +40,8 @@ def variant_sets(v):
 TASKS = ["mqar", "passkey", "copy", "majority"]
 
 
-def note(msg):
-    print(f"{PROG}: {msg}", flush=True)
 
 
-def die(msg):
-    print(f"{PROG}: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def deck_sets(path):
-    """The settings of a small deck as fmattn --set options (section.key=value)."""
-    cp = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), comment_prefixes=(";", "#"))
-    try:
-        with open(path) as f:
-            cp.read_file(f)
-    except (OSError, configparser.Error) as e:
-        die(f"cannot read {path}: {e}")
-    return [f"{s}.{k}={v}" for s in cp.sections() for k, v in cp[s].items()]
-
-
-def deck_value(sets, key, default):
-    for s in reversed(sets):
-        if s.startswith(key + "="):
-            return s.split("=", 1)[1]
-    return default
 
 
 def chance(sets):
@@ -93,29 +69,6 @@ def complete(run_dir, steps):
         return False
 
 
-def run_one(job):
-    """Run fmattn for one job; returns (name, status, seconds, log path)."""
-    name, cmd, env, log = job
-    t0 = time.time()
-    with open(log, "w") as out:
-        out.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
-        out.flush()
-        rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    secs = time.time() - t0
-    with open(log, "a") as out:  # the wall clock of the whole run, read back by --collect
-        out.write(f"# wall_s {secs:.3f}\n")
-    return name, rc, secs, log
-
-
-def log_wall(log):
-    try:
-        with open(log) as f:
-            for line in f:
-                if line.startswith("# wall_s "):
-                    return float(line.split()[2])
-    except OSError:
-        pass
-    return float("nan")
 
 
 def read_run(run_dir):
@@ -194,17 +147,9 @@ def plan(a):
     return runs
 
 
-def check_decks(runs):
+def check_runs(runs):
     """Resolve every run's deck with fmattn --check (nothing is trained or written)."""
-    refused = []
-    for meta, cmd in runs:
-        p = subprocess.run([cmd[0], "--check"] + cmd[1:], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            last = p.stderr.strip().splitlines()[-1] if p.stderr else p.returncode
-            refused.append(f"{meta['name']}: {last}")
-    if refused:
-        die(f"{len(refused)} deck(s) refused:\n  " + "\n  ".join(refused))
+    check_decks([(meta["name"], cmd) for meta, cmd in runs])
     note(f"{len(runs)} deck(s) valid")
 
 
@@ -389,7 +334,7 @@ def main():
             print(f"{i} {meta['name']} " + " ".join(shlex.quote(c) for c in cmd))
         return
     if a.check:
-        check_decks(runs)
+        check_runs(runs)
         return
     os.makedirs(a.runs_dir, exist_ok=True)
     if a.index >= 0:
