@@ -1,8 +1,8 @@
 #!/bin/sh
 # Install, as root on Debian 12, the packages needed to build, run and test fmattn (compilers and
-# Autotools, Open MPI, parallel HDF5, OpenBLAS, libinih, cmocka, clang-format, clang's libFuzzer,
-# SLURM and munge for the cluster test, the KJV corpus, and
-# Debian's Python 3 with h5py, numpy, matplotlib and torch for the scripts and reference tests).
+# Autotools, Open MPI, parallel and serial HDF5, SimGrid, OpenBLAS, libinih, cmocka, clang-format,
+# clang's libFuzzer, SLURM and munge for the cluster test, the KJV corpus, and Debian's Python 3
+# with h5py, numpy, matplotlib and torch for the scripts and reference tests).
 # Idempotent: when every package is already installed it does not touch apt at all (and needs no
 # root). Usage: sh scripts/install-deps.sh. CUDA, cuBLAS and NCCL (--with-cuda) are not installed.
 set -eu
@@ -19,6 +19,8 @@ pkg-config
 libopenmpi-dev
 openmpi-bin
 libhdf5-openmpi-dev
+libhdf5-dev
+libsimgrid-dev
 zlib1g-dev
 hdf5-tools
 libopenblas-dev
@@ -38,12 +40,14 @@ python3-matplotlib
 python3-torch
 "
 # build-essential .. pkg-config: compile and ./bootstrap; libopenmpi-dev, openmpi-bin: MPI and
-# mpirun; libhdf5-openmpi-dev: parallel HDF5; hdf5-tools: h5dump/h5ls in tests; libopenblas-*:
-# CBLAS (the OpenMP build, so OMP_NUM_THREADS sets BLAS threads); libinih-dev: deck parser;
-# zlib1g-dev: checkpoint checksums (CRC-32); libcmocka-dev: unit tests; clang-format: `make check`
-# format gate; clang, libclang-rt-14-dev: the libFuzzer deck fuzzer (tests/test_fuzz.sh);
-# slurm-wlm, munge: the one-node SLURM cluster of tests/test_slurm.sh; bible-kjv: scripts/get_kjv.sh;
-# python3-*: scripts/plot_*.py, scripts/scaling.py and the PyTorch reference tests.
+# mpirun; libhdf5-openmpi-dev: parallel HDF5; libhdf5-dev: serial HDF5 (--with-hdf5=serial, and
+# SimGrid SMPI); libsimgrid-dev: smpicc/smpirun for the simulated clusters; hdf5-tools: h5dump/h5ls
+# in tests; libopenblas-*: CBLAS (the OpenMP build, so OMP_NUM_THREADS sets BLAS threads);
+# libinih-dev: deck parser; zlib1g-dev: checkpoint checksums (CRC-32); libcmocka-dev: unit tests;
+# clang-format: `make check` format gate; clang, libclang-rt-14-dev: the libFuzzer deck fuzzer
+# (tests/test_fuzz.sh); slurm-wlm, munge: the one-node SLURM cluster of tests/test_slurm.sh;
+# bible-kjv: scripts/get_kjv.sh; python3-*: scripts/plot_*.py, scripts/scaling.py and the PyTorch
+# reference tests.
 
 # The same list on one line, and its length, for messages (no external tools: PATH may be bare).
 all=""

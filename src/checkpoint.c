@@ -57,6 +57,37 @@ static void check_free_space(const struct model *m, struct comm *comm, const cha
   }
 }
 
+/* The file itself: the three tensor sets with their checksums, then the run's attributes. */
+static void write_file(const struct model *m, const struct comm *comm, long step, const char *tmp,
+                       bool writer, const long *crc) {
+  const int count = m->plist.count;
+  hid_t f = h5_create_collective(tmp, comm->world);
+  char path[PARAM_NAME + 64];
+  for (int s = 0; s < NSETS; s++)
+    for (int i = 0; i < count; i++) {
+      const struct param_desc *p = &m->plist.p[i];
+      snprintf(path, sizeof path, "%s/%s", set_prefix[s], p->name);
+      h5_write_floats(f, path, p->ndim, p->shape, writer ? set_base(m, s) + p->offset : NULL, true,
+                      writer);
+      /* attributes are collective metadata: every rank writes the same values */
+      h5_attr_long(f, path, "crc32", crc[s * count + i]);
+    }
+  h5_attr_long(f, "/", "step", step);
+  h5_attr_string(f, "/", "rng", "counter-based: every stream is a function of (seed, step)");
+  h5_attr_long(f, "/", "seed", (long)m->cfg->run.seed);
+  h5_attr_long(f, "/", "data_cursor", step);
+  h5_attr_string(f, "/", "deck", m->cfg->resolved);
+  h5_attr_string(f, "/", "version", PACKAGE_VERSION);
+  h5_attr_string(f, "/", "variant", m->attn->name);
+  h5_attr_string(f, "/", "heads_mode",
+                 m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard");
+  h5_attr_long(f, "/", "ranks", comm->world_size);
+  h5_attr_long(f, "/", "seq_ranks", comm->S);
+  h5_attr_string(f, "/", "checksum",
+                 "crc32: attribute crc32 of every dataset, zlib's CRC-32 of its float32 bytes");
+  h5_close(f);
+}
+
 double checkpoint_write(struct model *m, struct comm *comm, long step, const char *dir) {
   double t0 = timer_now();
   timer_start(TIMER_IO);
@@ -81,32 +112,10 @@ double checkpoint_write(struct model *m, struct comm *comm, long step, const cha
            "are intact",
            tmp);
   error_context(context, tmp);
-  hid_t f = h5_create_collective(tmp, comm->world);
-  char path[PARAM_NAME + 64];
-  for (int s = 0; s < NSETS; s++)
-    for (int i = 0; i < count; i++) {
-      const struct param_desc *p = &m->plist.p[i];
-      snprintf(path, sizeof path, "%s/%s", set_prefix[s], p->name);
-      h5_write_floats(f, path, p->ndim, p->shape, writer ? set_base(m, s) + p->offset : NULL, true,
-                      writer);
-      /* attributes are collective metadata: every rank writes the same values */
-      h5_attr_long(f, path, "crc32", crc[s * count + i]);
-    }
+  /* parallel HDF5: every rank opens the file through MPI-IO and rank 0 supplies the data; serial
+   * HDF5 (--with-hdf5=serial): rank 0 writes the same file alone */
+  if (h5_parallel() || writer) write_file(m, comm, step, tmp, writer, crc);
   free(crc);
-  h5_attr_long(f, "/", "step", step);
-  h5_attr_string(f, "/", "rng", "counter-based: every stream is a function of (seed, step)");
-  h5_attr_long(f, "/", "seed", (long)m->cfg->run.seed);
-  h5_attr_long(f, "/", "data_cursor", step);
-  h5_attr_string(f, "/", "deck", m->cfg->resolved);
-  h5_attr_string(f, "/", "version", PACKAGE_VERSION);
-  h5_attr_string(f, "/", "variant", m->attn->name);
-  h5_attr_string(f, "/", "heads_mode",
-                 m->cfg->attention.heads_mode == HEADS_FISH ? "fish" : "standard");
-  h5_attr_long(f, "/", "ranks", comm->world_size);
-  h5_attr_long(f, "/", "seq_ranks", comm->S);
-  h5_attr_string(f, "/", "checksum",
-                 "crc32: attribute crc32 of every dataset, zlib's CRC-32 of its float32 bytes");
-  h5_close(f);
   error_context(NULL, NULL);
   comm_barrier(comm, COMM_WORLD);
   int rc = 0;

@@ -1,4 +1,5 @@
-/* Checkpoints (SPEC §8.2): parameters and AdamW moments written collectively with parallel HDF5
+/* Checkpoints (SPEC §8.2): parameters and AdamW moments written from rank 0 (collectively through
+ * MPI-IO with parallel HDF5; by rank 0 alone with serial HDF5, read by every rank independently)
  * to ckpt_<step>.h5.tmp, renamed only when complete (a killed write never replaces a good one),
  * each tensor with its CRC-32 (attribute crc32), so a damaged file is refused by name and
  * `latest` falls back to the one before; a checkpoint of another model is refused outright.

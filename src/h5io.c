@@ -26,9 +26,27 @@ hid_t h5_open(const char *path, bool writable) {
   return f;
 }
 
-hid_t h5_create_collective(const char *path, MPI_Comm comm) {
+bool h5_parallel(void) {
+#ifdef H5_HAVE_PARALLEL
+  return true;
+#else
+  return false;
+#endif
+}
+
+/* File access through MPI-IO over comm; the default (the calling rank alone) in a serial build. */
+static hid_t access_plist(MPI_Comm comm) {
   hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
+#ifdef H5_HAVE_PARALLEL
   H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+#else
+  (void)comm;
+#endif
+  return fapl;
+}
+
+hid_t h5_create_collective(const char *path, MPI_Comm comm) {
+  hid_t fapl = access_plist(comm);
   hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   H5Pclose(fapl);
   if (f < 0) error("cannot create HDF5 file '%s' collectively (is the directory writable?)", path);
@@ -36,8 +54,7 @@ hid_t h5_create_collective(const char *path, MPI_Comm comm) {
 }
 
 hid_t h5_open_collective(const char *path, MPI_Comm comm) {
-  hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
-  H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+  hid_t fapl = access_plist(comm);
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
   H5Pclose(fapl);
   if (f < 0) error("cannot open HDF5 file '%s' (missing, unreadable or not HDF5)", path);
@@ -49,8 +66,7 @@ hid_t h5_try_open_collective(const char *path, MPI_Comm comm) {
   void *data;
   H5Eget_auto2(H5E_DEFAULT, &func, &data); /* a damaged file is an answer here, not an error */
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
-  H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+  hid_t fapl = access_plist(comm);
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
   H5Pclose(fapl);
   H5Eset_auto2(H5E_DEFAULT, func, data);
@@ -192,10 +208,13 @@ void h5_write_floats(hid_t loc, const char *path, int ndim, const long *shape, c
   hid_t ds = H5Dcreate2(loc, path, H5T_NATIVE_FLOAT, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
   if (ds < 0) error("cannot create dataset %s", path);
   hid_t xfer = H5P_DEFAULT;
+  collective = collective && h5_parallel();
+#ifdef H5_HAVE_PARALLEL
   if (collective) {
     xfer = H5_CHECK(H5Pcreate(H5P_DATASET_XFER));
     H5_CHECK(H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE));
   }
+#endif
   hid_t mem = H5S_ALL, file = H5S_ALL;
   if (!writer) {
     mem = H5_CHECK(H5Screate_simple(ndim, dims, NULL));

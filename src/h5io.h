@@ -1,7 +1,7 @@
 /* Small HDF5 helpers shared by diag.h5, checkpoints, bench.h5 and kernel files: opening files
- * (serial or collective through MPI-IO), datasets addressed by path with intermediate groups
- * created on the way, string and numeric attributes, and extendible 1-D record series. Every HDF5
- * call is checked; a failure ends the job with the call that failed. */
+ * (serial, or collective through MPI-IO where HDF5 is parallel), datasets addressed by path with
+ * intermediate groups created on the way, string and numeric attributes, and extendible 1-D record
+ * series. Every HDF5 call is checked; a failure ends the job with the call that failed. */
 #ifndef FMATTN_H5IO_H
 #define FMATTN_H5IO_H
 
@@ -13,7 +13,11 @@
 /* Serial access (one rank): create (truncating) or open read-write / read-only. */
 hid_t h5_create(const char *path);
 hid_t h5_open(const char *path, bool writable);
-/* Collective access over comm through MPI-IO. */
+/* Whether this build's HDF5 has MPI-IO (parallel HDF5, the default). In a serial build
+ * (./configure --with-hdf5=serial) the *_collective calls below open the file for the calling rank
+ * alone: one rank writes a shared file, and every rank may open one for reading. */
+bool h5_parallel(void);
+/* Collective access over comm through MPI-IO (parallel builds). */
 hid_t h5_create_collective(const char *path, MPI_Comm comm);
 hid_t h5_open_collective(const char *path, MPI_Comm comm);
 /* As h5_open_collective, but −1 (and no message) when the file cannot be opened: a damaged or
@@ -36,7 +40,7 @@ bool h5_read_attr_bool(hid_t loc, const char *obj, const char *name, long *value
 
 /* Create a float32 dataset of the given shape at path and write data. With a collective file,
  * every rank calls this and only `writer` (a rank of the file's communicator, or −1 for all)
- * supplies data; others pass NULL. */
+ * supplies data; others pass NULL. In a serial build `collective` is ignored. */
 void h5_write_floats(hid_t loc, const char *path, int ndim, const long *shape, const float *data,
                      bool collective, bool writer);
 /* Create a float64 dataset of the given shape at path (serial files) with its units (one word) or
