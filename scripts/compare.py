@@ -33,10 +33,6 @@ PAPER = {"fma-m64-3lev-512": (1.353, 11.6), "fma-m64-4lev-1024": (1.256, 21.6),
          "fma-m128-4lev-2048": (1.220, 48.2)}
 
 
-
-
-
-
 def complete(run_dir, steps):
     """Whether a run directory holds a finished run of exactly `steps` steps (its test bpc written;
     a longer run is another run: its learning-rate schedule differs)."""
@@ -49,8 +45,6 @@ def complete(run_dir, steps):
             return "test" in f and tr is not None and len(tr["step"]) and tr["step"][-1] == steps
     except OSError:
         return False
-
-
 
 
 def read_run(run_dir):

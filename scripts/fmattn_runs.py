@@ -81,3 +81,4 @@ def check_decks(named_commands):
             refused.append(f"{name}: {p.stderr.strip().splitlines()[-1] if p.stderr else p.returncode}")
     if refused:
         die(f"{len(refused)} deck(s) refused:\n  " + "\n  ".join(refused))
+    note(f"{len(named_commands)} deck(s) valid")
