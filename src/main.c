@@ -104,7 +104,11 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(argv[1], "--version") == 0) {
+#ifdef FMATTN_SMPI
+    printf("fmattn %s (SimGrid SMPI build)\n", PACKAGE_VERSION);
+#else
     printf("fmattn %s\n", PACKAGE_VERSION);
+#endif
     return 0;
   }
   if (strcmp(argv[1], "--print-defaults") == 0) {

@@ -151,6 +151,11 @@ void train_print_decomposition(const struct config *cfg, const struct comm *comm
   char device[256];
   m->be->describe(device, sizeof device);
   message("device: %s", device);
+#ifdef FMATTN_SMPI
+  message(
+      "SimGrid SMPI: every rank runs in one process on the simulated platform; the times and "
+      "rates printed are simulated");
+#endif
   message("output: %s", run_dir);
 }
 

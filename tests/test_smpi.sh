@@ -1,0 +1,83 @@
+#!/bin/sh
+# The SimGrid SMPI build (issue 24): a copy of the source tree configured --enable-smpi builds
+# fmattn with smpicc, and smpirun runs it with 4 ranks on scripts/simgrid/this_machine.xml (the
+# platform modelled on the development machine). SMPI runs the same arithmetic as a real MPI: one
+# rank trains bit for bit as the native program, and on 4 ranks (fma with 2 sequence × 2 data
+# ranks; fma.open = 2 on 4 sequence ranks, whose LET exchange is alltoallv) the losses, gradient
+# norms, validation and attention diagnostics equal this suite's native run within 1e-6 (SMPI's
+# allreduce adds the ranks' contributions in another order than Open MPI's). The simulated time
+# must be reported and positive. configure refuses
+# --enable-smpi with --with-cuda, and names SimGrid when smpicc is missing.
+. "$TESTDIR/tap.sh"
+need_h5py
+cd "$WORK" || exit 1
+if ! command -v smpicc > /dev/null 2>&1 || ! command -v smpirun > /dev/null 2>&1; then
+  ok "./configure --enable-smpi && smpirun # SKIP SimGrid is not installed (Debian: libsimgrid-dev)"
+  tap_done
+  exit 0
+fi
+if ! pkg-config --exists hdf5-serial 2> /dev/null; then
+  ok "./configure --enable-smpi && make # SKIP no serial HDF5 (pkg-config hdf5-serial); install libhdf5-dev"
+  tap_done
+  exit 0
+fi
+if ! git -C "$SRCDIR" rev-parse --git-dir > /dev/null 2>&1; then
+  ok "./configure --enable-smpi && make # SKIP the source tree is not a git checkout to copy from"
+  tap_done
+  exit 0
+fi
+mkdir tree
+git -C "$SRCDIR" ls-files -z | (cd "$SRCDIR" && xargs -0 tar -cf -) | tar -xf - -C tree
+cd tree || exit 1
+unset MAKEFLAGS MFLAGS MAKELEVEL
+check "./bootstrap" sh -c "./bootstrap > bootstrap.log 2>&1 || { cat bootstrap.log; exit 1; }"
+expect_fail "./configure --enable-smpi --with-cuda is refused" \
+  "--enable-smpi and --with-cuda exclude each other" ./configure --enable-smpi --with-cuda
+# a PATH holding every tool of /usr/bin but smpicc
+mkdir "$WORK/nosmpi"
+for t in /usr/bin/*; do [ "$(basename "$t")" = smpicc ] || ln -s "$t" "$WORK/nosmpi/"; done
+expect_fail "./configure --enable-smpi without smpicc names SimGrid" \
+  "--enable-smpi needs SimGrid's smpicc; install libsimgrid-dev" \
+  env -u CC PATH="$WORK/nosmpi" ./configure --enable-smpi
+check "./configure --enable-smpi: smpicc, serial HDF5, no OpenMP" sh -c \
+  "./configure --enable-smpi > configure.log 2>&1 && grep -q 'SimGrid SMPI *: yes' configure.log &&
+   grep -q 'HDF5 *: serial' configure.log && grep -q 'C compiler (MPI) *: .*smpicc' configure.log || { tail -n 20 configure.log; exit 1; }"
+check "make -C src fmattn" sh -c "make -C src -j2 fmattn > make.log 2>&1 || { tail -n 30 make.log; exit 1; }"
+check "make check in the SMPI build runs no tests and says why" sh -c \
+  "make -C tests check 2>&1 | grep -q 'an --enable-smpi build runs no tests'"
+S="$WORK/tree/src/fmattn"
+cd "$WORK" || exit 1
+
+D="$TESTDIR/decks/seq_parallel.in"
+PLATFORM="$SRCDIR/scripts/simgrid/this_machine.xml"
+printf 'core0\ncore1\ncore0\ncore1\n' > hosts
+smpi() { # smpi NAME SETTINGS...: 4 ranks, two per simulated core
+  name="$1"; shift
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 smpirun -np 4 -platform "$PLATFORM" -hostfile hosts \
+    --cfg=smpi/display-timing:yes "$S" "$D" --set run.name="$name" "$@" > "$name.log" 2>&1 ||
+    { tail -n 30 "$name.log"; return 1; }
+}
+same_run() { # every series of two runs, within RTOL
+  for g in train eval attention; do
+    py "$TESTDIR/h5check.py" same-series "out/$1/diag.h5" "out/$2/diag.h5" $g 0 "$3" || return 1
+  done
+}
+check "1 rank: native" "$FMATTN" "$D" --set run.name=one --set attention.fma.open=2
+check "1 rank: smpirun" sh -c "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 smpirun -np 1 -platform '$PLATFORM' '$S' '$D' --set run.name=one_smpi --set attention.fma.open=2 > one_smpi.log 2>&1 || { tail -n 30 one_smpi.log; exit 1; }"
+check "1 rank: the SMPI build trains bit for bit as the native one" same_run one one_smpi 0
+for layout in "s2d2 --set parallel.seq_ranks=2" "s4open2 --set parallel.seq_ranks=4 --set attention.fma.open=2"; do
+  set -- $layout
+  name="$1"; shift
+  check "$name: native Open MPI, 4 ranks" "$MPI_RUN" 4 "$FMATTN" "$D" --set run.name="$name" "$@"
+  check "$name: smpirun, 4 ranks on this_machine.xml" smpi "${name}_smpi" "$@"
+  check "$name: losses, gradient norms, validation and diagnostics equal the native run" \
+    same_run "$name" "${name}_smpi" 1e-6
+done
+check "the program says its times are simulated" grep -q "SimGrid SMPI: every rank runs in one process" s2d2_smpi.log
+check "SimGrid reports a positive simulated time" sh -c \
+  "sed -n 's/.*Simulated time: \([0-9.e+-]*\) s.*/\1/p' s2d2_smpi.log | awk '{ exit !(\$1 > 0) }' && grep -q 'Simulated time' s2d2_smpi.log"
+check "every simulated step took positive time" py -c "
+import h5py, sys
+t = h5py.File('out/s2d2_smpi/diag.h5', 'r')['train/step_ms'][...]
+sys.exit(0 if len(t) and (t > 0).all() else 1)"
+tap_done
