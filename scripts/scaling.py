@@ -3,6 +3,9 @@
 # --set run.mode=bench ...` once per (kind, S, n), reads each run's bench.h5 (SPEC section 11) and
 # collects one row per run into a single HDF5 (default runs/scaling/scaling.h5) for
 # scripts/plot_scaling.py. Times nothing itself: every figure comes from fmattn's bench.h5.
+# --simulate PLATFORM runs the same sweep under SimGrid SMPI (`smpirun`, an fmattn built with
+# ./configure --enable-smpi) on a simulated cluster of scripts/simgrid/, and marks the results
+# simulated.
 import argparse
 import datetime
 import os
@@ -19,6 +22,11 @@ import numpy as np  # noqa: E402
 from fmattn_h5 import deck_values, text  # noqa: E402
 
 PROG = "scaling.py"
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLATFORMS = os.path.join(HERE, "simgrid")
+SMPI_MARK = b"(SimGrid SMPI build)"  # in the --version text of an --enable-smpi build
+# The training step by phase, from bench.h5 /train (mean over ranks, per step).
+PHASES = ("near_ms", "far_ms", "exchange_ms", "allreduce_ms", "optimizer_ms")
 # Keys the sweep sets on every run; --extra may not set them (its runs would not be the sweep's).
 RESERVED = ("run.mode", "run.name", "output.dir", "bench.what", "bench.n_list", "bench.variants",
             "bench.batch", "train.batch", "model.context", "parallel.seq_ranks")
@@ -89,7 +97,8 @@ def resolve_deck(args, extra):
     """(resolved deck text or None, attention variant). From `fmattn --check` (one rank: validates
     the deck and --extra); in a dry run without a built fmattn, from the deck file itself."""
     if os.access(args.fmattn, os.X_OK):
-        cmd = [args.fmattn, "--check", args.deck] + extra
+        pre = simulate_launch(args, 1)[0] if args.simulate else []
+        cmd = pre + [args.fmattn, "--check", args.deck] + extra
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if p.returncode != 0:
             sys.stderr.write(p.stderr)
@@ -120,8 +129,38 @@ def sweep_points(args):
     return pts
 
 
+def platform_path(name):
+    """The SimGrid platform XML for --simulate: a name in scripts/simgrid/ or a path."""
+    known = sorted(f[:-4] for f in os.listdir(PLATFORMS) if f.endswith(".xml"))
+    if os.path.isfile(name):
+        return os.path.abspath(name)
+    if name in known:
+        return os.path.join(PLATFORMS, name + ".xml")
+    die(f"--simulate: unknown platform '{name}' (choose among {', '.join(known)}, or give the "
+        "path of a SimGrid platform XML)")
+
+
+def is_smpi_build(path):
+    try:
+        with open(path, "rb") as f:
+            return SMPI_MARK in f.read()
+    except OSError:
+        return False
+
+
+def simulate_launch(args, S):
+    """(argv prefix, environment, threads) for S simulated ranks: one thread each (a simulated
+    node is one core), every rank on its own host of the platform in order."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    cmd = list(args.mpirun_argv) + ["-np", str(S), "-platform", args.platform,
+                                    "--cfg=smpi/display-timing:yes"]
+    return cmd, env, 1
+
+
 def launch(args, S, cores, user_threads):
     """(argv prefix, environment, threads per rank) for S ranks under Open MPI's mpirun."""
+    if args.simulate:
+        return simulate_launch(args, S)
     threads = user_threads or max(1, cores // S)
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
@@ -174,12 +213,18 @@ def read_bench(path, variant, S, n):
                     "(see its message above)")
             t = {k: np.asarray(f["train"][k][()], dtype=float).ravel()
                  for k in ("n", "step_ms", "tokens_per_s", "mfu") if k in f["train"]}
+            t_all = {k: np.asarray(f["train"][k][()], dtype=float).ravel()
+                     for k in PHASES if k in f["train"]}
             hit = np.nonzero(t["n"] == n)[0]
             if not len(hit):
                 die(f"{path}: no /train row for n = {n}")
             i = hit[0]
             for k in ("step_ms", "tokens_per_s", "mfu"):
                 row[k] = t[k][i] if k in t else np.nan
+            for k in PHASES:
+                row[k] = float(t_all[k][i]) if k in t_all else np.nan
+            comm_ms = row["exchange_ms"] + row["allreduce_ms"]
+            row["exposed_comm"] = comm_ms / row["step_ms"] if row["step_ms"] > 0 else np.nan
             row.update(attention_ms=np.nan, fwd_ms=np.nan, bwd_ms=np.nan, bytes=np.nan)
             if "comm" in f and "n" in f["comm"]:
                 c = f["comm"]
@@ -224,11 +269,13 @@ def derive(rows):
 
 def print_table(rows):
     print(f"\n{'kind':<6} {'S':>4} {'n':>8} {'thr':>3} {'step ms':>10} {'tokens/s':>10} "
-          f"{'speedup':>7} {'eff %':>6} {'attn ms':>9} {'KiB/rank/layer':>14} {'MFU %':>6}")
+          f"{'speedup':>7} {'eff %':>6} {'attn ms':>9} {'KiB/rank/layer':>14} {'MFU %':>6} "
+          f"{'comm %':>6}")
     for r in rows:
         print(f"{r['kind']:<6} {r['S']:>4} {r['n']:>8} {r['threads']:>3} {r['step_ms']:>10.2f} "
               f"{r['tokens_per_s']:>10.0f} {r['speedup']:>7.2f} {100 * r['efficiency']:>6.1f} "
-              f"{r['attention_ms']:>9.2f} {r['bytes'] / 1024:>14.1f} {100 * r['mfu']:>6.2f}")
+              f"{r['attention_ms']:>9.2f} {r['bytes'] / 1024:>14.1f} {100 * r['mfu']:>6.2f} "
+              f"{100 * r['exposed_comm']:>6.1f}")
     print(flush=True)
 
 
@@ -258,6 +305,18 @@ def write_results(path, rows, meta):
          "(S0 = baseline_ranks, normally 1; t = step_ms)"),
         ("efficiency", "efficiency", "f8", "units",
          "dimensionless; strong: speedup/S; weak: t(S0)/t(S) (1 = ideal)"),
+        ("near_ms", "near_ms", "f8", "units", "milliseconds per step, mean over ranks: fma's "
+         "near field (P2P; summed over threads)"),
+        ("far_ms", "far_ms", "f8", "units", "milliseconds per step, mean over ranks: fma's far "
+         "field (P2M + M2M + M2P; summed over threads)"),
+        ("exchange_ms", "exchange_ms", "f8", "units", "milliseconds per step, mean over ranks: "
+         "blocking exchanges between sequence ranks (halos, LET, ring; waits included)"),
+        ("allreduce_ms", "allreduce_ms", "f8", "units",
+         "milliseconds per step, mean over ranks: gradient allreduce"),
+        ("optimizer_ms", "optimizer_ms", "f8", "units",
+         "milliseconds per step, mean over ranks: gradient norm and AdamW"),
+        ("exposed_comm", "exposed_comm", "f8", "units", "fraction of the step inside blocking "
+         "communication: (exchange_ms + allreduce_ms) / step_ms (nothing is overlapped)"),
     ]
     tmp = path + ".tmp"
     with h5py.File(tmp, "w") as f:
@@ -297,9 +356,13 @@ def main():
     ap.add_argument("--out", default="runs/scaling/scaling.h5",
                     help="results HDF5; the runs go in its directory (default %(default)s)")
     ap.add_argument("--fmattn", default="src/fmattn", help="fmattn binary (default %(default)s)")
-    ap.add_argument("--mpirun", default="mpirun",
+    ap.add_argument("--mpirun", default=None,
                     help="MPI launcher, may carry flags: \"mpirun --mca btl ^openib\" "
-                    "(default %(default)s)")
+                    "(default mpirun; smpirun with --simulate)")
+    ap.add_argument("--simulate", metavar="PLATFORM", default=None,
+                    help="run under SimGrid SMPI on a simulated platform: a name in "
+                    "scripts/simgrid/ (this_machine, ndr, eth25) or a platform XML; --fmattn "
+                    "must be an ./configure --enable-smpi build. Results are marked simulated.")
     ap.add_argument("--extra", default="", help="more fmattn settings for every run, as one "
                     "string: \"--set a.b=c --set d.e=f\"")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -310,6 +373,19 @@ def main():
         die("--n must be >= 2 and --per-rank >= 1")
     if not os.path.isfile(args.deck):
         die(f"deck '{args.deck}' not found (run from the repository root, or give --deck)")
+    if args.simulate:
+        args.platform = platform_path(args.simulate)
+    if args.mpirun is None:
+        args.mpirun = "smpirun" if args.simulate else "mpirun"
+    if not args.dry_run and os.path.isfile(args.fmattn):
+        smpi_build = is_smpi_build(args.fmattn)
+        if args.simulate and not smpi_build:
+            die(f"--simulate needs an fmattn built for SimGrid SMPI, and {args.fmattn} is a native "
+                "build: configure a second tree with ./configure --enable-smpi and give its "
+                "src/fmattn as --fmattn")
+        if smpi_build and not args.simulate:
+            die(f"{args.fmattn} is a SimGrid SMPI build (./configure --enable-smpi): it runs "
+                "only under smpirun; give --simulate PLATFORM, or a native build")
     args.mpirun_argv = shlex.split(args.mpirun)
     if not args.mpirun_argv:
         die("--mpirun is empty")
@@ -318,7 +394,9 @@ def main():
             "SLURM allocation use mpirun (as scripts/slurm/scaling.sbatch does)")
     if not args.dry_run and subprocess.run(["sh", "-c", 'command -v "$1" >/dev/null', "sh",
                                             args.mpirun_argv[0]]).returncode != 0:
-        die(f"'{args.mpirun_argv[0]}' is not on PATH (apt-get install openmpi-bin, or --mpirun)")
+        die(f"'{args.mpirun_argv[0]}' is not on PATH (" + (
+            "SimGrid is missing: apt-get install libsimgrid-dev" if args.simulate else
+            "apt-get install openmpi-bin") + ", or --mpirun)")
     extra = parse_extra(args.extra)
     out_dir = os.path.dirname(args.out) or "."
     cores, cpus = machine_cores()
@@ -340,8 +418,10 @@ def main():
         pre, env, threads = launch(args, S, cores, user_threads)
         cmd = pre + fmattn_args(args, extra, kind, S, n, name, out_dir)
         plan.append((kind, S, n, name, cmd, env, threads))
-    note(f"{len(plan)} run(s) of {args.deck} ({args.variant}) on {socket.gethostname()}, "
-         f"{cores} core(s); results to {args.out}")
+    where = (f"simulated on {args.platform} (SimGrid SMPI; computation timed on "
+             f"{socket.gethostname()})" if args.simulate else
+             f"on {socket.gethostname()}, {cores} core(s)")
+    note(f"{len(plan)} run(s) of {args.deck} ({args.variant}) {where}; results to {args.out}")
     if args.dry_run:
         for p in plan:
             print(show(p[4], p[5]))
@@ -366,7 +446,7 @@ def main():
         bench = os.path.join(out_dir, name, "bench.h5")
         if os.path.exists(bench):
             os.remove(bench)  # a stale file must not pass for this run's result
-        if S * threads > cores:
+        if S * threads > cores and not args.simulate:
             note(f"warning: {S} ranks x {threads} thread(s) > {cores} cores: oversubscribed, "
                  "the timings are not meaningful")
         print(f"\n{PROG}: [{len(done) + 1}/{len(plan)}] {show(cmd, env)}", flush=True)
@@ -401,15 +481,21 @@ def main():
         "deck_resolved": resolved or "",
         "variant": args.variant,
         "extra": args.extra,
-        "machine": f"{socket.gethostname()} ({cores} cores, {cpus} CPUs)",
+        "machine": (f"simulated {os.path.basename(args.platform)[:-4]} (SimGrid SMPI; "
+                    f"computation timed on {socket.gethostname()})" if args.simulate else
+                    f"{socket.gethostname()} ({cores} cores, {cpus} CPUs)"),
+        "simulated": int(bool(args.simulate)),
+        "platform": args.platform if args.simulate else "",
+        "platform_xml": open(args.platform).read() if args.simulate else "",
         "hostname": socket.gethostname(),
-        "cores": cores,
+        "cores": 1 << 30 if args.simulate else cores,  # simulated: a core per rank
         "cpus": cpus,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": shlex.join([sys.argv[0]] + sys.argv[1:]),
         "baseline_ranks_strong": base.get("strong", 0),
         "baseline_ranks_weak": base.get("weak", 0),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "") or "cores // S",
+        "omp_num_threads": "1" if args.simulate else (os.environ.get("OMP_NUM_THREADS", "")
+                                                       or "cores // S"),
     }
     write_results(args.out, rows, meta)
     note(f"wrote {args.out} ({len(rows)} runs); plot it with scripts/plot_scaling.py {args.out}")

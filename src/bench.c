@@ -342,7 +342,19 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
 
 struct train_row {
   double n, tokens_per_s, flops_per_token, mfu, step_ms, peak_bytes;
+  /* per step, mean over the timed steps and over the ranks (thread-milliseconds for the fma
+   * operators, which sum their OpenMP threads) */
+  double near_ms, far_ms, exchange_ms, allreduce_ms, optimizer_ms;
 };
+
+/* The phase timers a training-step row reports, summed as one row's columns. */
+static void train_phases(double out[5]) {
+  out[0] = timer_total_ms(TIMER_P2P);
+  out[1] = timer_total_ms(TIMER_P2M) + timer_total_ms(TIMER_M2M) + timer_total_ms(TIMER_M2P);
+  out[2] = timer_total_ms(TIMER_EXCHANGE);
+  out[3] = timer_total_ms(TIMER_COMM);
+  out[4] = timer_total_ms(TIMER_OPTIMIZER);
+}
 
 static bool bench_train_one(const struct config *cfg, struct comm *comm, int repeats,
                             double machine_gflops, struct train_row *row) {
@@ -357,23 +369,37 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   }
   const double fpt = model_flops_per_token(&m);
   double *ts = xmalloc(sizeof(double) * (size_t)repeats);
+  double phase0[5] = {0}, phase1[5];
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_WORLD);
+    if (r == 0) train_phases(phase0);
     double t0 = timer_now();
     model_zero_grads(&m);
     long c;
     model_forward(&m, r + 1, true, 1.0f / (float)(N * comm->world_size), &c);
     model_backward(&m, r + 1);
+    timer_start(TIMER_COMM);
     model_allreduce_grads(&m);
+    timer_stop(TIMER_COMM);
+    timer_start(TIMER_OPTIMIZER);
     double norm = optimizer_grad_norm(&m);
     optimizer_step(&m, r + 2, 1e-4, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
     m.be->sync();
+    timer_stop(TIMER_OPTIMIZER);
     double t = timer_now() - t0;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm->world));
     if (r >= 0) ts[r] = t;
   }
   double s = median(ts, repeats);
   free(ts);
+  train_phases(phase1);
+  for (int i = 0; i < 5; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats / comm->world_size;
+  comm_allreduce_sum_double(comm, COMM_WORLD, phase1, 5);
+  row->near_ms = phase1[0];
+  row->far_ms = phase1[1];
+  row->exchange_ms = phase1[2];
+  row->allreduce_ms = phase1[3];
+  row->optimizer_ms = phase1[4];
   /* the step's labelled memory on its device, the largest rank's */
   row->peak_bytes = (double)(m.be->host_visible ? mem_peak_total() : mem_device_peak_total());
   comm_allreduce_max_double(comm, COMM_WORLD, &row->peak_bytes, 1);
@@ -387,6 +413,10 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
       "%.1f%% of GEMM | peak %.1f MiB",
       m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
       100.0 * row->mfu, row->peak_bytes / 1048576.0);
+  message(
+      "  train      n = %8ld: near field %.1f ms, far field %.1f ms, exchange %.1f ms, "
+      "gradient allreduce %.1f ms, optimizer %.1f ms per step (mean over ranks)",
+      m.n, row->near_ms, row->far_ms, row->exchange_ms, row->allreduce_ms, row->optimizer_ms);
   model_free(&m);
   return true;
 }
@@ -611,6 +641,15 @@ static const struct column train_columns[] = {
     NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops (the GEMM rate of the run's precision)"),
     NUM(train_row, step_ms, "milliseconds, median training step"),
     NUM(train_row, peak_bytes, "bytes of peak labelled memory on the step's device, largest rank"),
+    NUM(train_row, near_ms,
+        "milliseconds per step, mean over ranks: fma's near field (P2P; thread-ms, 0 for others)"),
+    NUM(train_row, far_ms,
+        "milliseconds per step, mean over ranks: fma's far field (P2M + M2M + M2P; thread-ms)"),
+    NUM(train_row, exchange_ms,
+        "milliseconds per step, mean over ranks: blocking exchanges between sequence ranks "
+        "(halos, LET, ring; waits included)"),
+    NUM(train_row, allreduce_ms, "milliseconds per step, mean over ranks: gradient allreduce"),
+    NUM(train_row, optimizer_ms, "milliseconds per step, mean over ranks: gradient norm and AdamW"),
 };
 static const struct column comm_columns[] = {
     TEXT(comm_row, variant, "attention variant"),

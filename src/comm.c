@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "timer.h"
 #include "memory.h"
 
 #define COMM_PIECE ((size_t)1 << 28)
@@ -161,14 +162,18 @@ static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t 
 
 void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
   _Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t travels as uint64_t");
+  timer_start(TIMER_EXCHANGE);
   MPI_CHECK(MPI_Alltoall(send, 1, MPI_UINT64_T, recv, 1, MPI_UINT64_T, c->seq));
+  timer_stop(TIMER_EXCHANGE);
   c->bytes_sent += (uint64_t)(c->S - 1) * sizeof(uint64_t);
 }
 
 void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
                          const size_t *sdispl, long *recv, const size_t *rcount,
                          const size_t *rdispl) {
+  timer_start(TIMER_EXCHANGE);
   alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_LONG, sizeof(long), "longs");
+  timer_stop(TIMER_EXCHANGE);
 }
 
 static void mpi_isendrecv_float(struct comm *c, const float *send, size_t count, int dest,
@@ -262,7 +267,9 @@ void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf,
 
 void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
                           float *recv) {
+  if (scope == COMM_SEQ) timer_start(TIMER_EXCHANGE);
   c->transport->allgather_float(c, scope, send, count, recv);
+  if (scope == COMM_SEQ) timer_stop(TIMER_EXCHANGE);
 }
 
 const struct comm_transport *comm_host_begin(struct comm *c) {
@@ -278,13 +285,17 @@ void comm_host_end(struct comm *c, const struct comm_transport *saved) {
 
 void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                          size_t rcount, int src, int tag) {
+  timer_start(TIMER_EXCHANGE);
   c->transport->sendrecv_float(c, send, count, dest, recv, rcount, src, tag);
+  timer_stop(TIMER_EXCHANGE);
 }
 
 void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
                           const size_t *sdispl, float *recv, const size_t *rcount,
                           const size_t *rdispl) {
+  timer_start(TIMER_EXCHANGE);
   c->transport->alltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl);
+  timer_stop(TIMER_EXCHANGE);
 }
 
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
@@ -293,4 +304,8 @@ void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int d
   c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
 }
 
-void comm_wait(struct comm_request *r) { r->transport->wait(r); }
+void comm_wait(struct comm_request *r) {
+  timer_start(TIMER_EXCHANGE);
+  r->transport->wait(r);
+  timer_stop(TIMER_EXCHANGE);
+}

@@ -9,8 +9,8 @@ static double timer_total_[TIMER_COUNT];
 static int timer_depth_[TIMER_COUNT];
 
 static const char *timer_names_[TIMER_COUNT] = {
-    "forward", "backward", "attention", "comm", "optimizer", "io", "data",
-    "eval",    "P2P",      "P2M",       "M2M",  "M2P",       "LET"};
+    "forward", "backward", "attention", "comm", "optimizer", "io",      "data",
+    "eval",    "P2P",      "P2M",       "M2M",  "M2P",       "exchange"};
 
 double timer_now(void) {
   struct timespec t;

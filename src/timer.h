@@ -19,7 +19,9 @@ enum timer_id {
   TIMER_P2M,
   TIMER_M2M,
   TIMER_M2P,
-  TIMER_LET,
+  /* time inside the blocking exchanges between sequence ranks (comm.c: halos, the LET, the ring;
+   * a wait on a slower rank included) */
+  TIMER_EXCHANGE,
   TIMER_COUNT
 };
 
