@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 # Plot a scaling sweep: reads the HDF5 that scripts/scaling.py writes and draws scaling_time.png,
-# scaling_efficiency.png and scaling_bytes.png; with --comm BENCH.h5 (a bench.what=comm sweep over n
+# scaling_efficiency.png, scaling_bytes.png and (from runs that time the step by phase)
+# scaling_phases.png; with --comm BENCH.h5 (a bench.what=comm sweep over n
 # at fixed S) draws comm_bytes_vs_n.png. Read-only: it reports what the runs measured, times nothing.
 # Usage: scripts/plot_scaling.py [RESULTS.h5] [--comm BENCH.h5_or_RUN_DIR] [-o OUT_DIR]
 import argparse
@@ -196,6 +197,40 @@ def plot_bytes(r, attrs, out_dir, written):
     save(fig, out_dir, "scaling_bytes.png", written)
 
 
+PHASES = (("near_ms", "near field (P2P)"), ("far_ms", "far field (P2M, M2M, M2P)"),
+          ("exchange_ms", "exchange between sequence ranks"),
+          ("allreduce_ms", "gradient allreduce"), ("optimizer_ms", "optimizer"))
+
+
+def plot_phases(r, attrs, out_dir, written):
+    """The step by phase (mean over ranks) as stacked bars per S, the rest of the step on top;
+    the exposed communication share written over each bar."""
+    kinds = kinds_of(r)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5.5), squeeze=False)
+    for ax, (kind, ix) in zip(axes[0], kinds.items()):
+        x = np.arange(len(ix))
+        bottom = np.zeros(len(ix))
+        for j, (k, label) in enumerate(PHASES):
+            v = np.nan_to_num(r[k][ix])
+            ax.bar(x, v, bottom=bottom, color=f"C{j}", label=label)
+            bottom += v
+        rest = np.maximum(r["step_ms"][ix] - bottom, 0)
+        ax.bar(x, rest, bottom=bottom, color="0.8", label="rest (MLP, norms, embeddings, ...)")
+        for xi, i in zip(x, ix):
+            share = r["exposed_comm"][i] if "exposed_comm" in r else np.nan
+            if np.isfinite(share):
+                ax.annotate(f"{100 * share:.0f}%", (xi, r["step_ms"][i]), ha="center",
+                            textcoords="offset points", xytext=(0, 3), fontsize=8)
+        ax.set_xticks(x, [f"{int(r['seq_ranks'][i])}\n{n_label(r['n'][i])}" for i in ix])
+        ax.set_xlabel("sequence ranks S and n")
+        ax.set_ylabel("ms per step (mean over ranks)")
+        ax.set_title(f"{kind} scaling: the step by phase (% = communication, exposed)",
+                     fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(results_title(attrs), fontsize=10)
+    save(fig, out_dir, "scaling_phases.png", written)
+
+
 def print_results(r):
     print(f"{'kind':<6} {'S':>4} {'n':>8} {'thr':>3} {'step ms':>10} {'speedup':>7} {'eff %':>6} "
           f"{'attn ms':>9} {'KiB/rank/layer':>14}")
@@ -223,6 +258,8 @@ def plot_results(path, out_dir, written):
     plot_time(r, attrs, out_dir, written)
     plot_efficiency(r, attrs, out_dir, written)
     plot_bytes(r, attrs, out_dir, written)
+    if all(k in r for k, _ in PHASES):
+        plot_phases(r, attrs, out_dir, written)
 
 
 # ------------------------------------------------------------------------------------------------
