@@ -26,7 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PLATFORMS = os.path.join(HERE, "simgrid")
 SMPI_MARK = b"(SimGrid SMPI build)"  # in the --version text of an --enable-smpi build
 # The training step by phase, from bench.h5 /train (mean over ranks, per step).
-PHASES = ("near_ms", "far_ms", "exchange_ms", "allreduce_ms", "optimizer_ms")
+PHASES = ("near_ms", "far_ms", "exchange_ms", "allreduce_ms", "optimizer_ms", "busy_max_ms",
+          "busy_mean_ms")
 # Keys the sweep sets on every run; --extra may not set them (its runs would not be the sweep's).
 RESERVED = ("run.mode", "run.name", "output.dir", "bench.what", "bench.n_list", "bench.variants",
             "bench.batch", "train.batch", "model.context", "parallel.seq_ranks")
@@ -315,6 +316,10 @@ def write_results(path, rows, meta):
          "milliseconds per step, mean over ranks: gradient allreduce"),
         ("optimizer_ms", "optimizer_ms", "f8", "units",
          "milliseconds per step, mean over ranks: gradient norm and AdamW"),
+        ("busy_max_ms", "busy_max_ms", "f8", "units", "milliseconds per step outside blocking "
+         "communication, the busiest rank (NaN: fmattn before this column)"),
+        ("busy_mean_ms", "busy_mean_ms", "f8", "units", "milliseconds per step outside blocking "
+         "communication, mean over ranks; busy_max_ms / busy_mean_ms is the load imbalance"),
         ("exposed_comm", "exposed_comm", "f8", "units", "fraction of the step inside blocking "
          "communication: (exchange_ms + allreduce_ms) / step_ms (nothing is overlapped)"),
     ]

@@ -345,6 +345,9 @@ struct train_row {
   /* per step, mean over the timed steps and over the ranks (thread-milliseconds for the fma
    * operators, which sum their OpenMP threads) */
   double near_ms, far_ms, exchange_ms, allreduce_ms, optimizer_ms;
+  /* per step outside blocking communication (the step less exchange and allreduce): the largest
+   * rank's and the mean; their ratio is the load imbalance that the exchanges wait out */
+  double busy_max_ms, busy_mean_ms;
 };
 
 /* The phase timers a training-step row reports, summed as one row's columns. */
@@ -369,7 +372,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   }
   const double fpt = model_flops_per_token(&m);
   double *ts = xmalloc(sizeof(double) * (size_t)repeats);
-  double phase0[5] = {0}, phase1[5];
+  double phase0[5] = {0}, phase1[5], own_s = 0.0;
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_WORLD);
     if (r == 0) train_phases(phase0);
@@ -387,14 +390,22 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
     m.be->sync();
     timer_stop(TIMER_OPTIMIZER);
     double t = timer_now() - t0;
+    if (r >= 0) own_s += t;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm->world));
     if (r >= 0) ts[r] = t;
   }
   double s = median(ts, repeats);
   free(ts);
   train_phases(phase1);
-  for (int i = 0; i < 5; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats / comm->world_size;
+  for (int i = 0; i < 5; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats;
+  double busy = 1e3 * own_s / repeats - phase1[2] - phase1[3], busy_max = busy;
+  for (int i = 0; i < 5; i++) phase1[i] /= comm->world_size;
+  busy /= comm->world_size;
   comm_allreduce_sum_double(comm, COMM_WORLD, phase1, 5);
+  comm_allreduce_sum_double(comm, COMM_WORLD, &busy, 1);
+  comm_allreduce_max_double(comm, COMM_WORLD, &busy_max, 1);
+  row->busy_max_ms = busy_max;
+  row->busy_mean_ms = busy;
   row->near_ms = phase1[0];
   row->far_ms = phase1[1];
   row->exchange_ms = phase1[2];
@@ -415,8 +426,10 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
       100.0 * row->mfu, row->peak_bytes / 1048576.0);
   message(
       "  train      n = %8ld: near field %.1f ms, far field %.1f ms, exchange %.1f ms, "
-      "gradient allreduce %.1f ms, optimizer %.1f ms per step (mean over ranks)",
-      m.n, row->near_ms, row->far_ms, row->exchange_ms, row->allreduce_ms, row->optimizer_ms);
+      "gradient allreduce %.1f ms, optimizer %.1f ms per step (mean over ranks); outside "
+      "communication %.1f ms on the busiest rank, %.1f on average",
+      m.n, row->near_ms, row->far_ms, row->exchange_ms, row->allreduce_ms, row->optimizer_ms,
+      row->busy_max_ms, row->busy_mean_ms);
   model_free(&m);
   return true;
 }
@@ -650,6 +663,10 @@ static const struct column train_columns[] = {
         "(halos, LET, ring; waits included)"),
     NUM(train_row, allreduce_ms, "milliseconds per step, mean over ranks: gradient allreduce"),
     NUM(train_row, optimizer_ms, "milliseconds per step, mean over ranks: gradient norm and AdamW"),
+    NUM(train_row, busy_max_ms,
+        "milliseconds per step outside blocking communication, the busiest rank"),
+    NUM(train_row, busy_mean_ms,
+        "milliseconds per step outside blocking communication, mean over ranks"),
 };
 static const struct column comm_columns[] = {
     TEXT(comm_row, variant, "attention variant"),
