@@ -337,6 +337,42 @@ def write_results(path, rows, meta):
     os.replace(tmp, path)
 
 
+def finish(args, rows, resolved, cores, cpus, failed=""):
+    """Derive, print and write the results of the runs done; failed names the run that stopped
+    the sweep (the file then holds the runs before it, and says so)."""
+    base = derive(rows)
+    for kind, s0 in base.items():
+        if s0 != 1:
+            note(f"warning: no S = 1 run for {kind} scaling: speedup and efficiency are relative "
+                 f"to S = {s0}")
+    print_table(rows)
+    meta = {
+        "deck": args.deck,
+        "deck_resolved": resolved or "",
+        "variant": args.variant,
+        "extra": args.extra,
+        "machine": (f"simulated {os.path.basename(args.platform)[:-4]} (SimGrid SMPI; "
+                    f"computation timed on {socket.gethostname()})" if args.simulate else
+                    f"{socket.gethostname()} ({cores} cores, {cpus} CPUs)"),
+        "simulated": int(bool(args.simulate)),
+        "platform": args.platform if args.simulate else "",
+        "platform_xml": open(args.platform).read() if args.simulate else "",
+        "hostname": socket.gethostname(),
+        "cores": 1 << 30 if args.simulate else cores,  # simulated: a core per rank
+        "cpus": cpus,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join([sys.argv[0]] + sys.argv[1:]),
+        "baseline_ranks_strong": base.get("strong", 0),
+        "baseline_ranks_weak": base.get("weak", 0),
+        "incomplete": failed,
+        "omp_num_threads": "1" if args.simulate else (os.environ.get("OMP_NUM_THREADS", "")
+                                                       or "cores // S"),
+    }
+    write_results(args.out, rows, meta)
+    note(f"wrote {args.out} ({len(rows)} runs{', incomplete: ' + failed + ' failed' if failed else ''}); "
+         f"plot it with scripts/plot_scaling.py {args.out}")
+
+
 def main():
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -371,6 +407,8 @@ def main():
     ap.add_argument("--extra", default="", help="more fmattn settings for every run, as one "
                     "string: \"--set a.b=c --set d.e=f\"")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--collect", action="store_true", help="run nothing: collect the bench.h5 "
+                    "the sweep's runs left in the results' directory (after a sweep that stopped)")
     args = ap.parse_args()
 
     args.ranks = int_list(args.ranks, "--ranks")
@@ -432,6 +470,22 @@ def main():
             print(show(p[4], p[5]))
         return
 
+    if args.collect:  # the runs are done: read their bench.h5, run nothing
+        rows = []
+        for kind, S, n, name, cmd, env, threads in plan:
+            bench = os.path.join(out_dir, name, "bench.h5")
+            if not os.path.isfile(bench):
+                note(f"{name}: no {bench}; the collection stops before it")
+                break
+            r = read_bench(bench, args.variant, S, n)
+            r.update(kind=kind, S=S, n=n, run=name, threads=int(r["threads"]))
+            rows.append(r)
+        if not rows:
+            die(f"--collect: no run of the sweep has a bench.h5 under {out_dir}")
+        missing = [p[3] for p in plan[len(rows):]]
+        finish(args, rows, resolved, cores, cpus, failed=missing[0] if missing else "")
+        return
+
     # Pre-flight: check every point's deck under its own launcher (the layout for S ranks) before
     # the first run, so that a bad point fails in seconds, not after hours of the sweep.
     for kind, S, n, name, cmd, env, threads in plan:
@@ -458,11 +512,14 @@ def main():
         rc = subprocess.run(cmd, env=env).returncode  # fmattn's output streams through
         if rc != 0:
             why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+            if rows:  # the runs before it are results: keep them, marked incomplete
+                finish(args, rows, resolved, cores, cpus, failed=name)
             die(f"run {name} ({kind} scaling, S = {S}, n = {n}) failed ({why}); fmattn's "
                 "messages are above.\n"
                 f"  command: {show(cmd, env)}\n"
                 f"  completed: {', '.join(done) or 'none'} (bench.h5 in {out_dir}/<run>/); "
-                f"{args.out} not written")
+                + (f"{args.out} holds them, marked incomplete" if rows else
+                   f"{args.out} not written"))
         if not os.path.isfile(bench):
             die(f"run {name} finished but {bench} is missing")
         r = read_bench(bench, args.variant, S, n)
@@ -475,35 +532,7 @@ def main():
         rows.append(r)
         done.append(name)
 
-    base = derive(rows)
-    for kind, s0 in base.items():
-        if s0 != 1:
-            note(f"warning: no S = 1 run for {kind} scaling: speedup and efficiency are relative "
-                 f"to S = {s0}")
-    print_table(rows)
-    meta = {
-        "deck": args.deck,
-        "deck_resolved": resolved or "",
-        "variant": args.variant,
-        "extra": args.extra,
-        "machine": (f"simulated {os.path.basename(args.platform)[:-4]} (SimGrid SMPI; "
-                    f"computation timed on {socket.gethostname()})" if args.simulate else
-                    f"{socket.gethostname()} ({cores} cores, {cpus} CPUs)"),
-        "simulated": int(bool(args.simulate)),
-        "platform": args.platform if args.simulate else "",
-        "platform_xml": open(args.platform).read() if args.simulate else "",
-        "hostname": socket.gethostname(),
-        "cores": 1 << 30 if args.simulate else cores,  # simulated: a core per rank
-        "cpus": cpus,
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([sys.argv[0]] + sys.argv[1:]),
-        "baseline_ranks_strong": base.get("strong", 0),
-        "baseline_ranks_weak": base.get("weak", 0),
-        "omp_num_threads": "1" if args.simulate else (os.environ.get("OMP_NUM_THREADS", "")
-                                                       or "cores // S"),
-    }
-    write_results(args.out, rows, meta)
-    note(f"wrote {args.out} ({len(rows)} runs); plot it with scripts/plot_scaling.py {args.out}")
+    finish(args, rows, resolved, cores, cpus)
 
 
 if __name__ == "__main__":
