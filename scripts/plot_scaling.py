@@ -203,30 +203,30 @@ PHASES = (("near_ms", "near field (P2P)"), ("far_ms", "far field (P2M, M2M, M2P)
 
 
 def plot_phases(r, attrs, out_dir, written):
-    """The step by phase (mean over ranks) as stacked bars per S, the rest of the step on top;
-    the exposed communication share written over each bar."""
+    """The step by phase (mean over ranks) as shares of the step, stacked per S, the rest of the
+    step on top; each bar labelled with the step's time."""
     kinds = kinds_of(r)
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5.5), squeeze=False)
     for ax, (kind, ix) in zip(axes[0], kinds.items()):
         x = np.arange(len(ix))
         bottom = np.zeros(len(ix))
+        step = r["step_ms"][ix]
         for j, (k, label) in enumerate(PHASES):
-            v = np.nan_to_num(r[k][ix])
+            v = np.nan_to_num(r[k][ix]) / step
             ax.bar(x, v, bottom=bottom, color=f"C{j}", label=label)
             bottom += v
-        rest = np.maximum(r["step_ms"][ix] - bottom, 0)
+        rest = np.maximum(1 - bottom, 0)
         ax.bar(x, rest, bottom=bottom, color="0.8", label="rest (MLP, norms, embeddings, ...)")
-        for xi, i in zip(x, ix):
-            share = r["exposed_comm"][i] if "exposed_comm" in r else np.nan
-            if np.isfinite(share):
-                ax.annotate(f"{100 * share:.0f}%", (xi, r["step_ms"][i]), ha="center",
-                            textcoords="offset points", xytext=(0, 3), fontsize=8)
+        for xi, t in zip(x, step):
+            ax.annotate(f"{t:.0f} ms" if t < 1e4 else f"{t / 1e3:.1f} s", (xi, 1.0), ha="center",
+                        textcoords="offset points", xytext=(0, 3), fontsize=8)
         ax.set_xticks(x, [f"{int(r['seq_ranks'][i])}\n{n_label(r['n'][i])}" for i in ix])
         ax.set_xlabel("sequence ranks S and n")
-        ax.set_ylabel("ms per step (mean over ranks)")
-        ax.set_title(f"{kind} scaling: the step by phase (% = communication, exposed)",
+        ax.set_ylabel("share of the step (phases: mean over ranks)")
+        ax.set_ylim(0, 1.32)
+        ax.set_title(f"{kind} scaling: the step by phase (exchange + allreduce: exposed)",
                      fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", ncol=3)
     fig.suptitle(results_title(attrs), fontsize=10)
     save(fig, out_dir, "scaling_phases.png", written)
 

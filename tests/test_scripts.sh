@@ -23,10 +23,16 @@ with h5py.File(sys.argv[1], "r") as f:
     assert b[0] == 0 and b[2] == 0 and b[1] > 0 and b[3] > 0, b
     assert np.all(t > 0) and e[0] == 1 and e[2] == 1 and np.all(e > 0), (t, e)
     assert f.attrs["variant"] == "fma", f.attrs["variant"]
+    # the step by phase: S = 1 exchanges nothing, S = 2 does; the phases fit in the step
+    x, busy = f["exchange_ms"][()], f["busy_mean_ms"][()]
+    assert x[0] == 0 and x[2] == 0 and x[1] > 0 and x[3] > 0, x
+    assert np.all(f["near_ms"][()] > 0) and np.all(f["far_ms"][()] > 0), "near/far"
+    assert np.all(busy > 0) and np.all(f["busy_max_ms"][()] >= busy - 1e-9), busy
+    assert f.attrs["simulated"] == 0 and f.attrs["incomplete"] == "", "simulated/incomplete"
 PY
-check "plot_scaling.py draws time, efficiency and bytes" \
+check "plot_scaling.py draws time, efficiency, bytes and phases" \
   "$P" scripts/plot_scaling.py "$R" -o "$WORK/plots"
-for png in scaling_time scaling_efficiency scaling_bytes; do
+for png in scaling_time scaling_efficiency scaling_bytes scaling_phases; do
   check "$png.png is a PNG" sh -c "head -c 8 '$WORK/plots/$png.png' | grep -q PNG"
 done
 check "plot_bench.py draws a run's bench.h5" \
