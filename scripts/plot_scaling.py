@@ -86,7 +86,7 @@ def kind_label(r, kind, ix):
 
 def oversubscribed(r, attrs, i):
     cores = attrs.get("cores")
-    if cores is None or "threads" not in r:
+    if cores is None or "threads" not in r or attrs.get("simulated"):  # simulated: a core per rank
         return False
     return r["seq_ranks"][i] * r["threads"][i] > float(cores)
 

@@ -358,7 +358,7 @@ def finish(args, rows, resolved, cores, cpus, failed=""):
         "platform": args.platform if args.simulate else "",
         "platform_xml": open(args.platform).read() if args.simulate else "",
         "hostname": socket.gethostname(),
-        "cores": 1 << 30 if args.simulate else cores,  # simulated: a core per rank
+        "cores": cores,
         "cpus": cpus,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": shlex.join([sys.argv[0]] + sys.argv[1:]),

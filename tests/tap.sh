@@ -62,3 +62,17 @@ tap_program() {
     [ "$skipped" -eq 0 ] || ok "$what: $skipped more tests # SKIP ${reason:-skipped}"
   fi
 }
+# skip_all "what # SKIP why": the whole script is this one skipped check, and it ends.
+skip_all() {
+  ok "$1"
+  tap_done
+  exit 0
+}
+# copy_source_tree WHAT: the tracked files of $SRCDIR copied into $WORK/tree, a clean tree for a
+# build of its own; without a git checkout to copy from, the script is one skip of WHAT.
+copy_source_tree() {
+  git -C "$SRCDIR" rev-parse --git-dir > /dev/null 2>&1 ||
+    skip_all "$1 # SKIP the source tree is not a git checkout to copy from"
+  mkdir "$WORK/tree"
+  git -C "$SRCDIR" ls-files -z | (cd "$SRCDIR" && xargs -0 tar -cf -) | tar -xf - -C "$WORK/tree"
+}
