@@ -236,6 +236,9 @@ __device__ float dropout_mask(const struct dropout_key &key, long b, long t, int
 }
 
 // mode 0: x *= mask (dropout and its backward); 1: out = res + y·mask; 2: dres += g, dy += g·mask.
+// The product and the sum are rounded apart (__fmul_rn, __fadd_rn), as the CPU rounds them: nvcc
+// would contract them into one fused multiply-add, whose single rounding differs in the last bit
+// (seen on an H200; the emulation, compiled by gcc without FMA, cannot see it).
 __global__ void dropout_apply(int mode, float *a, float *b, const float *c, const float *g,
                               struct dropout_key key, long B, long T, int C) {
   const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -246,10 +249,10 @@ __global__ void dropout_apply(int mode, float *a, float *b, const float *c, cons
   if (mode == 0) {
     a[e] *= mask;
   } else if (mode == 1) {
-    a[e] = c[e] + g[e] * mask;
+    a[e] = __fadd_rn(c[e], __fmul_rn(g[e], mask));
   } else {
     a[e] += g[e];
-    b[e] += g[e] * mask;
+    b[e] = __fadd_rn(b[e], __fmul_rn(g[e], mask));
   }
 }
 
