@@ -28,6 +28,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->seq_rank, c->replica, &c->data));
   c->bytes_sent = 0;
   c->transport = &comm_mpi_transport;
+  c->overlap = true;
 }
 
 void comm_free(struct comm *c) {
@@ -133,11 +134,10 @@ static void mpi_sendrecv_float(struct comm *c, const float *send, size_t count, 
   if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
 }
 
-/* MPI_Alltoallv of elements of `type` (elem bytes, `what` in messages) with size_t counts and
- * displacements, which must fit MPI's int; the off-rank bytes are counted as sent. */
-static void alltoallv(struct comm *c, const void *send, const size_t *scount, const size_t *sdispl,
-                      void *recv, const size_t *rcount, const size_t *rdispl, MPI_Datatype type,
-                      size_t elem, const char *what) {
+/* An alltoallv's size_t counts and displacements as MPI's int (4·S: sc, sd, rc, rd; the caller
+ * frees them), each checked to fit; the off-rank bytes (elem each) are counted as sent. */
+static int *int_counts(struct comm *c, const size_t *scount, const size_t *sdispl,
+                       const size_t *rcount, const size_t *rdispl, size_t elem, const char *what) {
   const int S = c->S;
   int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
   for (int r = 0; r < S; r++) {
@@ -150,7 +150,17 @@ static void alltoallv(struct comm *c, const void *send, const size_t *scount, co
     rd[r] = (int)rdispl[r];
     if (r != c->seq_rank) c->bytes_sent += scount[r] * elem;
   }
-  MPI_CHECK(MPI_Alltoallv(send, sc, sd, type, recv, rc, rd, type, c->seq));
+  return sc;
+}
+
+/* MPI_Alltoallv of elements of `type` (elem bytes, `what` in messages) with size_t counts and
+ * displacements, which must fit MPI's int. */
+static void alltoallv(struct comm *c, const void *send, const size_t *scount, const size_t *sdispl,
+                      void *recv, const size_t *rcount, const size_t *rdispl, MPI_Datatype type,
+                      size_t elem, const char *what) {
+  const int S = c->S;
+  int *sc = int_counts(c, scount, sdispl, rcount, rdispl, elem, what);
+  MPI_CHECK(MPI_Alltoallv(send, sc, sc + S, type, recv, sc + 2 * S, sc + 3 * S, type, c->seq));
   free(sc);
 }
 
@@ -184,6 +194,31 @@ static void mpi_isendrecv_float(struct comm *c, const float *send, size_t count,
   MPI_CHECK(MPI_Irecv(recv, (int)rcount, MPI_FLOAT, src, tag, c->seq, &r->req[0]));
   MPI_CHECK(MPI_Isend(send, (int)count, MPI_FLOAT, dest, tag, c->seq, &r->req[1]));
   if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
+}
+
+static void mpi_ialltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                                 const size_t *sdispl, float *recv, const size_t *rcount,
+                                 const size_t *rdispl, struct comm_request *r) {
+  const int S = c->S;
+  int *sc = int_counts(c, scount, sdispl, rcount, rdispl, sizeof(float), "floats");
+  MPI_CHECK(MPI_Ialltoallv(send, sc, sc + S, MPI_FLOAT, recv, sc + 2 * S, sc + 3 * S, MPI_FLOAT,
+                           c->seq, &r->req[0]));
+  r->req[1] = MPI_REQUEST_NULL;
+  r->counts = sc;
+}
+
+static void mpi_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf,
+                                     size_t count, struct comm_request *r) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  r->req[0] = r->req[1] = MPI_REQUEST_NULL;
+  if (size <= 1 || count == 0) return;
+  if (count > COMM_PIECE) { /* beyond one MPI call: blocking, in pieces */
+    mpi_allreduce_sum_float(c, scope, buf, count);
+    return;
+  }
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, comm, &r->req[0]));
+  c->bytes_sent += (uint64_t)(2.0 * (size - 1) / size * (double)(count * sizeof(float)));
 }
 
 static void mpi_wait(struct comm_request *r) {
@@ -224,6 +259,8 @@ const struct comm_transport comm_mpi_transport = {
     .sendrecv_float = mpi_sendrecv_float,
     .alltoallv_float = mpi_alltoallv_float,
     .isendrecv_float = mpi_isendrecv_float,
+    .ialltoallv_float = mpi_ialltoallv_float,
+    .iallreduce_sum_float = mpi_iallreduce_sum_float,
     .wait = mpi_wait,
     .alloc = host_alloc,
     .free = host_free,
@@ -301,11 +338,56 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r) {
   r->transport = c->transport;
+  r->counts = NULL;
+  r->exchange = true;
   c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
 }
 
-void comm_wait(struct comm_request *r) {
+void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                           const size_t *sdispl, float *recv, const size_t *rcount,
+                           const size_t *rdispl, struct comm_request *r) {
+  r->transport = NULL; /* nothing left for comm_wait unless the transport starts it */
+  r->counts = NULL;
+  r->exchange = true;
   timer_start(TIMER_EXCHANGE);
-  r->transport->wait(r);
+  if (c->transport->ialltoallv_float) {
+    r->transport = c->transport;
+    c->transport->ialltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl, r);
+  } else {
+    c->transport->alltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl);
+  }
   timer_stop(TIMER_EXCHANGE);
+}
+
+void comm_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count,
+                               struct comm_request *r) {
+  r->transport = NULL;
+  r->counts = NULL;
+  r->exchange = false;
+  if (c->transport->iallreduce_sum_float) {
+    r->transport = c->transport;
+    c->transport->iallreduce_sum_float(c, scope, buf, count, r);
+  } else {
+    c->transport->allreduce_sum_float(c, scope, buf, count);
+  }
+}
+
+bool comm_nonblocking(const struct comm *c) {
+  return c && c->transport->iallreduce_sum_float && c->transport->ialltoallv_float;
+}
+
+void comm_test(struct comm_request *r) {
+  if (r->transport != &comm_mpi_transport) return; /* another transport progresses by itself */
+  int done;
+  MPI_CHECK(MPI_Testall(2, r->req, &done, MPI_STATUSES_IGNORE));
+}
+
+void comm_wait(struct comm_request *r) {
+  if (!r->transport) return;
+  if (r->exchange) timer_start(TIMER_EXCHANGE);
+  r->transport->wait(r);
+  if (r->exchange) timer_stop(TIMER_EXCHANGE);
+  free(r->counts);
+  r->counts = NULL;
+  r->transport = NULL;
 }

@@ -6,6 +6,7 @@
 #define FMATTN_COMM_H
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +17,7 @@ extern "C" {
 #endif
 
 enum comm_scope { COMM_WORLD, COMM_SEQ, COMM_DATA };
+struct comm_request;
 
 struct comm_transport;
 
@@ -27,6 +29,7 @@ struct comm {
   int D, replica;  /* data-parallel replicas, and mine */
   MPI_Comm world, seq, data;
   uint64_t bytes_sent; /* by this rank since comm_init (estimates for collectives) */
+  bool overlap; /* parallel.overlap: exchanges overlap computation where they can (default) */
 };
 
 /* Split MPI_COMM_WORLD; world size must be a multiple of seq_ranks (checked by the deck layer). */
@@ -34,6 +37,15 @@ void comm_init(struct comm *c, int seq_ranks);
 void comm_free(struct comm *c);
 
 void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count);
+/* comm_allreduce_sum_float started (a bucket of the gradient, summed during the backward): buf
+ * stays untouched until comm_wait, whose time is the caller's to count (not an exchange's). A
+ * transport without a non-blocking form completes it here. comm_test lets MPI progress it. */
+void comm_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count,
+                               struct comm_request *r);
+void comm_test(struct comm_request *r);
+/* Whether the transport has the non-blocking collectives (MPI's does; NCCL's are already
+ * asynchronous on the device's stream). */
+bool comm_nonblocking(const struct comm *c);
 void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *buf, size_t count);
 void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count);
 void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *buf, size_t count);
@@ -72,11 +84,18 @@ void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
 /* Non-blocking exchange within the sequence group (for rings that overlap compute): start sending
  * count floats to dest and receiving rcount floats from src; comm_wait completes both. */
 struct comm_request {
-  const struct comm_transport *transport;
+  const struct comm_transport *transport; /* NULL: nothing to wait for */
   MPI_Request req[2];
+  int *counts;   /* an alltoallv's int counts and displacements, alive until comm_wait */
+  bool exchange; /* comm_wait's time counts as TIMER_EXCHANGE */
 };
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r);
+/* comm_alltoallv_float started (the LET's fetch, overlapped with the near field); the buffers
+ * stay untouched until comm_wait. A transport without a non-blocking form completes it here. */
+void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                           const size_t *sdispl, float *recv, const size_t *rcount,
+                           const size_t *rdispl, struct comm_request *r);
 void comm_wait(struct comm_request *r);
 
 /* How the bulk float traffic moves (the functions above that take float buffers): one table
@@ -94,6 +113,13 @@ struct comm_transport {
                           const size_t *rdispl);
   void (*isendrecv_float)(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r);
+  /* may be NULL: comm_ialltoallv_float then runs alltoallv_float and the wait is empty */
+  void (*ialltoallv_float)(struct comm *c, const float *send, const size_t *scount,
+                           const size_t *sdispl, float *recv, const size_t *rcount,
+                           const size_t *rdispl, struct comm_request *r);
+  /* may be NULL: comm_iallreduce_sum_float then runs allreduce_sum_float */
+  void (*iallreduce_sum_float)(struct comm *c, enum comm_scope scope, float *buf, size_t count,
+                               struct comm_request *r);
   void (*wait)(struct comm_request *r);
   /* Buffers of the transport's memory (host for MPI, device for NCCL; zeroed, labelled as
    * memory.c's), and the packing that exchanges do on them: rows of len floats between strided

@@ -141,6 +141,7 @@ struct config_parallel {
   enum backend_kind backend;
   enum device_kind device;
   enum precision_kind precision; /* of the GPU's matrix products */
+  bool overlap;                  /* communication behind computation where it can be */
 };
 
 struct config_bench {

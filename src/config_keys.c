@@ -302,6 +302,9 @@ const struct key_def config_keys[] = {
            "where to compute (auto: a GPU when fmattn was built --with-cuda and one is visible)"),
     K_ENUM("parallel", "precision", "fp32", precision_names, parallel.precision, "dtype",
            "matrix products on the GPU: fp32, or bf16 operands with fp32 accumulation"),
+    K_BOOL("parallel", "overlap", "true", parallel.overlap, "",
+           "hide communication: fma's LET fetch behind the near field, the gradient allreduce "
+           "behind the backward (false: each blocking, where it is needed)"),
 
     K_LIST("bench", "what", "attention,train", what_list, "", "what to time"),
     K_LIST("bench", "n_list", "1024,4096,16384", n_list, "n lengths",

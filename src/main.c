@@ -155,6 +155,7 @@ int main(int argc, char **argv) {
   threads_setup(MPI_COMM_WORLD);
   struct comm comm;
   comm_init(&comm, cfg.parallel.seq_ranks);
+  comm.overlap = cfg.parallel.overlap;
   char err[CONFIG_ERR_LEN];
   const struct backend *be = backend_for(&cfg, err, sizeof err);
   if (!be) error_collective(err);

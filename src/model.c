@@ -5,6 +5,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,6 +219,8 @@ static void alloc_activations(struct model *m) {
   m->datty = act(BT * C);
 }
 
+static void plan_buckets(struct model *m);
+
 void model_build_on(struct model *m, const struct config *cfg, struct comm *comm, long B,
                     const struct backend *be) {
   memset(m, 0, sizeof *m);
@@ -255,6 +258,7 @@ void model_build_on(struct model *m, const struct config *cfg, struct comm *comm
     m->diag_open_mass = xcalloc((size_t)(m->L * m->H), sizeof(double));
     m->diag_opened = xcalloc((size_t)(m->L * m->diag_bands), sizeof(double));
   }
+  plan_buckets(m);
 }
 
 void model_free(struct model *m) {
@@ -287,13 +291,59 @@ void model_free(struct model *m) {
   free(m->diag_entropy);
   free(m->diag_open_mass);
   free(m->diag_opened);
+  free(m->bucket_lo); /* bucket_hi is its second half */
+  free(m->bucket_req);
   param_list_free(&m->plist);
 }
 
 void model_zero_grads(struct model *m) { m->be->zero(m->grads, sizeof(float) * m->plist.total); }
 
+/* The buckets of the gradient allreduce: each block's tensors, which register_params lays out
+ * contiguously, block after block. Left off (NULL) on one rank, without parallel.overlap, on a
+ * transport without non-blocking collectives, or if a block's tensors are not contiguous. */
+static void plan_buckets(struct model *m) {
+  if (!m->comm || m->comm->world_size < 2 || !m->comm->overlap || !comm_nonblocking(m->comm))
+    return;
+  size_t *lo = xmalloc(sizeof(size_t) * 2 * (size_t)m->L), *hi = lo + m->L;
+  for (int l = 0; l < m->L; l++) lo[l] = SIZE_MAX, hi[l] = 0;
+  size_t in_blocks = 0;
+  for (int i = 0; i < m->plist.count; i++) {
+    const struct param_desc *p = &m->plist.p[i];
+    if (p->layer < 0) continue;
+    const size_t end = p->offset + param_aligned(p->numel);
+    if (p->offset < lo[p->layer]) lo[p->layer] = p->offset;
+    if (end > hi[p->layer]) hi[p->layer] = end;
+    in_blocks += param_aligned(p->numel);
+  }
+  bool contiguous = in_blocks == hi[m->L - 1] - lo[0];
+  for (int l = 0; l + 1 < m->L; l++) contiguous = contiguous && hi[l] == lo[l + 1];
+  if (!contiguous) {
+    free(lo);
+    return;
+  }
+  m->bucket_lo = lo;
+  m->bucket_hi = hi;
+  m->bucket_req = xcalloc((size_t)m->L, sizeof(struct comm_request));
+}
+
+/* Block l's backward is done: start summing its gradients, and let the buckets already started
+ * progress (MPI moves a non-blocking collective only inside MPI calls). */
+static void bucket_start(struct model *m, int l) {
+  if (!m->bucket_lo) return;
+  comm_iallreduce_sum_float(m->comm, COMM_WORLD, m->grads + m->bucket_lo[l],
+                            m->bucket_hi[l] - m->bucket_lo[l], &m->bucket_req[l]);
+  for (int j = m->L - 1; j > l; j--) comm_test(&m->bucket_req[j]);
+}
+
 void model_allreduce_grads(struct model *m) {
-  comm_allreduce_sum_float(m->comm, COMM_WORLD, m->grads, m->plist.total);
+  if (!m->bucket_lo) {
+    comm_allreduce_sum_float(m->comm, COMM_WORLD, m->grads, m->plist.total);
+    return;
+  }
+  const size_t first = m->bucket_lo[0], last = m->bucket_hi[m->L - 1];
+  comm_allreduce_sum_float(m->comm, COMM_WORLD, m->grads, first);
+  comm_allreduce_sum_float(m->comm, COMM_WORLD, m->grads + last, m->plist.total - last);
+  for (int l = m->L - 1; l >= 0; l--) comm_wait(&m->bucket_req[l]);
 }
 
 void model_poison_grad(struct model *m, float value) {
@@ -543,6 +593,7 @@ void model_backward(struct model *m, long step) {
     float *t = dres;
     dres = dnext;
     dnext = t;
+    bucket_start(m, l);
   }
 
   struct dropout_key k0 = drop_key(m, step, 0, m->last_train);

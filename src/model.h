@@ -97,6 +97,12 @@ struct model {
   double *diag_mass, *diag_entropy;
   double *diag_open_mass, *diag_opened;
   long diag_queries;
+
+  /* the gradient allreduce in buckets behind the backward (parallel.overlap, several ranks, MPI):
+   * block l's gradients [bucket_lo[l], bucket_hi[l]) start summing once its backward is done;
+   * NULL when the allreduce is one call after the backward */
+  size_t *bucket_lo, *bucket_hi;
+  struct comm_request *bucket_req;
 };
 
 /* Build the model for a local batch of B sequences of T local tokens (T = n / S) on the back end
@@ -115,10 +121,12 @@ void model_init_params(struct model *model);
 double model_forward(struct model *model, long step, bool train, float grad_scale, long *count);
 /* Forward without the loss, dropout off: raw logits stay in model->logits (generation). */
 void model_forward_logits(struct model *model);
-/* Backward of the last forward; accumulates into model->grads. */
+/* Backward of the last forward; accumulates into model->grads. With buckets (above) it also
+ * starts each block's gradient allreduce: model_allreduce_grads must follow every backward. */
 void model_backward(struct model *model, long step);
 void model_zero_grads(struct model *model);
-/* Sum the gradients over every rank (one allreduce of the contiguous buffer). */
+/* Sum the gradients over every rank: complete the buckets the backward started and sum the rest
+ * (embeddings, final norm, head), or the whole contiguous buffer in one allreduce. */
 void model_allreduce_grads(struct model *model);
 /* Overwrite the first gradient (the test suite's faults). */
 void model_poison_grad(struct model *model, float value);

@@ -133,6 +133,13 @@ void train_print_decomposition(const struct config *cfg, const struct comm *comm
       "per rank",
       cfg->run.name, config_mode_name(cfg->run.mode), comm->world_size, comm->D, comm->S,
       threads_count());
+  if (comm->world_size > 1 && m->bucket_lo)
+    message("communication overlapped: the gradient allreduce in %d buckets behind the backward%s",
+            m->L, comm->S > 1 ? "; fma's LET fetch behind the near field" : "");
+  else if (comm->world_size > 1)
+    message("communication blocking (%s)", comm->overlap ? "the transport's collectives are "
+                                                           "asynchronous already"
+                                                         : "parallel.overlap = false");
   message(
       "model: %d layers, dim %d, %d heads (size %d), mlp %d, vocab %d, context %ld, %s "
       "positions, %zu parameters",

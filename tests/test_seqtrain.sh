@@ -2,8 +2,8 @@
 # Training with sequence parallelism against one rank (SPEC §7): with parallel.seq_ranks = S = 2, 4
 # the losses, gradient norms, validation losses and attention diagnostics equal the 1-rank run's
 # within 1e-5, for every variant (both objectives where they can), FiSH heads and fma.open = 2;
-# world 4 as S = 2 × 2 replicas, and S = 8, equal world 1; a checkpoint written with S = 4 restarts
-# with S = 2 and 1 (fma.open too).
+# world 4 as S = 2 × 2 replicas, and S = 8, equal world 1; parallel.overlap = false equals the
+# overlapped runs; a checkpoint written with S = 4 restarts with S = 2 and 1 (fma.open too).
 . "$TESTDIR/tap.sh"
 need_h5py
 cd "$WORK" || exit 1
@@ -30,11 +30,21 @@ for v in "fma clm" "fma mlm" "fmaopen clm" "fmaopen mlm" "fma_linear clm" "full 
   check "$tag: 1 rank" "$MPI_RUN" 1 "$F" "$SP" --set run.name=$tag-1 $extra
   for S in 2 4; do
     check "$tag: $S sequence ranks" "$MPI_RUN" $S "$F" "$SP" --set run.name=$tag-$S --set parallel.seq_ranks=$S $extra
+    printf '%s\n' "$out" > "out/$tag-$S.console"
     same "$tag-$S" "$tag-1"
   done
 done
 check "fma: world 4 as 2 sequence ranks x 2 replicas" "$MPI_RUN" 4 "$F" "$SP" --set run.name=mixed --set parallel.seq_ranks=2
 same mixed fma-clm-1
+# parallel.overlap (on by default): the LET's fetch behind the near field and the gradient
+# allreduce in buckets behind the backward change when bytes move, not what is computed: the same
+# bits with them off (2 ranks: a sum of two is the same in any order), and within 1e-6 on 4
+check "fma, 2 sequence ranks, parallel.overlap = false" "$MPI_RUN" 2 "$F" "$SP" --set run.name=fma-2-blocking --set parallel.seq_ranks=2 --set parallel.overlap=false
+printf '%s\n' "$out" > out/fma-2-blocking.console
+check "parallel.overlap = false: the same losses and gradient norms, bit for bit" py "$TESTDIR/h5check.py" same-series out/fma-clm-2/diag.h5 out/fma-2-blocking/diag.h5 train 0 0
+check "the overlapped runs say so, the blocking run too" sh -c "grep -q 'communication overlapped: the gradient allreduce in [0-9]* buckets behind the backward; fma.s LET fetch behind the near field' out/fma-clm-2.console && grep -q 'communication blocking (parallel.overlap = false)' out/fma-2-blocking.console"
+check "world 4 as 2 x 2, parallel.overlap = false" "$MPI_RUN" 4 "$F" "$SP" --set run.name=mixed-blocking --set parallel.seq_ranks=2 --set parallel.overlap=false
+check "parallel.overlap = false on 4 ranks: the same losses within 1e-6" py "$TESTDIR/h5check.py" same-series out/mixed/diag.h5 out/mixed-blocking/diag.h5 train 0 1e-6
 check "fma with 8 sequence ranks (windows span ranks, slabs of 16 tokens)" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fma-8 --set parallel.seq_ranks=8
 same fma-8 fma-clm-1
 O="--set attention.fma.open=2"

@@ -174,10 +174,14 @@ struct fma_inputs {
   const float *k, *v;  /* (count, kstride, d) */
   float *kext, *vext;  /* the halo copies, when there are any */
   long kstride;
+  struct fma_let_fetch fetch; /* the LET's summaries in flight, when overlapped */
 };
 
+/* overlap: leave the fetch of the listed summaries in flight (in->fetch) for the near field to
+ * hide; fma_let_fetch_finish completes it before the far field. */
 static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q, const float *k,
-                    const float *v, const float *params, long count, struct fma_times *times) {
+                    const float *v, const float *params, long count, bool overlap,
+                    struct fma_times *times) {
   struct fma_state *st = ctx->state;
   const long T = st->T, d = st->d, rows = st->rows;
   if (ctx->comm && ctx->comm->S > 1 && !st->let) { /* planned once per layer */
@@ -204,7 +208,8 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
   in->v = v;
   in->kstride = T;
   if (st->let) {
-    fma_let_upward(st, ctx->comm, in->X, nsets(st), count, in->w, times);
+    fma_let_upward(st, ctx->comm, in->X, nsets(st), count, in->w, times,
+                   overlap && ctx->comm->overlap ? &in->fetch : NULL);
     const struct halo *h = &st->let->near;
     in->kstride = h->hi - h->lo;
     in->kext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
@@ -294,44 +299,62 @@ static void open_backward(struct attn_ctx *ctx, const struct fma_inputs *in, flo
   }
 }
 
+/* fma's evaluation of every (batch, head) and chunk of query blocks: the near field while the
+ * LET's fetch is in flight, then the far field. */
+static void evaluate_forward(const struct fma_state *st, struct fma_inputs *in, float *out,
+                             float *lse, const float *q, long BH, struct fma_times *times) {
+  const long T = st->T, d = st->d, rows = st->rows, ks = in->kstride;
+  const long b0 = st->t0 / st->tree.m, nblocks = T / st->tree.m;
+  const long chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK;
+  for (int far = 0; far <= 1; far++) {
+    if (far) fma_let_fetch_finish(st, &in->fetch, times);
+#pragma omp parallel
+    {
+      struct fma_times t = {0};
+#pragma omp for schedule(dynamic, 1) collapse(2)
+      for (long bh = 0; bh < BH; bh++)
+        for (long ch = 0; ch < chunks; ch++) {
+          const long c0 = b0 + ch * FMA_CHUNK;
+          const long c1 = c0 + FMA_CHUNK < b0 + nblocks ? c0 + FMA_CHUNK : b0 + nblocks;
+          if (far)
+            fma_evaluate_far_forward(st, out + bh * T * d, lse + bh * T, q + bh * T * d,
+                                     in->X[FMA_K] + bh * rows * d, in->X[FMA_V] + bh * rows * d, c0,
+                                     c1, &t);
+          else
+            fma_evaluate_near_forward(st, out + bh * T * d, lse + bh * T, q + bh * T * d,
+                                      in->k + bh * ks * d, in->v + bh * ks * d, c0, c1, &t);
+        }
+      merge_times(times, &t);
+    }
+  }
+}
+
 static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                         const float *k, const float *v, const float *params) {
   const struct fma_state *st = ctx->state;
   const long BH = ctx->dims.B * ctx->dims.H, T = st->T, d = st->d, rows = st->rows;
+  const bool plain = !st->linear && st->open.K == 0;
   struct fma_times times = {0};
   struct fma_inputs in;
-  prepare(ctx, &in, q, k, v, params, BH, &times);
-  const long b0 = st->t0 / st->tree.m, nblocks = T / st->tree.m;
-  const long chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK, ks = in.kstride;
+  prepare(ctx, &in, q, k, v, params, BH, plain, &times);
+  const long ks = in.kstride;
   float *lse = saved, *lse_far = saved + BH * T;
   if (st->open.K != 0) {
     open_forward(ctx, out, lse, (int32_t *)(saved + BH * T), q, &in, BH, &times, NULL, NULL, NULL);
-    release(st, &in);
-    add_times(&times);
-    return;
-  }
+  } else if (st->linear) {
 #pragma omp parallel
-  {
-    struct fma_times t = {0};
-    if (st->linear) {
+    {
+      struct fma_times t = {0};
 #pragma omp for schedule(dynamic, 1)
       for (long bh = 0; bh < BH; bh++)
         fma_linear_forward(st, out + bh * T * d, lse + bh * T, lse_far + bh * rows, q + bh * T * d,
                            in.k + bh * ks * d, in.v + bh * ks * d, in.X[FMA_Q] + bh * rows * d,
                            in.X[FMA_K] + bh * rows * d, in.X[FMA_V] + bh * rows * d, &t, NULL,
                            NULL);
-    } else {
-#pragma omp for schedule(dynamic, 1) collapse(2)
-      for (long bh = 0; bh < BH; bh++)
-        for (long ch = 0; ch < chunks; ch++) {
-          const long c0 = b0 + ch * FMA_CHUNK;
-          const long c1 = c0 + FMA_CHUNK < b0 + nblocks ? c0 + FMA_CHUNK : b0 + nblocks;
-          fma_evaluate_forward(st, out + bh * T * d, lse + bh * T, q + bh * T * d,
-                               in.k + bh * ks * d, in.v + bh * ks * d, in.X[FMA_K] + bh * rows * d,
-                               in.X[FMA_V] + bh * rows * d, c0, c1, &t, NULL, NULL);
-        }
+      merge_times(&times, &t);
     }
-    merge_times(&times, &t);
+  } else {
+    evaluate_forward(st, &in, out, lse, q, BH, &times);
   }
   release(st, &in);
   add_times(&times);
@@ -378,29 +401,36 @@ static void upward_backward(const struct fma_state *st, const struct fma_inputs 
 }
 
 /* evaluate's transposes for every (batch, head), one per task so that scattered updates never
- * race: dq, dk, dv (as in->k, in->v) and dX (the summaries' gradients) += for dout. */
-static void evaluate_backward(const struct fma_state *st, const struct fma_inputs *in, float *dq,
+ * race: dq, dk, dv (as in->k, in->v) and dX (the summaries' gradients) += for dout. fma runs the
+ * near field for every head while the LET's fetch is in flight, then the far field. */
+static void evaluate_backward(const struct fma_state *st, struct fma_inputs *in, float *dq,
                               float *dkx, float *dvx, float *const *dX, const float *dout,
                               const float *out, const float *q, const float *D, const float *lse,
                               const float *lse_far, long BH, struct fma_times *times) {
   const long T = st->T, d = st->d, rows = st->rows, ks = in->kstride;
+  for (int far = 0; far <= (st->linear ? 0 : 1); far++) {
+    if (far) fma_let_fetch_finish(st, &in->fetch, times);
 #pragma omp parallel
-  {
-    struct fma_times t = {0};
+    {
+      struct fma_times t = {0};
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++) {
-      const long o = bh * T * d, os = bh * rows * d, ok = bh * ks * d;
-      if (st->linear)
-        fma_linear_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_Q] + os, dX[FMA_K] + os,
-                            dX[FMA_V] + os, dout + o, out + o, q + o, in->k + ok, in->v + ok,
-                            in->X[FMA_Q] + os, in->X[FMA_K] + os, in->X[FMA_V] + os, lse + bh * T,
-                            lse_far + bh * rows, &t);
-      else
-        fma_evaluate_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_K] + os, dX[FMA_V] + os,
-                              dout + o, D + bh * T, q + o, in->k + ok, in->v + ok,
-                              in->X[FMA_K] + os, in->X[FMA_V] + os, lse + bh * T, &t);
+      for (long bh = 0; bh < BH; bh++) {
+        const long o = bh * T * d, os = bh * rows * d, ok = bh * ks * d;
+        if (st->linear)
+          fma_linear_backward(st, dq + o, dkx + ok, dvx + ok, dX[FMA_Q] + os, dX[FMA_K] + os,
+                              dX[FMA_V] + os, dout + o, out + o, q + o, in->k + ok, in->v + ok,
+                              in->X[FMA_Q] + os, in->X[FMA_K] + os, in->X[FMA_V] + os, lse + bh * T,
+                              lse_far + bh * rows, &t);
+        else if (far)
+          fma_evaluate_far_backward(st, dq + o, dX[FMA_K] + os, dX[FMA_V] + os, dout + o,
+                                    D + bh * T, q + o, in->X[FMA_K] + os, in->X[FMA_V] + os,
+                                    lse + bh * T, &t);
+        else
+          fma_evaluate_near_backward(st, dq + o, dkx + ok, dvx + ok, dout + o, D + bh * T, q + o,
+                                     in->k + ok, in->v + ok, lse + bh * T, &t);
+      }
+      merge_times(times, &t);
     }
-    merge_times(times, &t);
   }
 }
 
@@ -413,7 +443,7 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   float *dsrc[FMA_NSETS] = {dk, dv, dq};
   struct fma_times times = {0};
   struct fma_inputs in;
-  prepare(ctx, &in, q, k, v, params, BH, &times);
+  prepare(ctx, &in, q, k, v, params, BH, !st->linear && st->open.K == 0, &times);
   const long ks = in.kstride;
   float *dX[FMA_NSETS] = {NULL, NULL, NULL};
   for (int s = 0; s < nsets(st); s++)
@@ -490,7 +520,7 @@ static long fma_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
   const int bands = st->tree.levels + 1;
   struct fma_times times = {0};
   struct fma_inputs in;
-  prepare(ctx, &in, q, k, v, params, H, &times); /* batch element 0: its H heads come first */
+  prepare(ctx, &in, q, k, v, params, H, false, &times); /* batch element 0: its H heads first */
   const long ks = in.kstride;
   float *out = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * d));
   float *lse = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T + rows));

@@ -210,13 +210,13 @@ static void rows_softmax(float *S, long m, long ld, float *lse) {
   }
 }
 
-/* P = exp(S − lse) per row, in place. */
-static void rows_probabilities(float *S, long m, long ld, const float *lse) {
+/* P = exp(S − lse) per row for the nc columns of rows ld apart, in place. */
+static void rows_probabilities(float *S, long m, long nc, long ld, const float *lse) {
   for (long r = 0; r < m; r++) {
     float *row = S + r * ld;
     const float L = lse[r];
 #pragma omp simd
-    for (long c = 0; c < ld; c++) row[c] = expf(row[c] - L);
+    for (long c = 0; c < nc; c++) row[c] = expf(row[c] - L);
   }
 }
 
@@ -256,13 +256,14 @@ static void block_keys(const struct fma_state *st, long qb, struct block_scratch
 
 /* dS = P ∘ (dP − D) of each row, in place in dP (m, ld): the softmax's transpose over both parts
  * at once (fma) or over the near field alone (fma_linear). */
-static void rows_softmax_backward(float *dP, const float *P, long m, long ld, const float *D) {
+static void rows_softmax_backward(float *dP, const float *P, long m, long nc, long ld,
+                                  const float *D) {
   for (long r = 0; r < m; r++) {
     const float Di = D[r];
     const float *p = P + r * ld;
     float *gp = dP + r * ld;
 #pragma omp simd
-    for (long c = 0; c < ld; c++) gp[c] = p[c] * (gp[c] - Di);
+    for (long c = 0; c < nc; c++) gp[c] = p[c] * (gp[c] - Di);
   }
 }
 
@@ -295,35 +296,109 @@ void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, co
   scratch_free(&s);
 }
 
-void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, float *dv, float *dK,
-                           float *dV, const float *dout, const float *D, const float *q,
-                           const float *k, const float *v, const float *K, const float *V,
-                           const float *lse, struct fma_times *times) {
+/* ---------------------------------------------------------------------------------------------
+ * fma in two phases, so that the locally essential tree's fetch runs during the first (SPEC §7):
+ * the near field, which reads no summary, then the far field. Forward, the near field has its own
+ * softmax (out, lse: the near part's), which the far phase rescales into the softmax over both
+ * parts: its rounding is not fma_evaluate_forward's. Backward, each phase takes its columns of
+ * the same rows as one softmax would, operation for operation. */
+
+void fma_evaluate_near_forward(const struct fma_state *st, float *out, float *lse, const float *q,
+                               const float *k, const float *v, long qb0, long qb1,
+                               struct fma_times *times) {
   const long m = st->tree.m, d = st->d;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long qb = qb0; qb < qb1; qb++) {
+    fma_block_keys(st, qb, &s.bk);
+    const long nn = block_scores(st, qb, q, k, &s, false, times);
+    double t0 = timer_now();
+    rows_softmax(s.S, m, nn, lse + (qb * m - st->t0));
+    fma_P2P_values(st, out + (qb * m - st->t0) * d, s.S, nn, v, &s.bk);
+    times->p2p += timer_now() - t0;
+  }
+  scratch_free(&s);
+}
+
+/* Row r of the far scores Sf (nf columns) joins the near part's softmax (lse[r], o normalised
+ * over the near field): o is rescaled, Sf becomes the probabilities, lse that of both parts. */
+static void merge_far_row(float *o, long d, float *Sf, long nf, float *lse) {
+  float mx = -INFINITY;
+  for (long c = 0; c < nf; c++) mx = Sf[c] > mx ? Sf[c] : mx;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (long c = 0; c < nf; c++) sum += expf(Sf[c] - mx);
+  const float near = *lse, far = mx + logf(sum);
+  const float top = near > far ? near : far;
+  const float L = top + logf(expf(near - top) + expf(far - top));
+  const float a = expf(near - L);
+#pragma omp simd
+  for (long f = 0; f < d; f++) o[f] *= a;
+#pragma omp simd
+  for (long c = 0; c < nf; c++) Sf[c] = expf(Sf[c] - L);
+  *lse = L;
+}
+
+void fma_evaluate_far_forward(const struct fma_state *st, float *out, float *lse, const float *q,
+                              const float *K, const float *V, long qb0, long qb1,
+                              struct fma_times *times) {
+  const long m = st->tree.m, d = st->d;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long qb = qb0; qb < qb1; qb++) {
+    block_keys(st, qb, &s, K, V, times);
+    const long nf = s.bk.nfar;
+    if (nf == 0) continue;
+    double t0 = timer_now();
+    fma_M2P_scores(st, qb, q, s.Kf, &s.bk, s.S, nf);
+    float *o = out + (qb * m - st->t0) * d;
+    for (long r = 0; r < m; r++)
+      merge_far_row(o + r * d, d, s.S + r * nf, nf, lse + (qb * m - st->t0) + r);
+    fma_M2P_values(st, o, s.S, nf, s.Vf, &s.bk);
+    times->m2p += timer_now() - t0;
+  }
+  scratch_free(&s);
+}
+
+void fma_evaluate_near_backward(const struct fma_state *st, float *dq, float *dk, float *dv,
+                                const float *dout, const float *D, const float *q, const float *k,
+                                const float *v, const float *lse, struct fma_times *times) {
+  const long m = st->tree.m;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
+    fma_block_keys(st, qb, &s.bk);
+    const long i0 = qb * m, nn = s.bk.near_count, ld = nn + s.bk.nfar;
+    const float *g = dout + (i0 - st->t0) * st->d;
+    double t0 = timer_now();
+    fma_P2P_scores(st, qb, q, k, &s.bk, s.S, ld);
+    rows_probabilities(s.S, m, nn, ld, lse + (i0 - st->t0));
+    fma_P2P_values_backward(st, dv, s.dP, g, s.S, ld, v, &s.bk);
+    rows_softmax_backward(s.dP, s.S, m, nn, ld, D + (i0 - st->t0));
+    fma_P2P_scores_backward(st, qb, dq, dk, s.dP, ld, q, k, &s.bk);
+    times->p2p += timer_now() - t0;
+  }
+  scratch_free(&s);
+}
+
+void fma_evaluate_far_backward(const struct fma_state *st, float *dq, float *dK, float *dV,
+                               const float *dout, const float *D, const float *q, const float *K,
+                               const float *V, const float *lse, struct fma_times *times) {
+  const long m = st->tree.m;
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
     block_keys(st, qb, &s, K, V, times);
-    const long nf = s.bk.nfar, i0 = qb * m;
-    const long nn = block_scores(st, qb, q, k, &s, true, times);
-    const long ld = nn + nf;
-    const float *g = dout + (i0 - st->t0) * d;
+    const long i0 = qb * m, nn = s.bk.near_count, nf = s.bk.nfar, ld = nn + nf;
+    if (nf == 0) continue;
+    const float *g = dout + (i0 - st->t0) * st->d;
     double t0 = timer_now();
-    rows_probabilities(s.S, m, ld, lse + (i0 - st->t0));
-    fma_P2P_values_backward(st, dv, s.dP, g, s.S, ld, v, &s.bk);
-    double t1 = timer_now();
-    times->p2p += t1 - t0;
-    if (nf > 0) fma_M2P_values_backward(st, dV, s.dP + nn, ld, g, s.S + nn, ld, s.Vf, s.dVf, &s.bk);
-    double t2 = timer_now();
-    times->m2p += t2 - t1;
-    rows_softmax_backward(s.dP, s.S, m, ld, D + (i0 - st->t0));
-    fma_P2P_scores_backward(st, qb, dq, dk, s.dP, ld, q, k, &s.bk);
-    double t3 = timer_now();
-    times->p2p += t3 - t2;
-    if (nf > 0) {
-      fma_M2P_scores_backward(st, qb, dq, dK, s.dP + nn, ld, q, s.Kf, s.dKf, &s.bk);
-      times->m2p += timer_now() - t3;
-    }
+    fma_M2P_scores(st, qb, q, s.Kf, &s.bk, s.S + nn, ld);
+    rows_probabilities(s.S + nn, m, nf, ld, lse + (i0 - st->t0));
+    fma_M2P_values_backward(st, dV, s.dP + nn, ld, g, s.S + nn, ld, s.Vf, s.dVf, &s.bk);
+    rows_softmax_backward(s.dP + nn, s.S + nn, m, nf, ld, D + (i0 - st->t0));
+    fma_M2P_scores_backward(st, qb, dq, dK, s.dP + nn, ld, q, s.Kf, s.dKf, &s.bk);
+    times->m2p += timer_now() - t0;
   }
   scratch_free(&s);
 }
@@ -470,7 +545,7 @@ static void linear_near_backward(const struct fma_state *st, float *dq, float *d
     const long i0 = qb * m;
     const float *g = dout + (i0 - st->t0) * d;
     double t0 = timer_now();
-    rows_probabilities(s->S, m, nn, lse_near + (i0 - st->t0));
+    rows_probabilities(s->S, m, nn, nn, lse_near + (i0 - st->t0));
     fma_P2P_values(st, onear, s->S, nn, v, &s->bk);
     for (long r = 0; r < m; r++) {
       float acc = 0.0f;
@@ -478,7 +553,7 @@ static void linear_near_backward(const struct fma_state *st, float *dq, float *d
       Dn[r] = acc;
     }
     fma_P2P_values_backward(st, dv, s->dP, g, s->S, nn, v, &s->bk);
-    rows_softmax_backward(s->dP, s->S, m, nn, Dn);
+    rows_softmax_backward(s->dP, s->S, m, nn, nn, Dn);
     fma_P2P_scores_backward(st, qb, dq, dk, s->dP, nn, q, k, &s->bk);
     times->p2p += timer_now() - t0;
   }

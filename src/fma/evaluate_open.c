@@ -298,8 +298,9 @@ static void group_scores_backward(const struct fma_state *st, struct fma_open_wo
   group_add_rows(b->g->dq + h * T * d, s->Og, d, gr);
 }
 
-/* Head h's query blocks: the near field and listed rows' transposes (as fma_evaluate_backward),
- * and the softmax's transpose over the whole row — the opened windows' part in place in G. */
+/* Head h's query blocks: the near field and listed rows' transposes (as the two phases of
+ * fma_evaluate_near_backward and fma_evaluate_far_backward), and the softmax's transpose over the
+ * whole row — the opened windows' part in place in G. */
 static void backward_blocks(const struct fma_state *st, struct fma_open_work *w,
                             const struct fma_open_args *a, long h, const struct fma_open_grads *g,
                             const float *dout, const float *D, const float *lse,

@@ -208,12 +208,25 @@ void fma_scatter_add_rows(float *dst, const float *src, const long *rows, int co
 void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, const float *q,
                           const float *k, const float *v, const float *K, const float *V, long qb0,
                           long qb1, struct fma_times *times, double *mass, double *entropy);
-/* Every query block of the slab: dq (T, d), dk, dv (from row st->klo) and dK, dV (rows, d) += the
- * gradients of one head for dout (T, d); D (T) holds Σ_c dout·out per row; lse as forward saved. */
-void fma_evaluate_backward(const struct fma_state *st, float *dq, float *dk, float *dv, float *dK,
-                           float *dV, const float *dout, const float *D, const float *q,
-                           const float *k, const float *v, const float *K, const float *V,
-                           const float *lse, struct fma_times *times);
+/* The same in two phases, so that the summaries may arrive between them (the LET's overlap,
+ * SPEC §7): the near field (P2P) under its own softmax, which leaves out and lse the near part's;
+ * then the far field (M2P), merged into one softmax over both. Equal to fma_evaluate_forward up to
+ * rounding. */
+void fma_evaluate_near_forward(const struct fma_state *st, float *out, float *lse, const float *q,
+                               const float *k, const float *v, long qb0, long qb1,
+                               struct fma_times *times);
+void fma_evaluate_far_forward(const struct fma_state *st, float *out, float *lse, const float *q,
+                              const float *K, const float *V, long qb0, long qb1,
+                              struct fma_times *times);
+/* The transpose, every query block of the slab, near then far: dq (T, d), dk, dv (from row
+ * st->klo) and dK, dV (rows, d) += the gradients of one head for dout (T, d); D (T) holds
+ * Σ_c dout·out per row; lse as forward saved. The near phase reads no summary. */
+void fma_evaluate_near_backward(const struct fma_state *st, float *dq, float *dk, float *dv,
+                                const float *dout, const float *D, const float *q, const float *k,
+                                const float *v, const float *lse, struct fma_times *times);
+void fma_evaluate_far_backward(const struct fma_state *st, float *dq, float *dK, float *dV,
+                               const float *dout, const float *D, const float *q, const float *K,
+                               const float *V, const float *lse, struct fma_times *times);
 
 /* fma_linear (SPEC §6.5), one head over the slab (arrays as fma_evaluate_forward's): the near
  * field with its own softmax, then each level's sub-segment query summaries Q attending to the

@@ -199,19 +199,17 @@ static void spanning_allreduce(const struct fma_state *st, struct comm *c, float
   }
 }
 
-/* Exchange the listed summaries (forward: owners → users) or their gradients (backward: users →
- * owners, added) with one alltoallv. */
-static void fetch(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
-                  long count, bool transpose) {
+/* Start exchanging the listed summaries (forward: owners → users) or their gradients (backward:
+ * users → owners) with one alltoallv into f; fetch_finish unpacks them (added when transposed). */
+static void fetch_start(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
+                        long count, bool transpose, struct fma_let_fetch *f) {
   const struct fma_let *let = st->let;
   const int S = let->S;
   const size_t per = window_floats(st, nsets, count);
   const size_t *out_off = transpose ? let->recv_off : let->send_off;
   const size_t *in_off = transpose ? let->send_off : let->recv_off;
   const int *out_level = transpose ? let->recv_level : let->send_level;
-  const int *in_level = transpose ? let->send_level : let->recv_level;
   const long *out_window = transpose ? let->recv_window : let->send_window;
-  const long *in_window = transpose ? let->send_window : let->recv_window;
   size_t *cnt = xmalloc(sizeof(size_t) * 4 * (size_t)S), *sd = cnt + S, *rc = cnt + 2 * S,
          *rd = cnt + 3 * S;
   for (int r = 0; r < S; r++) {
@@ -220,21 +218,45 @@ static void fetch(const struct fma_state *st, struct comm *c, float *const *X, i
     rc[r] = per * (in_off[r + 1] - in_off[r]);
     rd[r] = per * in_off[r];
   }
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (per * out_off[S] + 1));
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (per * in_off[S] + 1));
+  f->sbuf = mem_alloc(MEM_COMM, sizeof(float) * (per * out_off[S] + 1));
+  f->rbuf = mem_alloc(MEM_COMM, sizeof(float) * (per * in_off[S] + 1));
   for (int r = 0; r < S; r++) {
     struct windows ws = {out_level + out_off[r], out_window + out_off[r],
                          out_off[r + 1] - out_off[r]};
-    pack(st, sbuf + sd[r], (const float *const *)X, nsets, count, ws);
+    pack(st, f->sbuf + sd[r], (const float *const *)X, nsets, count, ws);
   }
-  comm_alltoallv_float(c, sbuf, cnt, sd, rbuf, rc, rd);
+  comm_ialltoallv_float(c, f->sbuf, cnt, sd, f->rbuf, rc, rd, &f->req);
+  f->counts = cnt;
+  for (int s = 0; s < nsets; s++) f->X[s] = X[s];
+  f->nsets = nsets;
+  f->count = count;
+  f->active = true;
+}
+
+static void fetch_finish(const struct fma_state *st, struct fma_let_fetch *f, bool transpose) {
+  const struct fma_let *let = st->let;
+  const int S = let->S;
+  const size_t *in_off = transpose ? let->send_off : let->recv_off;
+  const int *in_level = transpose ? let->send_level : let->recv_level;
+  const long *in_window = transpose ? let->send_window : let->recv_window;
+  const size_t *rd = f->counts + 3 * (size_t)S;
+  comm_wait(&f->req);
   for (int r = 0; r < S; r++) {
     struct windows ws = {in_level + in_off[r], in_window + in_off[r], in_off[r + 1] - in_off[r]};
-    unpack(st, rbuf + rd[r], X, nsets, count, ws, transpose);
+    unpack(st, f->rbuf + rd[r], f->X, f->nsets, f->count, ws, transpose);
   }
-  mem_free(sbuf);
-  mem_free(rbuf);
-  free(cnt);
+  mem_free(f->sbuf);
+  mem_free(f->rbuf);
+  free(f->counts);
+  f->active = false;
+}
+
+/* The exchange of fetch_start and fetch_finish, blocking. */
+static void fetch(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
+                  long count, bool transpose) {
+  struct fma_let_fetch f;
+  fetch_start(st, c, X, nsets, count, transpose, &f);
+  fetch_finish(st, &f, transpose);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -245,7 +267,8 @@ static void fetch(const struct fma_state *st, struct comm *c, float *const *X, i
 static double exchange_s(void) { return 1e-3 * timer_total_ms(TIMER_EXCHANGE); }
 
 void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
-                    long count, const struct fma_down_weights *w, struct fma_times *times) {
+                    long count, const struct fma_down_weights *w, struct fma_times *times,
+                    struct fma_let_fetch *pending) {
   const struct fma_let *let = st->let;
   const long d = st->d;
   double t0 = timer_now() - exchange_s();
@@ -265,7 +288,18 @@ void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X,
   } else if (let->lspan <= st->tree.levels) {
     spanning_allreduce(st, c, X, nsets, count);
   }
-  fetch(st, c, X, nsets, count, false);
+  if (pending)
+    fetch_start(st, c, X, nsets, count, false, pending);
+  else
+    fetch(st, c, X, nsets, count, false);
+  times->m2m += timer_now() - exchange_s() - t0;
+}
+
+void fma_let_fetch_finish(const struct fma_state *st, struct fma_let_fetch *f,
+                          struct fma_times *times) {
+  if (!f->active) return;
+  double t0 = timer_now() - exchange_s();
+  fetch_finish(st, f, false);
   times->m2m += timer_now() - exchange_s() - t0;
 }
 

@@ -29,11 +29,28 @@ struct fma_let {
 struct fma_let *fma_let_plan(const struct fma_state *st, const struct comm *c);
 void fma_let_free(struct fma_let *let);
 
+/* The fetch of the listed summaries while it is in flight: started by fma_let_upward, completed
+ * into X by fma_let_fetch_finish. Only the near field may run in between: it reads no summary. */
+struct fma_let_fetch {
+  struct comm_request req;
+  float *sbuf, *rbuf;
+  size_t *counts; /* 4·S: sent, their displacements, received, theirs */
+  float *X[FMA_NSETS];
+  int nsets;
+  long count;
+  bool active;
+};
+
 /* Forward, after the local upward pass of every set (X[set]: (count, rows, d) per set): complete
  * the windows that span ranks (M2M of spanning parents for m2m, the sums of the partial P2M
- * windows for conv and avg), then receive the listed summaries this rank does not own. */
+ * windows for conv and avg), then receive the listed summaries this rank does not own: before
+ * returning when pending is NULL, else started into *pending (SPEC §7's overlap). */
 void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
-                    long count, const struct fma_down_weights *w, struct fma_times *times);
+                    long count, const struct fma_down_weights *w, struct fma_times *times,
+                    struct fma_let_fetch *pending);
+/* Wait for a started fetch and write what it received into its X (nothing if none is active). */
+void fma_let_fetch_finish(const struct fma_state *st, struct fma_let_fetch *f,
+                          struct fma_times *times);
 /* Its transpose, before fma_upward_pass_backward: return the gradients of received summaries to
  * their owners (added there), then the transposes of the spanning windows, coarse to fine. X as
  * in forward (not read); dX[set]: (count, rows, d). */
