@@ -1,18 +1,25 @@
 /* Labelled allocation with per-label current/peak accounting (memory.h). Each block carries a
- * 64-byte header recording its label and size, so mem_free needs only the pointer. */
+ * 64-byte header recording its label and size, so mem_free needs only the pointer. Blocks of
+ * MEM_MAP_MIN bytes or more are anonymous mappings: the kernel zeroes a page when it is first
+ * touched, so a large buffer of which a rank uses a part (fma's summary rows: every window of the
+ * tree, of which a sequence rank fills its slab's and its LET's) costs that part, not a memset
+ * of the whole. */
 #include "memory.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include "error.h"
 
 #define MEM_ALIGN 64
+#define MEM_MAP_MIN ((size_t)16 << 20)
 
 struct mem_header {
   size_t bytes;
+  size_t mapped; /* the mapping's length, or 0: from posix_memalign */
   int label;
   uint32_t magic;
 };
@@ -27,12 +34,22 @@ static const char *mem_names_[MEM_NLABELS] = {"params",    "grads", "optimizer",
 
 void *mem_alloc(enum mem_label label, size_t bytes) {
   void *raw = NULL;
-  if (posix_memalign(&raw, MEM_ALIGN, MEM_ALIGN + bytes) != 0)
+  size_t mapped = 0;
+  if (MEM_ALIGN + bytes >= MEM_MAP_MIN) {
+    mapped = MEM_ALIGN + bytes;
+    raw = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) raw = NULL;
+  } else if (posix_memalign(&raw, MEM_ALIGN, MEM_ALIGN + bytes) == 0) {
+    memset(raw, 0, MEM_ALIGN + bytes);
+  } else {
+    raw = NULL;
+  }
+  if (!raw)
     error("out of memory: %zu bytes for %s (in use: %zu bytes in all)", bytes, mem_names_[label],
           mem_total_cur_);
-  memset(raw, 0, MEM_ALIGN + bytes);
   struct mem_header *h = raw;
   h->bytes = bytes;
+  h->mapped = mapped;
   h->label = (int)label;
   h->magic = 0xF3A77E11u;
 #pragma omp critical(fmattn_memory)
@@ -55,7 +72,10 @@ void mem_free(void *ptr) {
     mem_cur_[h->label] -= h->bytes;
     mem_total_cur_ -= h->bytes;
   }
-  free(h);
+  if (h->mapped)
+    munmap(h, h->mapped);
+  else
+    free(h);
 }
 
 size_t mem_current(enum mem_label label) { return mem_cur_[label]; }
