@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "blascore.h"
 #include "optimizer.h"
 #include "threads.h"
 
@@ -21,8 +22,9 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
 }
 
 static void cpu_describe(char *out, size_t len) {
-  snprintf(out, len, "CPU, %d thread(s) per rank, BLAS core %s", threads_count(),
-           threads_blas_core());
+  const char *from = blas_core_corrected_from();
+  snprintf(out, len, "CPU, %d thread(s) per rank, BLAS core %s%s%s%s", threads_count(),
+           threads_blas_core(), from ? " (corrected from " : "", from ? from : "", from ? ")" : "");
 }
 
 static const struct backend cpu = {

@@ -13,6 +13,8 @@
 
 #include "attention/attention.h"
 #include "backend.h"
+#include "blascore.h"
+#include "peak.h"
 #include "data.h"
 #include "error.h"
 #include "h5io.h"
@@ -348,7 +350,11 @@ struct train_row {
   /* per step outside blocking communication (the step less exchange and allreduce): the largest
    * rank's and the mean; their ratio is the load imbalance that the exchanges wait out */
   double busy_max_ms, busy_mean_ms;
+  double mfu_peak; /* achieved FLOP rate / the measured FMA peak of every rank (NaN on a GPU) */
 };
+
+/* The FMA peak of every rank's threads together (bench_run measures it; NaN on a GPU). */
+static double peak_machine_ = NAN;
 
 /* The phase timers a training-step row reports, summed as one row's columns. */
 static void train_phases(double out[5]) {
@@ -419,11 +425,15 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   row->tokens_per_s = (double)cfg->train.batch * (double)m.n / s;
   row->flops_per_token = fpt;
   row->mfu = row->tokens_per_s * fpt / (machine_gflops * 1e9);
+  row->mfu_peak = row->tokens_per_s * fpt / (peak_machine_ * 1e9);
+  char of_peak[48] = "";
+  if (isfinite(row->mfu_peak))
+    snprintf(of_peak, sizeof of_peak, ", %.1f%% of the FMA peak", 100.0 * row->mfu_peak);
   message(
       "  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
-      "%.1f%% of GEMM | peak %.1f MiB",
+      "%.1f%% of GEMM%s | peak %.1f MiB",
       m.n, row->step_ms, row->tokens_per_s, fpt / 1e6, row->tokens_per_s * fpt / 1e9,
-      100.0 * row->mfu, row->peak_bytes / 1048576.0);
+      100.0 * row->mfu, of_peak, row->peak_bytes / 1048576.0);
   message(
       "  train      n = %8ld: near field %.1f ms, far field %.1f ms, exchange %.1f ms, "
       "gradient allreduce %.1f ms, optimizer %.1f ms per step (mean over ranks); outside "
@@ -652,6 +662,7 @@ static const struct column train_columns[] = {
     NUM(train_row, tokens_per_s, "tokens per second, all ranks"),
     NUM(train_row, flops_per_token, "model FLOPs per token, forward + backward"),
     NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops (the GEMM rate of the run's precision)"),
+    NUM(train_row, mfu_peak, "achieved FLOP rate / fma_peak_gflops (NaN on a GPU)"),
     NUM(train_row, step_ms, "milliseconds, median training step"),
     NUM(train_row, peak_bytes, "bytes of peak labelled memory on the step's device, largest rank"),
     NUM(train_row, near_ms,
@@ -728,6 +739,24 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   if (be->gemm_gflops)
     message("bench: the device's GEMM rates, per rank: fp32 %.1f, bf16 %.1f GFLOP/s",
             rates[0] / comm->world_size, rates[1] / comm->world_size);
+  const char *isa = "";
+  double peak_thread = NAN, peak = NAN;
+  if (!be->gemm_gflops) { /* the CPU's own peak beside its SGEMM rate (docs/perf.md) */
+    comm_barrier(comm, COMM_WORLD);
+    peak_thread = fma_peak_gflops_per_thread(&isa);
+    peak = peak_thread * threads_count();
+    comm_allreduce_sum_double(comm, COMM_WORLD, &peak, 1);
+    peak_machine_ = peak;
+    message(
+        "bench: fp32 FMA peak %.1f GFLOP/s per thread (%s), %.1f in all; SGEMM runs at %.0f%% "
+        "of it",
+        peak_thread, isa, peak, 100.0 * machine_rate / peak);
+    if (machine_rate < 0.5 * peak)
+      warning(
+          "SGEMM runs at %.0f%% of the FMA peak (BLAS core %s): the BLAS kernels are not this "
+          "CPU's best (docs/perf.md)",
+          100.0 * machine_rate / peak, threads_blas_core());
+  }
   static struct attn_row arows[BENCH_ROWS];
   static struct train_row trows[BENCH_ROWS];
   static struct comm_row crows[BENCH_ROWS];
@@ -754,6 +783,11 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   h5_attr_string(f, "/", "deck", cfg->resolved);
   h5_attr_string(f, "/", "version", PACKAGE_VERSION);
   h5_attr_string(f, "/", "blas_core", threads_blas_core());
+  const char *from = blas_core_corrected_from();
+  h5_attr_string(f, "/", "blas_core_corrected_from", from ? from : "");
+  h5_attr_double(f, "/", "fma_peak_gflops", peak);
+  h5_attr_double(f, "/", "fma_peak_gflops_per_thread", peak_thread);
+  h5_attr_string(f, "/", "fma_peak_isa", isa);
   write_table(f, "attention", arows, sizeof arows[0], na, attn_columns, NCOLS(attn_columns));
   write_table(f, "train", trows, sizeof trows[0], nt, train_columns, NCOLS(train_columns));
   write_table(f, "comm", crows, sizeof crows[0], nc, comm_columns, NCOLS(comm_columns));

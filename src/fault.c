@@ -39,10 +39,11 @@ void fault_check(void) {
   enum fault_target t;
   long k;
   float v;
-  if (f && !fault_no_space_check() && !fault_parse(f, &t, &k, &v))
+  if (f && !fault_no_space_check() && strncmp(f, "blas_core=", 10) != 0 &&
+      !fault_parse(f, &t, &k, &v))
     error_collective(
-        "FMATTN_FAULT must be nan_grad@K, inf_grad@K, nan_loss@K, inf_loss@K (K >= 1) "
-        "or no_space_check (a testing hook)");
+        "FMATTN_FAULT must be nan_grad@K, inf_grad@K, nan_loss@K, inf_loss@K (K >= 1), "
+        "no_space_check or blas_core=NAME (a testing hook)");
 }
 
 bool fault_poison(enum fault_target target, long step, float *value) {

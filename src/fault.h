@@ -20,4 +20,7 @@ bool fault_poison(enum fault_target target, long step, float *value);
  * file system is met by the write itself (as when another job fills the disk after the check). */
 bool fault_no_space_check(void);
 
+/* FMATTN_FAULT = blas_core=NAME: the BLAS core check (blascore.h) takes NAME for the core
+ * OpenBLAS chose, so that the test suite meets a generic fallback on a CPU the library knows. */
+
 #endif

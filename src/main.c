@@ -9,6 +9,7 @@
 #include "attention/attention.h"
 #include "backend.h"
 #include "bench.h"
+#include "blascore.h"
 #include "comm.h"
 #include "config.h"
 #include "error.h"
@@ -116,11 +117,18 @@ int main(int argc, char **argv) {
     return 0;
   }
 
+  blas_core_check(argv); /* may run fmattn again with OPENBLAS_CORETYPE set: before MPI starts */
   MPI_CHECK(MPI_Init(&argc, &argv));
   int rank, world;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   error_set_rank(rank, world);
+  if (blas_core_note()[0] && rank == 0) {
+    if (blas_core_corrected_from())
+      message("%s", blas_core_note());
+    else
+      warning("%s", blas_core_note());
+  }
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* fmattn reports HDF5 failures itself */
 
   if (strcmp(argv[1], "kernel") == 0) {

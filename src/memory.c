@@ -14,7 +14,7 @@
 
 #include "error.h"
 
-#define MEM_ALIGN 64
+#define MEM_ALIGN   64
 #define MEM_MAP_MIN ((size_t)16 << 20)
 
 struct mem_header {

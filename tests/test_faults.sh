@@ -3,7 +3,8 @@
 # file and problem, `latest` falling back to the one before; another model's checkpoint is refused
 # naming the mismatch; a NaN or Inf loss or gradient stops the run before the step; a rank killed
 # by SIGKILL ends the job within 60 s; a full or read-only disk during a checkpoint write gives a
-# clear error and keeps the earlier checkpoints; a data file shorter than one window is refused.
+# clear error and keeps the earlier checkpoints; a data file shorter than one window is refused; a
+# generic BLAS core is corrected (docs/perf.md).
 . "$TESTDIR/tap.sh"
 need_h5py
 cd "$WORK" || exit 1
@@ -162,4 +163,20 @@ printf 'far too short' > short.txt
 expect_fail "a data file shorter than one window is refused, with the sizes" \
   "data.path 'short.txt' has 13 bytes; split 0.9,0.05,0.05 gives train 11 bytes, fewer than model.context+1 = 33" \
   "$F" "$T" --set run.name=short --set data.source=file --set data.path=short.txt
+
+# ---- the BLAS core check (docs/perf.md): OpenBLAS's generic fallback is corrected by running ----
+# again with OPENBLAS_CORETYPE set; a user's own setting is kept, with a warning and the fix. The
+# hook FMATTN_FAULT=blas_core=NAME stands for a library that does not know this CPU.
+if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
+  ok "the BLAS core check # SKIP this CPU has no AVX2 and FMA: generic kernels are its own"
+elif "$F" "$T" --set run.name=core --set train.steps=1 2>&1 | grep -q "BLAS core unknown"; then
+  ok "the BLAS core check # SKIP fmattn's BLAS is not OpenBLAS (no core to check)"
+else
+  FMATTN_FAULT=blas_core=Prescott "$F" "$T" --set run.name=blas1 --set train.steps=1 > blas1.log 2>&1
+  check "a generic BLAS core is corrected, and the device line says so" grep -q "BLAS core [A-Za-z]* (corrected from Prescott)" blas1.log
+  FMATTN_FAULT=blas_core=Prescott "$MPI_RUN" 2 "$F" "$T" --set run.name=blas2 --set train.steps=1 > blas2.log 2>&1
+  check "on 2 ranks: both corrected, said once" sh -c "test \$(grep -c 'fmattn runs with OPENBLAS_CORETYPE=' blas2.log) -eq 1 && grep -q 'corrected from Prescott' blas2.log"
+  OPENBLAS_CORETYPE=Prescott "$F" "$T" --set run.name=blas3 --set train.steps=1 > blas3.log 2>&1
+  check "a user's OPENBLAS_CORETYPE is kept, with a warning and the fix" sh -c "grep -q 'BLAS core Prescott\$' blas3.log && grep -q 'unset it, or set OPENBLAS_CORETYPE=' blas3.log"
+fi
 tap_done
