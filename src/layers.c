@@ -263,23 +263,23 @@ void rope_backward(float *dx, long BH, long T, int d, long t0) {
 /* ---------------------------------------------------------------------------------------------
  * dropout */
 
-static inline uint64_t dropout_bits(const struct dropout_key *key, long b, long t, int c4, int C4) {
-  return rng_bits(key->seed, RNG_DROPOUT, (uint64_t)key->step,
-                  ((uint64_t)key->site << 40) ^ (uint64_t)(key->sample0 + b),
-                  (uint64_t)(key->t0 + t) * (uint64_t)C4 + (uint64_t)c4);
-}
-
-/* mask row (C) of 0 or 1/(1−p) for element (b, t, ·): 16 random bits per element. */
+/* mask row (C) of 0 or 1/(1−p) for element (b, t, ·): 16 random bits per element, 4 elements per
+ * rng_bits(seed, RNG_DROPOUT, step, site << 40 ^ sample, token · C4 + c4). The key's fold is shared
+ * by the row (rng_prefix) and each group of 4 costs one finaliser, vectorised: the same bits. */
 static void dropout_row(float *mask, const struct dropout_key *key, long b, long t, int C) {
-  int C4 = (C + 3) / 4;
-  uint32_t thresh = (uint32_t)(key->p * 65536.0f);
-  float scale = 1.0f / (1.0f - key->p);
-  for (int c4 = 0; c4 < C4; c4++) {
-    uint64_t r = dropout_bits(key, b, t, c4, C4);
-    for (int j = 0; j < 4 && c4 * 4 + j < C; j++) {
-      uint32_t u = (uint32_t)(r >> (16 * j)) & 0xFFFFu;
-      mask[c4 * 4 + j] = u >= thresh ? scale : 0.0f;
-    }
+  const int C4 = (C + 3) / 4;
+  const uint32_t thresh = (uint32_t)(key->p * 65536.0f);
+  const float scale = 1.0f / (1.0f - key->p);
+  const uint64_t prefix = rng_prefix(key->seed, RNG_DROPOUT, (uint64_t)key->step,
+                                     ((uint64_t)key->site << 40) ^ (uint64_t)(key->sample0 + b));
+  const uint64_t c0 = (uint64_t)(key->t0 + t) * (uint64_t)C4;
+  uint64_t r[C4];
+#pragma omp simd
+  for (int c4 = 0; c4 < C4; c4++) r[c4] = rng_bits_last(prefix, c0 + (uint64_t)c4);
+#pragma omp simd
+  for (int c = 0; c < C; c++) {
+    const uint32_t u = (uint32_t)(r[c / 4] >> (16 * (c % 4))) & 0xFFFFu;
+    mask[c] = u >= thresh ? scale : 0.0f;
   }
 }
 

@@ -11,13 +11,15 @@ static inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c) {
+uint64_t rng_prefix(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
   uint64_t h = mix64(seed ^ 0x5851F42D4C957F2Dull);
   h = mix64(h ^ stream);
   h = mix64(h ^ a);
-  h = mix64(h ^ (b * 0xD6E8FEB86659FD93ull));
-  h = mix64(h ^ (c * 0xA0761D6478BD642Full));
-  return h;
+  return mix64(h ^ (b * 0xD6E8FEB86659FD93ull));
+}
+
+uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c) {
+  return rng_bits_last(rng_prefix(seed, stream, a, b), c);
 }
 
 float rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c) {

@@ -25,6 +25,19 @@ enum rng_stream {
 
 /* 64 random bits from the key (seed, stream, a, b, c). */
 uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
+
+/* rng_bits in two steps, for a run of keys that differ in c alone (a dropout row): the fold of
+ * (seed, stream, a, b) once, then one splitmix64 finaliser per c, inline so that a loop over c
+ * vectorises. rng_bits_last(rng_prefix(seed, stream, a, b), c) == rng_bits(seed, stream, a, b, c),
+ * bit for bit. */
+uint64_t rng_prefix(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b);
+static inline uint64_t rng_bits_last(uint64_t prefix, uint64_t c) {
+  uint64_t z = prefix ^ (c * 0xA0761D6478BD642Full);
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 /* Uniform in [0, 1) with 24 random bits (exactly representable as float). */
 float rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
 /* Uniform in [0, 1) with 53 random bits. */

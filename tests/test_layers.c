@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include "../src/layers.h"
+#include "../src/rng.h"
 
 #define FWD_TOL 2e-5
 #define BWD_TOL 1e-4
@@ -277,6 +278,19 @@ static void test_dropout(void **state) {
   }
   double rate = (double)dropped / (double)N;
   if (fabs(rate - 0.25) > 0.02) fail_msg("drop rate %.4f, expected 0.25", rate);
+  /* the mask is its definition's, bit for bit: 16 bits per element, 4 elements per rng_bits of
+   * (seed, RNG_DROPOUT, step, site << 40 ^ sample, token · ⌈C/4⌉ + c/4), kept when ≥ p·65536 */
+  const int C4 = (C + 3) / 4;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int c = 0; c < C; c++) {
+        const uint64_t r = rng_bits(key.seed, RNG_DROPOUT, (uint64_t)key.step,
+                                    ((uint64_t)key.site << 40) ^ (uint64_t)(key.sample0 + b),
+                                    (uint64_t)(key.t0 + t) * (uint64_t)C4 + (uint64_t)(c / 4));
+        const bool keep = ((r >> (16 * (c % 4))) & 0xFFFFu) >= (uint64_t)(0.25f * 65536.0f);
+        if (keep != (mask[((size_t)b * T + t) * C + c] != 0.0f))
+          fail_msg("element (%d, %d, %d): the mask is not its definition's", b, t, c);
+      }
   residual_dropout_backward(dres, dy, g, &key, B, T, C);
   for (size_t i = 0; i < N; i++) {
     if (dres[i] != g[i]) fail_msg("residual gradient changed at %zu", i);
