@@ -351,18 +351,26 @@ struct train_row {
    * rank's and the mean; their ratio is the load imbalance that the exchanges wait out */
   double busy_max_ms, busy_mean_ms;
   double mfu_peak; /* achieved FLOP rate / the measured FMA peak of every rank (NaN on a GPU) */
+  /* per step, mean over ranks, by kind of pass (timer.h): the linear layers' GEMMs, the attention
+   * operators, the passes around them, and what no timer holds (the step less all the others) */
+  double gemm_ms, attention_ms, norm_ms, activation_ms, dropout_ms, copy_ms, loss_ms, other_ms;
 };
+
+/* The timers a training-step row reports, in the order of its per-step columns. */
+static const enum timer_id train_timers[] = {
+    TIMER_P2P,        TIMER_P2M,       TIMER_M2M,  TIMER_M2P,       TIMER_EXCHANGE,
+    TIMER_COMM,       TIMER_OPTIMIZER, TIMER_GEMM, TIMER_ATTENTION, TIMER_NORM,
+    TIMER_ACTIVATION, TIMER_DROPOUT,   TIMER_COPY, TIMER_LOSS};
+#define NPHASES (sizeof train_timers / sizeof train_timers[0])
 
 /* The FMA peak of every rank's threads together (bench_run measures it; NaN on a GPU). */
 static double peak_machine_ = NAN;
 
-/* The phase timers a training-step row reports, summed as one row's columns. */
-static void train_phases(double out[5]) {
-  out[0] = timer_total_ms(TIMER_P2P);
-  out[1] = timer_total_ms(TIMER_P2M) + timer_total_ms(TIMER_M2M) + timer_total_ms(TIMER_M2P);
-  out[2] = timer_total_ms(TIMER_EXCHANGE);
-  out[3] = timer_total_ms(TIMER_COMM);
-  out[4] = timer_total_ms(TIMER_OPTIMIZER);
+static double pct(double part, double whole) { return 100.0 * part / whole; }
+
+/* The phase timers a training-step row reports: their totals so far. */
+static void train_phases(double out[NPHASES]) {
+  for (size_t i = 0; i < NPHASES; i++) out[i] = timer_total_ms(train_timers[i]);
 }
 
 static bool bench_train_one(const struct config *cfg, struct comm *comm, int repeats,
@@ -378,7 +386,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   }
   const double fpt = model_flops_per_token(&m);
   double *ts = xmalloc(sizeof(double) * (size_t)repeats);
-  double phase0[5] = {0}, phase1[5], own_s = 0.0;
+  double phase0[NPHASES] = {0}, phase1[NPHASES], own_s = 0.0;
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_WORLD);
     if (r == 0) train_phases(phase0);
@@ -403,20 +411,30 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   double s = median(ts, repeats);
   free(ts);
   train_phases(phase1);
-  for (int i = 0; i < 5; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats;
-  double busy = 1e3 * own_s / repeats - phase1[2] - phase1[3], busy_max = busy;
-  for (int i = 0; i < 5; i++) phase1[i] /= comm->world_size;
+  for (size_t i = 0; i < NPHASES; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats;
+  /* phase1: P2P, P2M, M2M, M2P, exchange, allreduce, optimizer, then the passes (train_timers) */
+  double busy = 1e3 * own_s / repeats - phase1[4] - phase1[5], busy_max = busy;
+  double own_ms = 1e3 * own_s / repeats;
+  for (size_t i = 0; i < NPHASES; i++) phase1[i] /= comm->world_size;
+  own_ms /= comm->world_size;
   busy /= comm->world_size;
-  comm_allreduce_sum_double(comm, COMM_WORLD, phase1, 5);
+  comm_allreduce_sum_double(comm, COMM_WORLD, phase1, (int)NPHASES);
   comm_allreduce_sum_double(comm, COMM_WORLD, &busy, 1);
+  comm_allreduce_sum_double(comm, COMM_WORLD, &own_ms, 1);
   comm_allreduce_max_double(comm, COMM_WORLD, &busy_max, 1);
   row->busy_max_ms = busy_max;
   row->busy_mean_ms = busy;
   row->near_ms = phase1[0];
-  row->far_ms = phase1[1];
-  row->exchange_ms = phase1[2];
-  row->allreduce_ms = phase1[3];
-  row->optimizer_ms = phase1[4];
+  row->far_ms = phase1[1] + phase1[2] + phase1[3];
+  row->exchange_ms = phase1[4];
+  row->allreduce_ms = phase1[5];
+  row->optimizer_ms = phase1[6];
+  double *by_kind[] = {&row->gemm_ms,    &row->attention_ms, &row->norm_ms, &row->activation_ms,
+                       &row->dropout_ms, &row->copy_ms,      &row->loss_ms};
+  double timed = row->allreduce_ms + row->optimizer_ms;
+  for (int i = 0; i < 7; i++) timed += *by_kind[i] = phase1[7 + i];
+  /* the exchanges happen inside the attention operators: already in attention_ms */
+  row->other_ms = own_ms - timed;
   /* the step's labelled memory on its device, the largest rank's */
   row->peak_bytes = (double)(m.be->host_visible ? mem_peak_total() : mem_device_peak_total());
   comm_allreduce_max_double(comm, COMM_WORLD, &row->peak_bytes, 1);
@@ -440,6 +458,16 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
       "communication %.1f ms on the busiest rank, %.1f on average",
       m.n, row->near_ms, row->far_ms, row->exchange_ms, row->allreduce_ms, row->optimizer_ms,
       row->busy_max_ms, row->busy_mean_ms);
+  const double passes = row->norm_ms + row->activation_ms + row->dropout_ms + row->copy_ms +
+                        row->loss_ms + row->other_ms;
+  message(
+      "  train      n = %8ld: by kind (%% of the step, mean over ranks): GEMM %.1f, attention "
+      "%.1f, optimizer %.1f, allreduce %.1f | the passes around them %.1f: norms %.1f, "
+      "activations %.1f, dropout %.1f, copies %.1f, loss %.1f, untimed %.1f",
+      m.n, pct(row->gemm_ms, own_ms), pct(row->attention_ms, own_ms),
+      pct(row->optimizer_ms, own_ms), pct(row->allreduce_ms, own_ms), pct(passes, own_ms),
+      pct(row->norm_ms, own_ms), pct(row->activation_ms, own_ms), pct(row->dropout_ms, own_ms),
+      pct(row->copy_ms, own_ms), pct(row->loss_ms, own_ms), pct(row->other_ms, own_ms));
   model_free(&m);
   return true;
 }
@@ -678,6 +706,19 @@ static const struct column train_columns[] = {
         "milliseconds per step outside blocking communication, the busiest rank"),
     NUM(train_row, busy_mean_ms,
         "milliseconds per step outside blocking communication, mean over ranks"),
+    NUM(train_row, gemm_ms,
+        "milliseconds per step, mean over ranks: the linear layers' GEMMs (bias copies included)"),
+    NUM(train_row, attention_ms,
+        "milliseconds per step, mean over ranks: the attention operators (exchanges included)"),
+    NUM(train_row, norm_ms, "milliseconds per step, mean over ranks: layer norms"),
+    NUM(train_row, activation_ms, "milliseconds per step, mean over ranks: GELU"),
+    NUM(train_row, dropout_ms,
+        "milliseconds per step, mean over ranks: dropout and its residual adds"),
+    NUM(train_row, copy_ms,
+        "milliseconds per step, mean over ranks: head split/merge, positions, embedding, zeroing"),
+    NUM(train_row, loss_ms, "milliseconds per step, mean over ranks: softmax cross-entropy"),
+    NUM(train_row, other_ms,
+        "milliseconds per step, mean over ranks: the step less every kind timed above"),
 };
 static const struct column comm_columns[] = {
     TEXT(comm_row, variant, "attention variant"),

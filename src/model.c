@@ -367,6 +367,15 @@ void model_sync_to_device(struct model *m) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
+/* One back-end call timed under its phase (timer.h): bench's per-phase breakdown of a step. On a
+ * GPU the phases measure the host's launches, not the kernels (the queue is not drained). */
+#define PHASE(id, call) \
+  do {                  \
+    timer_start(id);    \
+    call;               \
+    timer_stop(id);     \
+  } while (0)
+
 static struct dropout_key drop_key(const struct model *m, long step, int site, bool train) {
   struct dropout_key k = {m->cfg->run.seed, step, site, 0, m->t0, 0.0f};
   k.sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
@@ -384,10 +393,10 @@ static void mlp_hidden_forward(struct model *m, const struct block_tensors *w,
                                const struct block_acts *a, long r0, long rows, float *ln2,
                                float *fch, float *fch_gelu) {
   const int C = m->C, R = m->R;
-  m->be->layernorm_forward(ln2, a->ln2_mean + r0, a->ln2_rstd + r0, a->res2 + r0 * C, w->ln2w,
-                           w->ln2b, rows, C);
-  m->be->linear_forward(fch, ln2, w->w1, w->b1, rows, C, R);
-  m->be->gelu_forward(fch_gelu, fch, (size_t)rows * R);
+  PHASE(TIMER_NORM, m->be->layernorm_forward(ln2, a->ln2_mean + r0, a->ln2_rstd + r0,
+                                             a->res2 + r0 * C, w->ln2w, w->ln2b, rows, C));
+  PHASE(TIMER_GEMM, m->be->linear_forward(fch, ln2, w->w1, w->b1, rows, C, R));
+  PHASE(TIMER_ACTIVATION, m->be->gelu_forward(fch_gelu, fch, (size_t)rows * R));
 }
 
 /* Block l's attention diagnostics (host code) from what its forward left in a: batch element 0's
@@ -427,12 +436,13 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   const struct block_tensors *w = &m->P.block[l];
   const float *x = stream(m, l);
 
-  m->be->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-  m->be->linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV);
-  m->be->heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d);
+  PHASE(TIMER_NORM,
+        m->be->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C));
+  PHASE(TIMER_GEMM, m->be->linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV));
+  PHASE(TIMER_COPY, m->be->heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d));
   if (m->cfg->model.position == POSITION_ROPE) {
-    m->be->rope_forward(a->q, B * m->Hqk, T, d, m->t0);
-    m->be->rope_forward(a->k, B * m->Hqk, T, d, m->t0);
+    PHASE(TIMER_COPY, m->be->rope_forward(a->q, B * m->Hqk, T, d, m->t0));
+    PHASE(TIMER_COPY, m->be->rope_forward(a->k, B * m->Hqk, T, d, m->t0));
   }
   timer_start(TIMER_ATTENTION);
   struct attn_ctx *ctx = &m->actx[l];
@@ -442,10 +452,10 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   attention_forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
   if (m->diag_request && m->attn->diagnostics) block_diagnostics(m, l, a);
   timer_stop(TIMER_ATTENTION);
-  m->be->heads_merge_forward(a->atty, a->att, B, T, H, d);
-  m->be->linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C);
+  PHASE(TIMER_COPY, m->be->heads_merge_forward(a->atty, a->att, B, T, H, d));
+  PHASE(TIMER_GEMM, m->be->linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C));
   struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, train);
-  m->be->residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C);
+  PHASE(TIMER_DROPOUT, m->be->residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C));
   if (m->recompute && !write_out) return; /* backward recomputes the MLP chunk by chunk */
   /* The MLP is per token and runs in row chunks: with recomputation its R-wide activations exist
    * for one chunk only (a long slab would otherwise hold 3 of them for every token); without it
@@ -456,10 +466,12 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
     const long rows = N - r0 < chunk ? N - r0 : chunk;
     const long o = m->recompute ? 0 : r0;
     mlp_hidden_forward(m, w, a, r0, rows, a->ln2 + o * C, a->fch + o * R, a->fch_gelu + o * R);
-    m->be->linear_forward(m->proj + r0 * C, a->fch_gelu + o * R, w->w2, w->b2, rows, R, C);
+    PHASE(TIMER_GEMM,
+          m->be->linear_forward(m->proj + r0 * C, a->fch_gelu + o * R, w->w2, w->b2, rows, R, C));
   }
   struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, train);
-  m->be->residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C);
+  PHASE(TIMER_DROPOUT,
+        m->be->residual_dropout_forward(stream(m, l + 1), a->res2, m->proj, &k2, B, T, C));
 }
 
 /* Embedding, blocks, final norm and head: logits (B,T,V) of the local tokens. */
@@ -471,11 +483,12 @@ static void forward_logits(struct model *m, long step, bool train) {
   /* the batch's one upload (a no-op on a host back end); backward reuses it */
   m->be->upload(m->dev_tokens, m->tokens, sizeof(int) * (size_t)N);
   m->be->upload(m->dev_targets, m->targets, sizeof(int) * (size_t)N);
-  m->be->embedding_forward(x0, m->dev_tokens, m->P.token, m->P.position, B, T, C, m->t0);
+  PHASE(TIMER_COPY,
+        m->be->embedding_forward(x0, m->dev_tokens, m->P.token, m->P.position, B, T, C, m->t0));
   if (m->cfg->model.position == POSITION_SINUSOIDAL)
-    m->be->sinusoidal_forward(x0, B, T, C, m->t0, INIT_STD * sqrtf(2.0f));
+    PHASE(TIMER_COPY, m->be->sinusoidal_forward(x0, B, T, C, m->t0, INIT_STD * sqrtf(2.0f)));
   struct dropout_key k0 = drop_key(m, step, 0, train);
-  m->be->dropout_forward(x0, &k0, B, T, C);
+  PHASE(TIMER_DROPOUT, m->be->dropout_forward(x0, &k0, B, T, C));
   if (m->diag_request) {
     memset(m->diag_mass, 0, sizeof(double) * (size_t)(m->L * m->H * m->diag_bands));
     memset(m->diag_entropy, 0, sizeof(double) * (size_t)(m->L * m->H));
@@ -488,9 +501,9 @@ static void forward_logits(struct model *m, long step, bool train) {
   for (int l = 0; l < m->L; l++)
     block_forward(m, l, &m->acts[m->recompute ? 0 : l], step, train, true);
   m->diag_request = false;
-  m->be->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, stream(m, m->L), m->P.lnfw, m->P.lnfb,
-                           N, C);
-  m->be->linear_forward(m->logits, m->lnf, m->P.head, NULL, N, C, m->V);
+  PHASE(TIMER_NORM, m->be->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, stream(m, m->L),
+                                             m->P.lnfw, m->P.lnfb, N, C));
+  PHASE(TIMER_GEMM, m->be->linear_forward(m->logits, m->lnf, m->P.head, NULL, N, C, m->V));
 }
 
 void model_forward_logits(struct model *m) {
@@ -506,8 +519,10 @@ double model_forward(struct model *m, long step, bool train, float grad_scale, l
   long cnt = 0;
   for (long i = 0; i < N; i++) cnt += m->targets[i] >= 0;
   *count = cnt;
+  timer_start(TIMER_LOSS);
   double loss = m->be->softmax_xent_forward_backward(m->logits, m->dev_targets, N, m->V, grad_scale,
                                                      m->row_loss, m->row_pred);
+  timer_stop(TIMER_LOSS);
   timer_stop(TIMER_FORWARD);
   return loss;
 }
@@ -515,7 +530,7 @@ double model_forward(struct model *m, long step, bool train, float grad_scale, l
 /* ---------------------------------------------------------------------------------------------
  * backward */
 
-#define zero(p, count) m->be->zero((p), sizeof(float) * (count))
+#define zero(p, count) PHASE(TIMER_COPY, m->be->zero((p), sizeof(float) * (count)))
 
 void model_backward(struct model *m, long step) {
   timer_start(TIMER_BACKWARD);
@@ -525,11 +540,12 @@ void model_backward(struct model *m, long step) {
 
   /* head and final norm */
   zero(m->dln, NC);
-  m->be->linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V);
+  PHASE(TIMER_GEMM,
+        m->be->linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V));
   float *dres = m->dres_a, *dnext = m->dres_b;
   zero(dres, NC);
-  m->be->layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L), m->P.lnfw,
-                            m->lnf_mean, m->lnf_rstd, N, C);
+  PHASE(TIMER_NORM, m->be->layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L),
+                                              m->P.lnfw, m->lnf_mean, m->lnf_rstd, N, C));
 
   for (int l = m->L - 1; l >= 0; l--) {
     struct block_acts *a = &m->acts[m->recompute ? 0 : l];
@@ -542,7 +558,7 @@ void model_backward(struct model *m, long step) {
     zero(m->dres2, NC);
     zero(m->dproj, NC);
     struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, m->last_train);
-    m->be->residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C);
+    PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C));
     /* in row chunks in both modes, so parameter gradients sum in the same order whether the
      * activations were kept or are recomputed here */
     zero(m->dln, NC);
@@ -552,27 +568,29 @@ void model_backward(struct model *m, long step) {
       float *ln2 = a->ln2 + o * C, *fch = a->fch + o * R, *fch_gelu = a->fch_gelu + o * R;
       if (m->recompute) mlp_hidden_forward(m, w, a, r0, rows, ln2, fch, fch_gelu);
       zero(m->dfch_gelu, (size_t)rows * R);
-      m->be->linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C, fch_gelu, w->w2, rows,
-                             R, C);
+      PHASE(TIMER_GEMM, m->be->linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C,
+                                               fch_gelu, w->w2, rows, R, C));
       /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
       float *dfch = fch_gelu;
       zero(dfch, (size_t)rows * R);
-      m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R);
-      m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R);
-      m->be->layernorm_backward(m->dres2 + r0 * C, g->ln2w, g->ln2b, m->dln + r0 * C,
-                                a->res2 + r0 * C, w->ln2w, a->ln2_mean + r0, a->ln2_rstd + r0, rows,
-                                C);
+      PHASE(TIMER_ACTIVATION, m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R));
+      PHASE(TIMER_GEMM,
+            m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R));
+      PHASE(TIMER_NORM, m->be->layernorm_backward(m->dres2 + r0 * C, g->ln2w, g->ln2b,
+                                                  m->dln + r0 * C, a->res2 + r0 * C, w->ln2w,
+                                                  a->ln2_mean + r0, a->ln2_rstd + r0, rows, C));
     }
 
     /* attention half: res2 = x + dropout(wo(attn(ln1(x)))) */
     zero(dnext, NC);
     zero(m->dproj, NC);
     struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, m->last_train);
-    m->be->residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C);
+    PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C));
     zero(m->datty, NC);
-    m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C);
+    PHASE(TIMER_GEMM,
+          m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C));
     zero(m->datt, NC);
-    m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d);
+    PHASE(TIMER_COPY, m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d));
     zero(m->dq, NC);
     zero(m->dk, NC);
     zero(m->dv, NC);
@@ -581,15 +599,17 @@ void model_backward(struct model *m, long step) {
                        w->attn, a->att, a->att_saved);
     timer_stop(TIMER_ATTENTION);
     if (m->cfg->model.position == POSITION_ROPE) {
-      m->be->rope_backward(m->dq, B * m->Hqk, T, d, m->t0);
-      m->be->rope_backward(m->dk, B * m->Hqk, T, d, m->t0);
+      PHASE(TIMER_COPY, m->be->rope_backward(m->dq, B * m->Hqk, T, d, m->t0));
+      PHASE(TIMER_COPY, m->be->rope_backward(m->dk, B * m->Hqk, T, d, m->t0));
     }
     zero(m->dqkv, (size_t)N * m->QKV);
-    m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d);
+    PHASE(TIMER_COPY,
+          m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d));
     zero(m->dln, NC);
-    m->be->linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV);
-    m->be->layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w, a->ln1_mean, a->ln1_rstd,
-                              N, C);
+    PHASE(TIMER_GEMM,
+          m->be->linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV));
+    PHASE(TIMER_NORM, m->be->layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w,
+                                                a->ln1_mean, a->ln1_rstd, N, C));
     float *t = dres;
     dres = dnext;
     dnext = t;
@@ -597,8 +617,9 @@ void model_backward(struct model *m, long step) {
   }
 
   struct dropout_key k0 = drop_key(m, step, 0, m->last_train);
-  m->be->dropout_backward(dres, &k0, B, T, C);
-  m->be->embedding_backward(m->G.token, m->G.position, dres, m->dev_tokens, B, T, C, m->V, m->t0);
+  PHASE(TIMER_DROPOUT, m->be->dropout_backward(dres, &k0, B, T, C));
+  PHASE(TIMER_COPY, m->be->embedding_backward(m->G.token, m->G.position, dres, m->dev_tokens, B, T,
+                                              C, m->V, m->t0));
   timer_stop(TIMER_BACKWARD);
 }
 

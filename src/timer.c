@@ -9,8 +9,9 @@ static double timer_total_[TIMER_COUNT];
 static int timer_depth_[TIMER_COUNT];
 
 static const char *timer_names_[TIMER_COUNT] = {
-    "forward", "backward", "attention", "comm", "optimizer", "io",      "data",
-    "eval",    "P2P",      "P2M",       "M2M",  "M2P",       "exchange"};
+    "forward", "backward",   "attention", "comm", "optimizer", "io",       "data",
+    "eval",    "P2P",        "P2M",       "M2M",  "M2P",       "exchange", "gemm",
+    "norm",    "activation", "dropout",   "copy", "loss"};
 
 double timer_now(void) {
   struct timespec t;

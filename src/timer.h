@@ -22,6 +22,16 @@ enum timer_id {
   /* time inside the blocking exchanges between sequence ranks (comm.c: halos, the LET, the ring;
    * a wait on a slower rank included) */
   TIMER_EXCHANGE,
+  /* the model's per-token passes (model.c), by kind: matrix products of the linear layers (their
+   * bias copies included), layer norms, GELU, dropout (residual adds included), copies (head
+   * split and merge, rotary and sinusoidal positions, embedding, zeroing of gradient buffers) and
+   * the loss; the attention operators are TIMER_ATTENTION */
+  TIMER_GEMM,
+  TIMER_NORM,
+  TIMER_ACTIVATION,
+  TIMER_DROPOUT,
+  TIMER_COPY,
+  TIMER_LOSS,
   TIMER_COUNT
 };
 

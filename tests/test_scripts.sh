@@ -38,6 +38,18 @@ done
 check "plot_bench.py draws a run's bench.h5" \
   "$P" scripts/plot_bench.py "$WORK/sweep/scaling_strong_S2_n1024" -o "$WORK/bplots"
 check "plot_bench.py: train_mfu.png" test -s "$WORK/bplots/train_mfu.png"
+check "bench.h5 /train: the step by kind of pass, every kind timed, the kinds within the step" \
+  "$P" - "$WORK/sweep/scaling_strong_S2_n1024/bench.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    t = f["train"]
+    kinds = ["gemm_ms", "attention_ms", "norm_ms", "activation_ms", "dropout_ms", "copy_ms", "loss_ms"]
+    for k in kinds + ["optimizer_ms", "allreduce_ms"]:
+        assert t[k][0] > 0, (k, t[k][0])
+    timed = sum(t[k][0] for k in kinds) + t["optimizer_ms"][0] + t["allreduce_ms"][0]
+    step = t["step_ms"][0]
+    assert timed < 1.05 * step and timed + t["other_ms"][0] > 0.9 * step, (timed, step)
+PY
 TINY="$TESTDIR/decks/scripts_train.in"
 check "a 6-step training run" "$FMATTN" "$TINY" --set output.dir="$WORK/out"
 check "plot_run.py draws the run's diag.h5" "$P" scripts/plot_run.py "$WORK/out/tiny" -o "$WORK/rplots"
