@@ -157,7 +157,7 @@ __global__ void gelu_bwd(float *dinp, const float *dout, const float *inp, size_
   const float t = tanhf(kGeluK * (x + kGeluA * x * x * x));
   const float grad =
       0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluA * x * x);
-  dinp[i] += grad * dout[i];
+  dinp[i] = grad * dout[i];
 }
 
 // out (B·T, C) = token[tokens] + position[t0 + t]: one thread per element.
@@ -235,7 +235,7 @@ __device__ float dropout_mask(const struct dropout_key &key, long b, long t, int
   return u >= (uint32_t)(key.p * 65536.0f) ? 1.0f / (1.0f - key.p) : 0.0f;
 }
 
-// mode 0: x *= mask (dropout and its backward); 1: out = res + y·mask; 2: dres += g, dy += g·mask.
+// mode 0: x *= mask (dropout and its backward); 1: out = res + y·mask; 2: dres = g, dy = g·mask.
 // The product and the sum are rounded apart (__fmul_rn, __fadd_rn), as the CPU rounds them: nvcc
 // would contract them into one fused multiply-add, whose single rounding differs in the last bit
 // (seen on an H200; the emulation, compiled by gcc without FMA, cannot see it).
@@ -251,8 +251,8 @@ __global__ void dropout_apply(int mode, float *a, float *b, const float *c, cons
   } else if (mode == 1) {
     a[e] = __fadd_rn(c[e], __fmul_rn(g[e], mask));
   } else {
-    a[e] += g[e];
-    b[e] = __fadd_rn(b[e], __fmul_rn(g[e], mask));
+    a[e] = g[e];
+    b[e] = __fmul_rn(g[e], mask);
   }
 }
 
@@ -272,7 +272,7 @@ __global__ void heads_split(float *q, float *k, float *v, float *qkv, long B, lo
   else
     x = v + (((size_t)b * H + (w - 2 * Cqk) / d) * T + t) * d + (w - 2 * Cqk) % d;
   if (backward)
-    qkv[e] += *x;
+    qkv[e] = *x;
   else
     *x = qkv[e];
 }
@@ -286,7 +286,7 @@ __global__ void heads_merge(float *y, float *att, long B, long T, int H, int d, 
   const int c = (int)(e % C);
   float *a = att + (((size_t)b * H + c / d) * T + t) * d + c % d;
   if (backward)
-    *a += y[e];
+    *a = y[e];
   else
     y[e] = *a;
 }
@@ -364,8 +364,8 @@ extern "C" void gpu_linear_forward(float *out, const float *inp, const float *we
 extern "C" void gpu_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *weight, long N, int IC, int OC) {
   if (N == 0) return;
-  if (dinp)  // dinp (N, IC) += dout (N, OC) · weight (OC, IC)
-    gpu_gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 1.0f, dinp, IC, 0, 1);
+  if (dinp)  // dinp (N, IC) = dout (N, OC) · weight (OC, IC)
+    gpu_gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
   if (dweight)  // dweight (OC, IC) += doutᵀ · inp
     gpu_gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
   if (dbias) column_sums(dbias, dout, N, OC);

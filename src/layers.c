@@ -41,7 +41,7 @@ void linear_backward(float *dinp, float *dweight, float *dbias, const float *dou
   if (N == 0) return;
   if (dinp)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, IC, OC, 1.0f, dout, OC, weight,
-                IC, 1.0f, dinp, IC);
+                IC, 0.0f, dinp, IC);
   if (dweight)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)N, 1.0f, dout, OC, inp, IC,
                 1.0f, dweight, IC);
@@ -154,7 +154,7 @@ void gelu_backward(float *dinp, const float *dout, const float *inp, size_t coun
     float t = tanhf(u);
     float sech2 = 1.0f - t * t;
     float grad = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
   }
 }
 
@@ -324,8 +324,8 @@ void residual_dropout_backward(float *dres, float *dy, const float *dout,
   if (key->p <= 0.0f) {
 #pragma omp parallel for simd schedule(static)
     for (long i = 0; i < B * T * C; i++) {
-      dres[i] += dout[i];
-      dy[i] += dout[i];
+      dres[i] = dout[i];
+      dy[i] = dout[i];
     }
     return;
   }
@@ -337,8 +337,8 @@ void residual_dropout_backward(float *dres, float *dy, const float *dout,
       dropout_row(mask, key, bt / T, bt % T, C);
       for (int c = 0; c < C; c++) {
         float g = dout[bt * C + c];
-        dres[bt * C + c] += g;
-        dy[bt * C + c] += g * mask[c];
+        dres[bt * C + c] = g;
+        dy[bt * C + c] = g * mask[c];
       }
     }
   }
@@ -373,15 +373,11 @@ void heads_split_backward(float *dqkv, const float *dq, const float *dk, const f
       float *dst = dqkv + (b * T + t) * W;
       for (int h = 0; h < Hqk; h++) {
         const size_t src = (((size_t)b * Hqk + h) * T + t) * d;
-        for (int i = 0; i < d; i++) {
-          dst[h * d + i] += dq[src + i];
-          dst[Cqk + h * d + i] += dk[src + i];
-        }
+        memcpy(dst + h * d, dq + src, sizeof(float) * d);
+        memcpy(dst + Cqk + h * d, dk + src, sizeof(float) * d);
       }
-      for (int h = 0; h < H; h++) {
-        const size_t src = (((size_t)b * H + h) * T + t) * d;
-        for (int i = 0; i < d; i++) dst[2 * Cqk + h * d + i] += dv[src + i];
-      }
+      for (int h = 0; h < H; h++)
+        memcpy(dst + 2 * Cqk + h * d, dv + (((size_t)b * H + h) * T + t) * d, sizeof(float) * d);
     }
 }
 
@@ -400,11 +396,9 @@ void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, i
 #pragma omp parallel for collapse(2) schedule(static)
   for (long b = 0; b < B; b++)
     for (long t = 0; t < T; t++)
-      for (int h = 0; h < H; h++) {
-        float *dst = datt + (((size_t)b * H + h) * T + t) * d;
-        const float *src = dy + (b * T + t) * C + h * d;
-        for (int i = 0; i < d; i++) dst[i] += src[i];
-      }
+      for (int h = 0; h < H; h++)
+        memcpy(datt + (((size_t)b * H + h) * T + t) * d, dy + (b * T + t) * C + h * d,
+               sizeof(float) * d);
 }
 
 /* ---------------------------------------------------------------------------------------------

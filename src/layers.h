@@ -1,8 +1,10 @@
 /* The per-token layers of the transformer, _forward/_backward pairs (SPEC §1): outputs, inputs,
  * parameters, sizes; backward takes input-gradients first, then the output-gradient, then what
- * forward saved, and ACCUMULATES every gradient (+=). Local tokens only (t0: the global index of
- * the first). The CPU implementations, fp32, reductions over rows in a fixed chunk order so
- * results do not depend on the thread count; gpu/layers.cu mirrors them. */
+ * forward saved. Parameter gradients ACCUMULATE (+=); an input gradient is WRITTEN (=) into a
+ * buffer that need not be zeroed, except where the line above the function says += (layer norm's
+ * and the embedding's, which add to the residual stream's and the table's gradients). Local tokens
+ * only (t0: the global index of the first). The CPU implementations, fp32, reductions over rows in
+ * a fixed chunk order so results do not depend on the thread count; gpu/layers.cu mirrors them. */
 #ifndef FMATTN_LAYERS_H
 #define FMATTN_LAYERS_H
 
@@ -16,7 +18,7 @@ extern "C" {
 /* out (N, OC) = inp (N, IC) · weight (OC, IC)ᵀ + bias (OC); bias may be NULL. */
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
                     int IC, int OC);
-/* dinp (N, IC) += dout · weight; dweight (OC, IC) += doutᵀ · inp; dbias (OC) += Σ_rows dout.
+/* dinp (N, IC) = dout · weight; dweight (OC, IC) += doutᵀ · inp; dbias (OC) += Σ_rows dout.
  * dinp, dweight or dbias may be NULL to skip that gradient. */
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, long N, int IC, int OC);
@@ -25,12 +27,14 @@ void linear_backward(float *dinp, float *dweight, float *dbias, const float *dou
  */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                        const float *bias, long N, int C);
+/* dinp += the input's gradient; dweight, dbias += theirs. */
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const float *mean, const float *rstd,
                         long N, int C);
 
 /* GELU, tanh form: 0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))). */
 void gelu_forward(float *out, const float *inp, size_t count);
+/* dinp = gelu'(inp) · dout (dinp may alias neither). */
 void gelu_backward(float *dinp, const float *dout, const float *inp, size_t count);
 
 /* out (B, T, C) = token (V, C)[tokens] + position (n, C)[t0 + t]; position may be NULL. */
@@ -65,7 +69,7 @@ void dropout_backward(float *dx, const struct dropout_key *key, long B, long T, 
 /* out = res + dropout(y), all (B, T, C). */
 void residual_dropout_forward(float *out, const float *res, const float *y,
                               const struct dropout_key *key, long B, long T, int C);
-/* dres += dout; dy += dropout'(dout). */
+/* dres = dout; dy = dropout'(dout). */
 void residual_dropout_backward(float *dres, float *dy, const float *dout,
                                const struct dropout_key *key, long B, long T, int C);
 
@@ -73,6 +77,7 @@ void residual_dropout_backward(float *dres, float *dy, const float *dout,
  * FiSH heads, whose Hqk global query/key heads serve H value heads (SPEC §6.9). */
 void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int Hqk,
                          int H, int d);
+/* backward: dqkv = dq | dk | dv, datt = dy in head layout (=). */
 void heads_split_backward(float *dqkv, const float *dq, const float *dk, const float *dv, long B,
                           long T, int Hqk, int H, int d);
 /* (B, H, T, d) → (B, T, C). */

@@ -539,7 +539,6 @@ void model_backward(struct model *m, long step) {
   const size_t NC = (size_t)N * C;
 
   /* head and final norm */
-  zero(m->dln, NC);
   PHASE(TIMER_GEMM,
         m->be->linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V));
   float *dres = m->dres_a, *dnext = m->dres_b;
@@ -555,24 +554,19 @@ void model_backward(struct model *m, long step) {
     const float *x = stream(m, l);
 
     /* MLP half: residual[l+1] = res2 + dropout(fc2(gelu(fc1(ln2(res2))))) */
-    zero(m->dres2, NC);
-    zero(m->dproj, NC);
     struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, m->last_train);
     PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C));
     /* in row chunks in both modes, so parameter gradients sum in the same order whether the
      * activations were kept or are recomputed here */
-    zero(m->dln, NC);
     for (long r0 = 0; r0 < N; r0 += m->mlp_chunk) {
       const long rows = N - r0 < m->mlp_chunk ? N - r0 : m->mlp_chunk;
       const long o = m->recompute ? 0 : r0;
       float *ln2 = a->ln2 + o * C, *fch = a->fch + o * R, *fch_gelu = a->fch_gelu + o * R;
       if (m->recompute) mlp_hidden_forward(m, w, a, r0, rows, ln2, fch, fch_gelu);
-      zero(m->dfch_gelu, (size_t)rows * R);
       PHASE(TIMER_GEMM, m->be->linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C,
                                                fch_gelu, w->w2, rows, R, C));
       /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
       float *dfch = fch_gelu;
-      zero(dfch, (size_t)rows * R);
       PHASE(TIMER_ACTIVATION, m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R));
       PHASE(TIMER_GEMM,
             m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R));
@@ -582,14 +576,10 @@ void model_backward(struct model *m, long step) {
     }
 
     /* attention half: res2 = x + dropout(wo(attn(ln1(x)))) */
-    zero(dnext, NC);
-    zero(m->dproj, NC);
     struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, m->last_train);
     PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C));
-    zero(m->datty, NC);
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C));
-    zero(m->datt, NC);
     PHASE(TIMER_COPY, m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d));
     zero(m->dq, NC);
     zero(m->dk, NC);
@@ -602,10 +592,8 @@ void model_backward(struct model *m, long step) {
       PHASE(TIMER_COPY, m->be->rope_backward(m->dq, B * m->Hqk, T, d, m->t0));
       PHASE(TIMER_COPY, m->be->rope_backward(m->dk, B * m->Hqk, T, d, m->t0));
     }
-    zero(m->dqkv, (size_t)N * m->QKV);
     PHASE(TIMER_COPY,
           m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d));
-    zero(m->dln, NC);
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV));
     PHASE(TIMER_NORM, m->be->layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w,

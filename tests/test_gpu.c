@@ -66,7 +66,7 @@ static void test_gpu_linear(void **state) {
   TU_ASSERT_CLOSE(diff(gy, y, N * OC), TOL, "linear forward");
   linear_backward(dx, dw, db, dy, x, w, N, IC, OC);
   gpu_linear_backward(gdx, gdw, gdb, gdy, gx, gw, N, IC, OC);
-  TU_ASSERT_CLOSE(diff(gdx, dx, N * IC), TOL, "linear dinp (accumulated)");
+  TU_ASSERT_CLOSE(diff(gdx, dx, N * IC), TOL, "linear dinp (written)");
   TU_ASSERT_CLOSE(diff(gdw, dw, OC * IC), TOL, "linear dweight (accumulated)");
   TU_ASSERT_CLOSE(diff(gdb, db, OC), TOL, "linear dbias (accumulated)");
   float *all[] = {x, w, b, dy, y, dx, dw, db}, *gall[] = {gx, gw, gb, gdy, gy, gdx, gdw, gdb};
@@ -108,7 +108,7 @@ static void test_gpu_gelu(void **state) {
   TU_ASSERT_CLOSE(diff(gy, y, n), TOL, "gelu forward");
   gelu_backward(dx, dy, x, n);
   gpu_gelu_backward(gdx, gdy, gx, n);
-  TU_ASSERT_CLOSE(diff(gdx, dx, n), TOL, "gelu dinp (accumulated)");
+  TU_ASSERT_CLOSE(diff(gdx, dx, n), TOL, "gelu dinp (written)");
   free(x), free(dy), free(dx), free(y);
   gpu_free(gx), gpu_free(gdy), gpu_free(gdx), gpu_free(gy);
 }
@@ -287,10 +287,10 @@ static void test_gpu_dropout(void **state) {
   residual_dropout_forward(out, res, y, &key, B, T, C);
   gpu_residual_dropout_forward(gout, gres, gy, &key, B, T, C);
   TU_ASSERT_CLOSE(diff(gout, out, n), 0.0, "residual dropout forward");
-  residual_dropout_backward(res, y, x, &key, B, T, C); /* dres, dy += from dout = x */
+  residual_dropout_backward(res, y, x, &key, B, T, C); /* dres, dy = from dout = x */
   gpu_residual_dropout_backward(gres, gy, gx, &key, B, T, C);
-  TU_ASSERT_CLOSE(diff(gres, res, n), 0.0, "residual dropout dres (accumulated)");
-  TU_ASSERT_CLOSE(diff(gy, y, n), 0.0, "residual dropout dy (accumulated)");
+  TU_ASSERT_CLOSE(diff(gres, res, n), 0.0, "residual dropout dres (written)");
+  TU_ASSERT_CLOSE(diff(gy, y, n), 0.0, "residual dropout dy (written)");
   free(x), free(y), free(res), free(out);
   gpu_free(gx), gpu_free(gy), gpu_free(gres), gpu_free(gout);
 }
@@ -308,14 +308,14 @@ static void test_gpu_heads(void **state) {
   TU_ASSERT_CLOSE(diff(gq, q, nq) + diff(gk, k, nq) + diff(gv, v, nv), 0.0, "heads split");
   heads_split_backward(qkv, q, k, v, B, T, Hqk, H, d);
   gpu_heads_split_backward(gqkv, gq, gk, gv, B, T, Hqk, H, d);
-  TU_ASSERT_CLOSE(diff(gqkv, qkv, nw), 0.0, "heads split backward (accumulated)");
+  TU_ASSERT_CLOSE(diff(gqkv, qkv, nw), 0.0, "heads split backward (written)");
   float *y = malloc(4 * nv), *gy = dev(4 * nv);
   heads_merge_forward(y, v, B, T, H, d);
   gpu_heads_merge_forward(gy, gv, B, T, H, d);
   TU_ASSERT_CLOSE(diff(gy, y, nv), 0.0, "heads merge");
   heads_merge_backward(v, y, B, T, H, d);
   gpu_heads_merge_backward(gv, gy, B, T, H, d);
-  TU_ASSERT_CLOSE(diff(gv, v, nv), 0.0, "heads merge backward (accumulated)");
+  TU_ASSERT_CLOSE(diff(gv, v, nv), 0.0, "heads merge backward (written)");
   float *all[] = {qkv, q, k, v, y}, *gall[] = {gqkv, gq, gk, gv, gy};
   free_both(all, gall, 5);
 }

@@ -45,13 +45,13 @@ static void test_linear(void **state) {
   ref_linear(yd, xd, wd, bd, N, I, O);
   TU_ASSERT_CLOSE(tu_rel_err(y, yd, N * O), FWD_TOL, "linear forward");
 
-  /* gradients accumulate: start from a non-zero value and subtract it afterwards */
+  /* parameter gradients accumulate: start from a non-zero value and subtract it afterwards; the
+   * input gradient is written: start it from NaN */
   float dx[N * I], dw[O * I], db[O];
-  for (int k = 0; k < N * I; k++) dx[k] = 1.0f;
+  for (int k = 0; k < N * I; k++) dx[k] = NAN;
   for (int k = 0; k < O * I; k++) dw[k] = 2.0f;
   for (int k = 0; k < O; k++) db[k] = 3.0f;
   linear_backward(dx, dw, db, g, x, w, N, I, O);
-  for (int k = 0; k < N * I; k++) dx[k] -= 1.0f;
   for (int k = 0; k < O * I; k++) dw[k] -= 2.0f;
   for (int k = 0; k < O; k++) db[k] -= 3.0f;
   double fx[N * I], fw[O * I], fb[O];
@@ -144,9 +144,8 @@ static void test_gelu(void **state) {
     fd[k] = g[k] * (ref_gelu((double)x[k] + h) - ref_gelu((double)x[k] - h)) / (2 * h);
   }
   TU_ASSERT_CLOSE(tu_rel_err(y, yd, N), FWD_TOL, "gelu forward");
-  for (int k = 0; k < N; k++) dx[k] = 0.5f;
+  for (int k = 0; k < N; k++) dx[k] = NAN; /* written, not accumulated */
   gelu_backward(dx, g, x, N);
-  for (int k = 0; k < N; k++) dx[k] -= 0.5f;
   TU_ASSERT_CLOSE(tu_rel_err(dx, fd, N), BWD_TOL, "gelu backward");
 }
 
@@ -257,7 +256,8 @@ static void test_dropout(void **state) {
   const size_t N = (size_t)B * T * C;
   float *res = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
   float *out = malloc(sizeof(float) * N), *g = malloc(sizeof(float) * N);
-  float *dres = calloc(N, sizeof(float)), *dy = calloc(N, sizeof(float));
+  float *dres = malloc(sizeof(float) * N), *dy = malloc(sizeof(float) * N);
+  for (size_t i = 0; i < N; i++) dres[i] = dy[i] = NAN; /* both written, not accumulated */
   tu_randn(res, N, 16, 1.0f);
   tu_randn(y, N, 17, 1.0f);
   tu_randn(g, N, 18, 1.0f);
@@ -331,12 +331,12 @@ static void test_heads(void **state) {
           assert_true(q[dst] == qkv[src] && k[dst] == qkv[src + C] && v[dst] == qkv[src + 2 * C]);
         }
   float back[B * T * 3 * C];
-  memset(back, 0, sizeof back);
+  memset(back, 0xff, sizeof back); /* NaN: written, not accumulated */
   heads_split_backward(back, q, k, v, B, T, H, H, d);
   assert_memory_equal(back, qkv, sizeof back);
   float y[B * T * C], att2[B * H * T * d];
   heads_merge_forward(y, q, B, T, H, d);
-  memset(att2, 0, sizeof att2);
+  memset(att2, 0xff, sizeof att2);
   heads_merge_backward(att2, y, B, T, H, d);
   assert_memory_equal(att2, q, sizeof att2);
   /* FiSH heads: G = 2 query/key heads for H = 3 value heads, rows q (2d) | k (2d) | v (3d) */
@@ -355,7 +355,7 @@ static void test_heads(void **state) {
           assert_true(fv[((b * H + h) * T + t) * d + i] ==
                       x[(b * T + t) * W + 2 * G * d + h * d + i]);
       }
-  memset(fb, 0, sizeof fb);
+  memset(fb, 0xff, sizeof fb);
   heads_split_backward(fb, fq, fk, fv, B, T, G, H, d);
   assert_memory_equal(fb, x, sizeof fb);
 }

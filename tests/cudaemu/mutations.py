@@ -115,7 +115,7 @@ MUTANTS = [
      "gpu_linear_forward: the weight's leading dimension OC instead of IC (reads past it)",
      "test_gpu_linear", {}, 1),
     ("linear-dinp-ldb", "layers.cu", "void gpu_linear_backward(",
-     "1.0f, dout, OC, 0, weight, IC, 0, 1.0f, dinp", "1.0f, dout, OC, 0, weight, OC, 0, 1.0f, dinp",
+     "1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp", "1.0f, dout, OC, 0, weight, OC, 0, 0.0f, dinp",
      "gpu_linear_backward: the weight's leading dimension OC < k (cuBLAS's argument check)",
      "test_gpu_linear", {}, 1),
     ("linear-dweight-ldc", "layers.cu", "void gpu_linear_backward(",
