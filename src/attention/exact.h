@@ -49,6 +49,17 @@ static inline void live_keys(struct key_mask mk, long gi0, long gi1, long koff, 
   *j1 = b > *j0 ? b : *j0;
 }
 
+/* The key rows [*j0, *jend) the tile loops cover for queries [gi0, gi1]: live_keys' range with
+ * its end rounded up to a whole tile (and cut at Tk), so a wide key tile covers what square tiles
+ * of the same size did. */
+static inline void live_key_tiles(struct key_mask mk, long gi0, long gi1, long koff, long Tk,
+                                  int tile, long *j0, long *jend) {
+  long j1;
+  live_keys(mk, gi0, gi1, koff, Tk, tile, j0, &j1);
+  const long e = (j1 - *j0 + tile - 1) / tile * tile + *j0;
+  *jend = e < Tk ? e : Tk;
+}
+
 /* out (B, H, T, d) = softmax over the keys j that query i may see (|i − j| < band, and j ≤ i
  * when ctx->dims.causal; band 0: no band) of q kᵀ/√d, times v; lse (B, H, T) saved for backward.
  * Under sequence parallelism a band gathers its halo and band 0 runs the (zigzag) ring. */
@@ -79,6 +90,7 @@ struct exact_rows {
   const float *q, *k, *v;
   long qstride, kstride, qoff, koff;
   int d, tile;
+  int ktile; /* keys per tile: a multiple of tile (wider key tiles make larger GEMMs) */
   long unit; /* which unit: b·H + h (full), b (FiSH) */
 };
 
@@ -92,7 +104,9 @@ struct exact_grads {
 
 struct exact_hook {
   int heads, qk_heads;
-  /* One thread's scratch, in tiles of tile × tile floats, for the forward and the backward loop:
+  /* Key tiles this many query tiles wide when there is no band (0 or 1: square tiles). */
+  int key_tiles;
+  /* One thread's scratch, in tiles of tile × ktile floats, for the forward and the backward loop:
    * the loop's own tiles come first (the heads' logits, and in backward one dP tile), a hook's
    * own start at tile heads + 1. */
   int scratch_forward, scratch_backward;

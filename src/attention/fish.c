@@ -121,8 +121,9 @@ struct fish_scratch {
   float *Sg, *Z, *dZ, *dS;
 };
 
-static struct fish_scratch scratch_of(const struct fish_state *st, int tile, float *scratch) {
-  const size_t t2 = (size_t)tile * tile;
+static struct fish_scratch scratch_of(const struct fish_state *st, const struct exact_rows *x,
+                                      float *scratch) {
+  const size_t t2 = (size_t)x->tile * x->ktile;
   struct fish_scratch w = {.Sg = scratch + (size_t)(st->H + 1) * t2};
   w.Z = w.Sg + st->G * t2;
   w.dZ = w.Z + st->R * t2;
@@ -190,7 +191,7 @@ static void tile_logits(const struct fish_state *st, const struct fish_params *f
 static void fish_logits(const struct exact_hook *hk, const struct exact_rows *x, long i0, long bi,
                         long j0, long bj, float *L, float *scratch) {
   const struct fish_hook_ctx *f = hk->user;
-  const struct fish_scratch w = scratch_of(f->st, x->tile, scratch);
+  const struct fish_scratch w = scratch_of(f->st, x, scratch);
   tile_logits(f->st, &f->fp, f->ctx, x, i0, bi, j0, bj, w.Sg, w.Z, L);
   const float scale = 1.0f / sqrtf((float)x->d);
   const long n = f->st->H * bi * bj;
@@ -253,7 +254,7 @@ static void fish_grad(const struct exact_hook *hk, const struct exact_rows *x,
   const struct fish_hook_ctx *f = hk->user;
   const struct fish_state *st = f->st;
   const struct fish_params *fp = &f->fp, dfp = params_view(st, g->dpar);
-  const struct fish_scratch w = scratch_of(st, x->tile, scratch);
+  const struct fish_scratch w = scratch_of(st, x, scratch);
   const int G = st->G, H = st->H, d = x->d;
   const long tt = bi * bj;
   const float *Sg = w.Sg;
