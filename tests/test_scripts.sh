@@ -50,6 +50,16 @@ with h5py.File(sys.argv[1], "r") as f:
     step = t["step_ms"][0]
     assert timed < 1.05 * step and timed + t["other_ms"][0] > 0.9 * step, (timed, step)
 PY
+# fmattn against PyTorch eager on a tiny model: both run, alternately, on OpenBLAS's same core
+check "torch_bench.py times fmattn and PyTorch eager alternately" \
+  "$P" scripts/torch_bench.py --fmattn "$FMATTN" --deck "$TESTDIR/decks/scripts_train.in" --n 64 \
+  --rounds 2 --steps 1 --threads 1 --out "$WORK/torch_bench.json"
+check "torch_bench.json: both timed, on the same BLAS core" "$P" - "$WORK/torch_bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["fmattn_tokens_per_s"] > 0 and r["torch_tokens_per_s"] > 0 and r["rounds"] == 2, r
+assert r["fmattn_blas_core"] and set(r["torch_blas_cores"].values()) == {r["fmattn_blas_core"]}, r
+PY
 TINY="$TESTDIR/decks/scripts_train.in"
 check "a 6-step training run" "$FMATTN" "$TINY" --set output.dir="$WORK/out"
 check "plot_run.py draws the run's diag.h5" "$P" scripts/plot_run.py "$WORK/out/tiny" -o "$WORK/rplots"

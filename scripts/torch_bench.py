@@ -1,0 +1,215 @@
+#!/usr/bin/python3
+"""fmattn's training step against PyTorch eager's, the same model on the same BLAS kernels.
+
+  torch_bench.py [--fmattn src/fmattn] [--deck inputs/bench.in] [--n 512] [--rounds 3]
+                 [--steps 5] [--threads 2] [--out torch_bench.json]
+
+The model is the deck's (fmattn --check resolves it): GPT-2 blocks, full causal attention, learned
+positions, dropout, tied or separate head, AdamW with clipping; fp32 on the CPU. fmattn runs in
+bench mode (bench.what = train) and reports its median step; PyTorch runs the same model eagerly
+(attention as q·kᵀ, mask, softmax, ·v: torch 1.13 has no fused SDPA), median of --steps steps
+after a warm-up. The two alternate --rounds times in one run, so a drift of the machine's clocks
+touches both alike; the figures are the medians over rounds.
+
+Both link OpenBLAS: the BLAS core each one runs is printed (fmattn's from bench.h5, PyTorch's by
+asking the OpenBLAS libraries loaded in this process), so a comparison on different kernels shows.
+OPENBLAS_CORETYPE, when set, reaches both.
+"""
+import argparse
+import configparser
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def die(msg):
+    print(f"torch_bench.py: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def resolved_deck(fmattn, deck, sets):
+    """The deck as fmattn resolves it (fmattn --check), as a ConfigParser."""
+    cmd = [fmattn, "--check", deck] + [x for s in sets for x in ("--set", s)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        die(f"fmattn rejected the deck: {r.stderr.strip()}")
+    cp = configparser.ConfigParser(inline_comment_prefixes=(";",), comment_prefixes=(";",),
+                                   interpolation=None)
+    cp.read_string(r.stdout)
+    return cp
+
+
+def torch_cores():
+    """The core name of every OpenBLAS library this process has loaded (PyTorch's BLAS)."""
+    cores = {}
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "blas" in line and line.split()[-1].startswith("/")}
+    for p in sorted(paths):
+        try:
+            lib = ctypes.CDLL(p)
+            fn = lib.openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_char_p
+        cores[p] = fn().decode()
+    return cores
+
+
+def build_model(torch, cfg):
+    nn, F = torch.nn, torch.nn.functional
+    C, H, L = cfg.getint("model", "dim"), cfg.getint("model", "heads"), cfg.getint("model", "layers")
+    n, p = cfg.getint("model", "context"), cfg.getfloat("model", "dropout")
+    tied = cfg.getboolean("model", "tie_embeddings")
+    R = cfg.getint("model", "mlp_ratio") * C
+    V = 256  # bytes
+    for key, want in (("position", "learned"), ("objective", "clm")):
+        if cfg.get("model", key) != want:
+            die(f"model.{key} = {cfg.get('model', key)}: this comparison builds {key} {want} only")
+    if cfg.get("attention", "heads_mode") != "standard":
+        die("attention.heads_mode must be standard for this comparison")
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.fc1, self.fc2 = nn.Linear(C, R), nn.Linear(R, C)
+
+        def forward(self, x, mask):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            s = (q @ k.transpose(-2, -1)) * (1.0 / (C // H) ** 0.5)
+            a = F.softmax(s.masked_fill(mask[:T, :T], float("-inf")), dim=-1) @ v
+            x = x + F.dropout(self.proj(a.transpose(1, 2).reshape(B, T, C)), p)
+            h = F.gelu(self.fc1(self.ln2(x)), approximate="tanh")
+            return x + F.dropout(self.fc2(h), p)
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(V, C), nn.Embedding(n, C)
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.lnf = nn.LayerNorm(C)
+            self.head = None if tied else nn.Linear(C, V, bias=False)
+            self.register_buffer("mask", torch.triu(torch.ones(n, n, dtype=torch.bool), 1))
+
+        def forward(self, idx, targets):
+            T = idx.shape[1]
+            x = F.dropout(self.tok(idx) + self.pos(torch.arange(T)), p)
+            for b in self.blocks:
+                x = b(x, self.mask)
+            x = self.lnf(x)
+            logits = x @ self.tok.weight.t() if self.head is None else self.head(x)
+            return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+    return GPT(), V
+
+
+def torch_steps(torch, model, V, batch, n, steps, seed):
+    """Median milliseconds of a training step (zero_grad, forward, backward, clip, AdamW)."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, V, (batch, n), generator=g)
+    tgt = torch.randint(0, V, (batch, n), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    times = []
+    for s in range(steps + 1):  # s = 0: warm-up
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        model(idx, tgt).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if s:
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def fmattn_step(fmattn, deck, sets, workdir, env):
+    """fmattn's median step (ms), tokens/s, FLOPs per token, BLAS core and SGEMM rate."""
+    cmd = [fmattn, deck] + [x for s in sets for x in ("--set", s)]
+    cmd += ["--set", "bench.what=train", "--set", f"output.dir={workdir}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode:
+        die(f"fmattn failed: {r.stderr.strip()[-400:]}")
+    path = os.path.join(workdir, "bench", "bench.h5")
+    with h5py.File(path, "r") as f:
+        t = f["train"]
+        core = f.attrs.get("blas_core", b"")
+        return {"step_ms": float(t["step_ms"][0]), "tokens_per_s": float(t["tokens_per_s"][0]),
+                "flops_per_token": float(t["flops_per_token"][0]),
+                "blas_core": core.decode() if isinstance(core, bytes) else str(core),
+                "sgemm_gflops": float(f.attrs["sgemm_gflops"])}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fmattn", default=os.path.join(HERE, "..", "src", "fmattn"))
+    ap.add_argument("--deck", default=os.path.join(HERE, "..", "inputs", "bench.in"))
+    ap.add_argument("--n", type=int, default=512, help="tokens per sequence (model.context)")
+    ap.add_argument("--rounds", type=int, default=3, help="fmattn and PyTorch alternate this often")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per round, each side")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both")
+    ap.add_argument("--out", help="write the figures as JSON")
+    a = ap.parse_args()
+    if not os.access(a.fmattn, os.X_OK):
+        die(f"{a.fmattn} is not an executable fmattn (build it, or pass --fmattn)")
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
+    os.environ.update(OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
+    sets = [f"model.context={a.n}", "bench.n_list=%d" % a.n, f"bench.repeats={a.steps}",
+            "attention.variant=full", "run.mode=bench", "run.name=bench"]
+    cfg = resolved_deck(a.fmattn, a.deck, sets)
+    batch = cfg.getint("train", "batch")
+    import torch  # after OMP_NUM_THREADS is set
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    model, V = build_model(torch, cfg)
+    model.train()
+    cores = torch_cores()
+    print(f"torch_bench.py: torch {torch.__version__}, {a.threads} thread(s); its OpenBLAS "
+          f"core(s): {', '.join(f'{c} ({p})' for p, c in cores.items()) or 'none found'}",
+          flush=True)
+    fm, tt = [], []
+    with tempfile.TemporaryDirectory(prefix="torch_bench.") as tmp:
+        for r in range(a.rounds):
+            fm.append(fmattn_step(a.fmattn, a.deck, sets, os.path.join(tmp, str(r)), env))
+            tt.append(torch_steps(torch, model, V, batch, a.n, a.steps, seed=r))
+            print(f"  round {r + 1}: fmattn {fm[-1]['step_ms']:.1f} ms/step "
+                  f"(BLAS core {fm[-1]['blas_core']}), PyTorch eager {tt[-1]:.1f} ms/step",
+                  flush=True)
+    fm_ms = statistics.median(x["step_ms"] for x in fm)
+    th_ms = statistics.median(tt)
+    tokens = batch * a.n
+    fpt = fm[0]["flops_per_token"]
+    res = {"n": a.n, "batch": batch, "threads": a.threads, "rounds": a.rounds,
+           "fmattn_step_ms": fm_ms, "torch_step_ms": th_ms,
+           "fmattn_tokens_per_s": tokens / fm_ms * 1e3, "torch_tokens_per_s": tokens / th_ms * 1e3,
+           "speedup": th_ms / fm_ms, "flops_per_token": fpt,
+           "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
+           "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),
+           "torch": torch.__version__,
+           "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "")}
+    print(f"torch_bench.py: n = {a.n}, batch {batch}: fmattn {res['fmattn_tokens_per_s']:.0f} "
+          f"tok/s ({fpt * tokens / fm_ms / 1e6:.1f} GFLOP/s), PyTorch eager "
+          f"{res['torch_tokens_per_s']:.0f} tok/s ({fpt * tokens / th_ms / 1e6:.1f} GFLOP/s): "
+          f"fmattn {res['speedup']:.2f}x (medians of {a.rounds} alternating rounds)")
+    same = set(cores.values()) == {fm[0]["blas_core"]}
+    print(f"torch_bench.py: BLAS core: fmattn {fm[0]['blas_core']}, PyTorch "
+          f"{'/'.join(sorted(set(cores.values()))) or '?'}"
+          f"{'' if same else ' -- NOT the same kernels'}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
