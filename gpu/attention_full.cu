@@ -215,7 +215,7 @@ void forward_d(float *out, float *lse, const float *q, const float *k, const flo
                long T, Mask mk) {
   const dim3 grid(gpu_blocks((size_t)T, kRows), (unsigned)BH);
   exact_fwd<D><<<grid, kRows, 0, gpu_stream()>>>(out, lse, q, k, v, T, mk, 1.0f / sqrtf((float)D));
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCH_CHECK();
 }
 
 template <int D>
@@ -224,9 +224,10 @@ void backward_d(float *dq, float *dk, float *dv, const float *dout, const float 
   const dim3 grid(gpu_blocks((size_t)T, kRows), (unsigned)BH);
   const float scale = 1.0f / sqrtf((float)D);
   exact_bwd_dq<D><<<grid, kRows, 0, gpu_stream()>>>(dq, dout, q, k, v, lse, Drow, T, mk, scale);
+  LAUNCH_CHECK();
   exact_bwd_dkv<D>
       <<<grid, kRows, 0, gpu_stream()>>>(dk, dv, dout, q, k, v, lse, Drow, T, mk, scale);
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCH_CHECK();
 }
 
 // Heads run along grid y, which holds at most 65,535 blocks.

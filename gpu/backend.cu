@@ -19,6 +19,9 @@ namespace {
 int device = -1;
 cudaStream_t stream = nullptr;
 cublasHandle_t cublas = nullptr;
+void *cublas_workspace = nullptr;  // from the pool, so the pool's peak holds it
+// cuBLAS's workspace: 32 MiB, what NVIDIA's cuBLAS documentation recommends on Hopper
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 bool bf16 = false;
 struct backend table;
 
@@ -33,6 +36,8 @@ void fill_table() {
   table.describe = gpu_describe;
   table.sync = gpu_sync;
   table.gemm_gflops = gpu_gemm_gflops;
+  table.counts_reset = gpu_counts_reset;
+  table.counts_read = gpu_counts_read;
   table.alloc = cuda_alloc;
   table.free = gpu_free;
   table.zero = cuda_zero;
@@ -96,13 +101,19 @@ extern "C" int gpu_open(int local_rank, bool use_bf16, char *err, size_t err_len
   CUBLAS_CHECK(cublasSetStream(cublas, stream));
   // fp32 products stay fp32 (no TF32): the comparisons with the CPU depend on it
   CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+  // cuBLAS's workspace from the pool rather than its own allocation beside it (counted, and
+  // there before the step's peak)
+  cublas_workspace = gpu_alloc(MEM_WORKSPACE, kCublasWorkspaceBytes);
+  CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspaceBytes));
   return 0;
 }
 
 extern "C" void gpu_close(void) {
   if (device < 0) return;
-  gpu_release_cache();
   if (cublas) cublasDestroy(cublas);
+  gpu_free(cublas_workspace);
+  cublas_workspace = nullptr;
+  gpu_release_cache();
   if (stream) cudaStreamDestroy(stream);
   cublas = nullptr;
   stream = nullptr;
@@ -119,12 +130,23 @@ extern "C" void gpu_describe(char *out, size_t len) {
 extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size_t err_len) {
   static bool registered = false;  // the table and the attention, once per process
   if (device < 0) {
-    int local = 0;  // this rank's index among the ranks of its node
+    int local = 0, on_node = 1;  // this rank's index among the ranks of its node, and how many
     MPI_Comm node;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
         MPI_SUCCESS) {
       MPI_Comm_rank(node, &local);
+      MPI_Comm_size(node, &on_node);
       MPI_Comm_free(&node);
+    }
+    // one rank per GPU: NCCL refuses two ranks of a communicator on one device, late and
+    // obscurely ("invalid usage"); say it here, before any device work
+    const int n = gpu_device_count();
+    if (n > 0 && on_node > n) {
+      snprintf(err, err_len,
+               "%d ranks on this node share %d GPU%s: fmattn runs one rank per GPU (launch at most "
+               "%d ranks per node, e.g. srun --ntasks-per-node=%d --gpus-per-task=1)",
+               on_node, n, n == 1 ? "" : "s", n, n);
+      return nullptr;
     }
     if (gpu_open(local, use_bf16, err, err_len)) return nullptr;
   }

@@ -28,15 +28,22 @@ extern "C" [[noreturn]] void error_at(const char *file, const char *func, int li
       error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, cublasGetStatusString(s_)); \
   } while (0)
 
-#define NCCL_CHECK(call)                                                                      \
-  do {                                                                                        \
-    ncclResult_t r_ = (call);                                                                 \
-    if (r_ != ncclSuccess)                                                                    \
-      error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_)); \
+#define NCCL_CHECK(call)                                                                          \
+  do {                                                                                            \
+    ncclResult_t r_ = (call);                                                                     \
+    if (r_ != ncclSuccess)                                                                        \
+      error_at(__FILE__, __func__, __LINE__, "%s failed: %s (%s)", #call, ncclGetErrorString(r_), \
+               ncclGetLastError(nullptr));                                                        \
   } while (0)
 
-/* After a launch: the launch's own error (bad geometry, too much shared memory). */
-#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+/* After each launch, once: the launch's own error (bad geometry, too much shared memory); it also
+ * counts the launch (backend.h struct device_counts). */
+extern "C" void gpu_count_launch(void);
+#define LAUNCH_CHECK()              \
+  do {                              \
+    gpu_count_launch();             \
+    CUDA_CHECK(cudaGetLastError()); \
+  } while (0)
 
 /* The back end's stream and cuBLAS handle (backend.cu); all its work is queued on the stream. */
 cudaStream_t gpu_stream(void);

@@ -2,6 +2,8 @@
 // of a run on GPUs (the gradient allreduce, halos, the ring, the locally essential tree) on device
 // buffers, one NCCL communicator per scope (unique ids broadcast over MPI), queued on the back
 // end's stream, bytes counted as comm.c counts MPI's. Host scalars stay on MPI (comm.c).
+#include <cstdlib>
+
 #include <mpi.h>
 
 #include "check.h"
@@ -31,6 +33,12 @@ void open_scope(nccl_state *st, enum comm_scope scope, MPI_Comm m) {
   if (st->rank[scope] == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, m);
   NCCL_CHECK(ncclCommInitRank(&st->comm[scope], st->size[scope], id, st->rank[scope]));
+  // one collective now, so NCCL's buffers exist before the step's memory peak rather than being
+  // allocated inside it (where the first allreduce could meet a full device)
+  float *one = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float)));
+  NCCL_CHECK(ncclAllReduce(one, one, 1, ncclFloat, ncclSum, st->comm[scope], gpu_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+  gpu_free(one);
 }
 
 void allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count) {
@@ -126,6 +134,9 @@ const struct comm_transport nccl_transport = make_transport();
 }  // namespace
 
 extern "C" void gpu_comm_attach(struct comm *c) {
+  // NCCL connects its channels at initialisation rather than lazily at first use (2.22's
+  // default), unless the user chose otherwise
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   auto *st = new nccl_state();
   open_scope(st, COMM_WORLD, c->world);
   open_scope(st, COMM_SEQ, c->seq);

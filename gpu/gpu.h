@@ -1,8 +1,8 @@
 /* The CUDA back end as C sees it (SPEC §1 gpu/, §7): extern "C" functions over device arrays,
  * built by ./configure --with-cuda (nvcc) or --enable-cuda-emulation (on the CPU). Sizes and
- * layouts are those of the CPU op of the same name; backward ACCUMULATES (+=) as there. Work is
- * queued on the back end's one stream; a CUDA, cuBLAS or NCCL failure ends the job. Every pointer
- * is device memory unless it is named host. */
+ * layouts are those of the CPU op of the same name; backward writes or accumulates as there. Work
+ * is queued on the back end's one stream; a CUDA, cuBLAS or NCCL failure ends the job. Every
+ * pointer is device memory unless it is named host. */
 #ifndef FMATTN_GPU_H
 #define FMATTN_GPU_H
 
@@ -20,6 +20,20 @@ struct backend;
 struct comm;
 struct dropout_key;
 struct adamw_step;
+struct device_counts;
+
+/* ---- the back end's own counts (counts.cu): what it asked of the device, counted as it asks */
+
+/* backend.h's struct device_counts: zero them (the peaks restart from the pool as it is now);
+ * read them. */
+void gpu_counts_reset(void);
+void gpu_counts_read(struct device_counts *out);
+/* Called by the back end: one of its kernels launched; a product. */
+void gpu_count_launch(void);
+void gpu_count_gemm(long M, long N, long K, long batch, bool reads_c);
+/* Called by the pool (memory.cu): a cudaMalloc, and the pool's bytes in use and cached now. */
+void gpu_count_malloc(void);
+void gpu_count_pool(size_t live_bytes, size_t cached_bytes);
 
 /* ---- the device (backend.cu) */
 
@@ -68,8 +82,9 @@ void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, const float
               long sA, const float *B, long ldb, long sB, float beta, float *C, long ldc, long sC,
               long batch);
 
-/* The device's GEMM rate, GFLOP/s: the median of 5 square products of bf16 or fp32 operands (fp32
- * accumulation), sized up from 1024 until one takes 20 ms (at most 16384). */
+/* The device's GEMM rate, GFLOP/s, as gpu_gemm runs products: square products of random fp32
+ * operands, fp32 or bf16 tensor-core math (fp32 accumulation), sized up from 1024 until one takes
+ * 20 ms (at most 16384), then repeated until a second of them is timed: the median. */
 double gpu_gemm_gflops(bool bf16);
 
 /* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */

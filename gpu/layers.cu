@@ -393,6 +393,7 @@ extern "C" void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias
       part, part + kChunks * C, dout, inp, mean, rstd, N, C);
   LAUNCH_CHECK();
   chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dweight, part, kChunks, C);
+  LAUNCH_CHECK();
   chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dbias, part + kChunks * C,
                                                                      kChunks, C);
   LAUNCH_CHECK();

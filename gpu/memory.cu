@@ -19,7 +19,7 @@ struct Block {
 
 std::unordered_map<void *, Block> live;  // blocks in use
 std::multimap<size_t, void *> cached;    // free blocks of the pool, by size
-size_t cached_bytes = 0;
+size_t cached_bytes = 0, live_bytes = 0;
 int pool_on = -1;  // −1: not read yet
 
 bool pooling() {
@@ -74,20 +74,26 @@ extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
     p = it->second;
     cached.erase(it);
     cached_bytes -= sz;
-  } else if (cudaMalloc(&p, sz) != cudaSuccess) {
-    (void)cudaGetLastError();  // out of memory: give the pool back and try once more
-    gpu_release_cache();
+  } else {
+    gpu_count_malloc();
     if (cudaMalloc(&p, sz) != cudaSuccess) {
-      (void)cudaGetLastError();
-      size_t in_use = 0;
-      for (const auto &b : live) in_use += b.second.bytes;
-      error_at(__FILE__, __func__, __LINE__,
-               "out of device memory: %zu bytes for %s (%zu bytes in use); lower train.batch or "
-               "model.context, or set train.recompute = true",
-               bytes, mem_label_name(label), in_use);
+      (void)cudaGetLastError();  // out of memory: give the pool back and try once more
+      gpu_release_cache();
+      gpu_count_malloc();
+      if (cudaMalloc(&p, sz) != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t in_use = 0;
+        for (const auto &b : live) in_use += b.second.bytes;
+        error_at(__FILE__, __func__, __LINE__,
+                 "out of device memory: %zu bytes for %s (%zu bytes in use); lower train.batch or "
+                 "model.context, or set train.recompute = true",
+                 bytes, mem_label_name(label), in_use);
+      }
     }
   }
   live[p] = Block{sz, label};
+  live_bytes += sz;
+  gpu_count_pool(live_bytes, cached_bytes);
   mem_device_account(label, (long long)sz);
   return p;
 }
@@ -105,6 +111,7 @@ extern "C" void gpu_free(void *dev) {
     error_at(__FILE__, __func__, __LINE__, "gpu_free of %p, which gpu_alloc did not give", dev);
   const Block b = it->second;
   live.erase(it);
+  live_bytes -= b.bytes;
   mem_device_account(b.label, -(long long)b.bytes);
   if (pooling()) {  // work queued on the stream finishes before the block's next use is queued
     cached.emplace(b.bytes, dev);
@@ -112,6 +119,7 @@ extern "C" void gpu_free(void *dev) {
   } else {
     CUDA_CHECK(cudaFree(dev));
   }
+  gpu_count_pool(live_bytes, cached_bytes);
 }
 
 extern "C" void gpu_release_cache(void) {
@@ -120,6 +128,7 @@ extern "C" void gpu_release_cache(void) {
   for (auto &c : cached) CUDA_CHECK(cudaFree(c.second));
   cached.clear();
   cached_bytes = 0;
+  gpu_count_pool(live_bytes, cached_bytes);
 }
 
 extern "C" void gpu_upload(void *dev, const void *host, size_t bytes) {

@@ -25,6 +25,21 @@ struct adamw_step {
   float lr, wd, beta1, beta2, eps, bc1, bc2, grad_scale;
 };
 
+/* What a device back end asked of its device (gpu/counts.cu counts it as it asks): bench.h5 /gpu,
+ * and scripts/roofline.py's lower bound on the time. */
+struct device_counts {
+  double gemm_calls;            /* cuBLAS products (a strided batch counts once) */
+  double gemm_flops;            /* 2·M·N·K·batch over them */
+  double gemm_operand_elements; /* elements they read: A and B, and C where beta ≠ 0 */
+  double elements_converted;    /* elements converted between precisions by a pass of their own
+                                 * (0: bf16 products read the fp32 operands, gpu/blas.cu) */
+  double kernel_launches;       /* gpu/'s own kernels (cuBLAS's not included) */
+  double mallocs;               /* cudaMalloc calls of the pool */
+  double pool_live_peak_bytes;  /* the pool's blocks in use, and with its cache, at their peaks */
+  double pool_reserved_peak_bytes;
+  double device_bytes_outside_pool; /* in use on the device by others: context, cuBLAS, NCCL */
+};
+
 struct backend {
   const char *name;        /* "cpu", "cuda" */
   enum device_kind device; /* DEVICE_CPU or DEVICE_GPU: whose attention implementations run */
@@ -34,6 +49,9 @@ struct backend {
   /* The device's measured matrix-product rate in GFLOP/s, fp32 or bf16 operands (bench's MFU
    * baseline); NULL on the CPU, whose rate bench measures itself. */
   double (*gemm_gflops)(bool bf16);
+  /* The device's own counts since the last reset (NULL on the CPU, which keeps none). */
+  void (*counts_reset)(void);
+  void (*counts_read)(struct device_counts *out);
 
   /* Memory on the device, zeroed, labelled as memory.c's arenas are. */
   void *(*alloc)(enum mem_label label, size_t bytes);

@@ -212,6 +212,62 @@ static const char *row_label(const struct config *cfg, const struct attn_variant
 }
 
 /* The row's fma.open column: the value, −1 for all, 0 for a variant that does not open. */
+/* ---------------------------------------------------------------------------------------------
+ * the device's own counts per case (bench.h5 /gpu; a GPU back end keeps them, the CPU none) */
+
+struct gpu_row {
+  char kind[16], variant[64], precision[8];
+  double n, seq_ranks;
+  /* per repetition (an attention forward + backward, or a training step) */
+  double gemm_calls, gemm_flops, gemm_operand_elements, elements_converted, kernel_launches;
+  double mallocs_after_first_step; /* over all timed repetitions, after the warm-up */
+  double pool_live_peak_bytes, pool_reserved_peak_bytes, device_bytes_outside_pool;
+};
+
+static struct gpu_row gpu_rows_[2 * BENCH_ROWS];
+static int gpu_nrows_ = 0;
+
+/* Start counting a case's timed repetitions (after its warm-up): a no-op on the CPU. */
+static void counts_begin(const struct backend *be) {
+  if (be->counts_reset) {
+    be->sync();
+    be->counts_reset();
+  }
+}
+
+/* The counts of a case's `repeats` timed repetitions as a /gpu row. */
+static void counts_end(const struct backend *be, const struct config *cfg, const char *kind,
+                       const char *variant, long n, int seq_ranks, int repeats) {
+  if (!be->counts_read || gpu_nrows_ >= 2 * BENCH_ROWS) return;
+  be->sync();
+  struct device_counts c;
+  be->counts_read(&c);
+  struct gpu_row *r = &gpu_rows_[gpu_nrows_++];
+  snprintf(r->kind, sizeof r->kind, "%s", kind);
+  snprintf(r->variant, sizeof r->variant, "%s", variant);
+  snprintf(r->precision, sizeof r->precision, "%s",
+           cfg->parallel.precision == PRECISION_BF16 ? "bf16" : "fp32");
+  r->n = (double)n;
+  r->seq_ranks = seq_ranks;
+  r->gemm_calls = c.gemm_calls / repeats;
+  r->gemm_flops = c.gemm_flops / repeats;
+  r->gemm_operand_elements = c.gemm_operand_elements / repeats;
+  r->elements_converted = c.elements_converted / repeats;
+  r->kernel_launches = c.kernel_launches / repeats;
+  r->mallocs_after_first_step = c.mallocs;
+  r->pool_live_peak_bytes = c.pool_live_peak_bytes;
+  r->pool_reserved_peak_bytes = c.pool_reserved_peak_bytes;
+  r->device_bytes_outside_pool = c.device_bytes_outside_pool;
+  message(
+      "  %-10s n = %8ld: device counts per %s: %.0f GEMMs (%.3g GFLOP, %.3g operand "
+      "elements), %.3g converted, %.0f launches; %.0f allocations after the first; pool "
+      "%.1f MiB live, %.1f MiB reserved at peak; %.1f MiB on the device outside it",
+      variant, n, strcmp(kind, "train") ? "forward + backward" : "step", r->gemm_calls,
+      r->gemm_flops / 1e9, r->gemm_operand_elements, r->elements_converted, r->kernel_launches,
+      r->mallocs_after_first_step, r->pool_live_peak_bytes / 1048576.0,
+      r->pool_reserved_peak_bytes / 1048576.0, r->device_bytes_outside_pool / 1048576.0);
+}
+
 static double row_open(const struct config *cfg, const struct attn_variant *v) {
   return v->opens ? (double)cfg->attention.fma_open : 0.0;
 }
@@ -237,6 +293,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
   double p2p_ms = 0.0;
   for (int r = -1; r < repeats; r++) { /* r = −1: warm-up */
+    if (r == 0) counts_begin(o.be);
     const double p0 = timer_total_ms(TIMER_P2P);
     double f, b;
     timed_op_run(&o, &f, &b);
@@ -248,6 +305,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   }
   snprintf(row->variant, sizeof row->variant, "%s%s", v->name,
            cfg->attention.heads_mode == HEADS_FISH ? "+fish" : "");
+  counts_end(o.be, cfg, "attention", row->variant, n, 1, repeats);
   snprintf(row->downsample, sizeof row->downsample, "%s",
            v->option_label ? v->option_label(cfg) : "-");
   row->n = n;
@@ -389,7 +447,10 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   double phase0[NPHASES] = {0}, phase1[NPHASES], own_s = 0.0;
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_WORLD);
-    if (r == 0) train_phases(phase0);
+    if (r == 0) {
+      train_phases(phase0);
+      counts_begin(m.be);
+    }
     double t0 = timer_now();
     model_zero_grads(&m);
     long c;
@@ -410,6 +471,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   }
   double s = median(ts, repeats);
   free(ts);
+  counts_end(m.be, cfg, "train", cfg->attention.variant, m.n, comm->S, repeats);
   train_phases(phase1);
   for (size_t i = 0; i < NPHASES; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats;
   /* phase1: P2P, P2M, M2M, M2P, exchange, allreduce, optimizer, then the passes (train_timers) */
@@ -720,6 +782,29 @@ static const struct column train_columns[] = {
     NUM(train_row, other_ms,
         "milliseconds per step, mean over ranks: the step less every kind timed above"),
 };
+static const struct column gpu_columns[] = {
+    TEXT(gpu_row, kind, "attention (one layer's forward + backward) or train (a step)"),
+    TEXT(gpu_row, variant, "attention variant"),
+    NUM(gpu_row, n, "tokens"),
+    TEXT(gpu_row, precision, "fp32 or bf16 (the products' operands)"),
+    NUM(gpu_row, seq_ranks, "ranks sharing the sequence"),
+    NUM(gpu_row, gemm_calls, "cuBLAS products per repetition (a strided batch counts once)"),
+    NUM(gpu_row, gemm_flops, "their FLOPs, 2·M·N·K·batch, per repetition"),
+    NUM(gpu_row, gemm_operand_elements,
+        "elements they read (A, B, and C where beta is not 0), per repetition"),
+    NUM(gpu_row, elements_converted,
+        "elements converted between precisions by a pass of their "
+        "own, per repetition"),
+    NUM(gpu_row, kernel_launches,
+        "gpu/'s own kernel launches per repetition (cuBLAS's not "
+        "included)"),
+    NUM(gpu_row, mallocs_after_first_step, "cudaMalloc calls over the timed repetitions"),
+    NUM(gpu_row, pool_live_peak_bytes, "bytes of the pool's blocks in use, at their peak"),
+    NUM(gpu_row, pool_reserved_peak_bytes, "bytes the pool holds (in use and cached), at the peak"),
+    NUM(gpu_row, device_bytes_outside_pool,
+        "bytes in use on the device outside the pool (context, cuBLAS, NCCL) at the end; -1: the "
+        "driver did not say"),
+};
 static const struct column comm_columns[] = {
     TEXT(comm_row, variant, "attention variant"),
     NUM(comm_row, n, "tokens"),
@@ -833,6 +918,8 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   write_table(f, "train", trows, sizeof trows[0], nt, train_columns, NCOLS(train_columns));
   write_table(f, "comm", crows, sizeof crows[0], nc, comm_columns, NCOLS(comm_columns));
   write_table(f, "generate", grows, sizeof grows[0], ng, gen_columns, NCOLS(gen_columns));
+  write_table(f, "gpu", gpu_rows_, sizeof gpu_rows_[0], gpu_nrows_, gpu_columns,
+              NCOLS(gpu_columns));
   h5_close(f);
   message("wrote %s", path);
   return 0;

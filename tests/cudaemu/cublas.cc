@@ -4,6 +4,7 @@
 // so deferred mode applies. A matrix reaching past its device allocation ends the run, as the
 // GPU's kernel would fault. bf16 and TF32 inputs are rounded as the tensor cores take them.
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -17,6 +18,8 @@ struct cublasContext {
   cudaStream_t stream = nullptr;
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
   cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
+  void *workspace = nullptr;  // cublasSetWorkspace's (the emulated products need none)
+  size_t workspace_bytes = 0;
   bool destroyed = false;
 };
 
@@ -138,6 +141,17 @@ cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
   if (!live(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!valid_stream(s)) return invalid("cublasSetStream: no such stream %p", (void *)s);
   h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
+  if (!live(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes && (!ws || !device_range(ws, bytes, false)))
+    return invalid("cublasSetWorkspace: %p is not device memory of %zu bytes", ws, bytes);
+  if (reinterpret_cast<uintptr_t>(ws) % 256)
+    return invalid("cublasSetWorkspace: %p is not aligned to 256 bytes", ws);
+  h->workspace = ws;
+  h->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 

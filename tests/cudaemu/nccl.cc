@@ -234,17 +234,32 @@ void run_collective(const op &o) {
   }
 }
 
-// One group (or one call): point-to-point posted first, collectives in order, then the wait.
+// One group (or one call): point-to-point posted first (the sends, then each receive once its
+// message is there and has the receive's size), collectives in order, then the wait. A receive
+// whose matching send has another size is fatal: on a GPU, NCCL's receive waits for the count it
+// was given, and the job hangs.
 void run_ops(const std::vector<op> &ops) {
   std::vector<MPI_Request> reqs;
   for (const op &o : ops) {
-    if (o.kind != op::send && o.kind != op::recv) continue;
+    if (o.kind != op::send) continue;
     MPI_Request r;
-    const int cnt = (int)(o.count * type_size(o.type));
-    if (o.kind == op::send)
-      MPI_Isend(o.send_buf, cnt, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
-    else
-      MPI_Irecv(o.recv_buf, cnt, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
+    MPI_Isend(o.send_buf, (int)(o.count * type_size(o.type)), MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
+    reqs.push_back(r);
+  }
+  for (const op &o : ops) {
+    if (o.kind != op::recv) continue;
+    const int want = (int)(o.count * type_size(o.type));
+    MPI_Status st;
+    int got = -1;
+    MPI_Probe(o.peer, 0, o.comm->mpi, &st);  // every rank's sends are posted: no wait on a cycle
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (got != want)
+      fatal(
+          "ncclRecv of %zu elements (%d bytes) from rank %d met an ncclSend of %d bytes: a send "
+          "and its receive must have one count (NCCL would hang)",
+          o.count, want, o.peer, got);
+    MPI_Request r;
+    MPI_Irecv(o.recv_buf, want, MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
     reqs.push_back(r);
   }
   for (const op &o : ops)

@@ -81,7 +81,8 @@ check "bf16's losses stay within 1e-2 of fp32's" same g_bf16 g_full_clm 1e-2
 expect_fail "a variant without a GPU implementation is refused" "has no implementation on the cuda back end" "$G" "$DECK" --set run.name=g_linear --set parallel.device=gpu --set attention.variant=linear
 expect_fail "NCCL on the CPU is refused" "parallel.backend = nccl moves device buffers" "$G" "$DECK" --set run.name=c_nccl --set parallel.device=cpu --set parallel.backend=nccl
 expect_fail "bf16 on the CPU is refused" "parallel.precision = bf16 is for the GPU" "$G" "$DECK" --set run.name=c_bf16 --set parallel.device=cpu --set parallel.precision=bf16
+expect_fail "2 ranks on one GPU are refused before NCCL starts" "2 ranks on this node share 1 GPU" sh -c "CUDAEMU_DEVICES=1 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_share --set parallel.device=gpu"
 expect_fail "MPI with GPUs on 2 ranks is refused" "use parallel.backend = nccl" sh -c "CUDAEMU_DEVICES=2 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_mpi --set parallel.device=gpu --set parallel.backend=mpi"
 expect_fail "fma.open on the GPU is refused (no opening pass there yet)" "runs on the CPU only" "$G" "$DECK" --set run.name=g_open --set parallel.device=gpu --set attention.variant=fma --set attention.fma.open=2
-check "nothing was written for the refused runs" sh -c "! ls out/g_linear out/c_nccl out/c_bf16 out/g_mpi out/g_open 2>/dev/null | grep -q ."
+check "nothing was written for the refused runs" sh -c "! ls out/g_linear out/c_nccl out/c_bf16 out/g_share out/g_mpi out/g_open 2>/dev/null | grep -q ."
 tap_done

@@ -2,7 +2,9 @@
 // MPI's own results: allreduce (sum, max, avg; float, double, int, bf16; in place and not),
 // broadcast, reduce, allgather, reduce-scatter, grouped send/recv around a ring, a communicator
 // that not every world rank joins, and the queries and argument checks. `test_nccl refuse`
-// (every rank on device 0) checks that two ranks on one device are refused as NCCL refuses.
+// (every rank on device 0) checks that two ranks on one device are refused as NCCL refuses;
+// `test_nccl longer-recv` / `longer-send` plant a send and receive of different counts, which
+// the emulation must refuse (NCCL would hang).
 #include <mpi.h>
 #include <nccl.h>
 
@@ -204,6 +206,18 @@ static int refuse() {
   return all ? 0 : 1;
 }
 
+// A planted defect: rank 1 receives `recv` floats where rank 0 sends `send` (on a GPU, a hang).
+// The emulation must end the job with a message; returning means it did not.
+static int mismatch(size_t send, size_t recv) {
+  float *d = dev_alloc<float>(send > recv ? send : recv);
+  if (rank_ == 0) NCCL_OK(ncclSend(d, send, ncclFloat, 1, comm_, 0));
+  if (rank_ == 1) NCCL_OK(ncclRecv(d, recv, ncclFloat, 0, comm_, 0));
+  CUDA_OK(cudaStreamSynchronize(0));
+  CUDA_OK(cudaFree(d));
+  if (rank_ == 0) printf("a send of %zu and a receive of %zu were NOT refused\n", send, recv);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -222,9 +236,15 @@ int main(int argc, char **argv) {
       fprintf(stderr, "rank %d: ncclCommInitRank failed: %s\n", rank_, ncclGetLastError(nullptr));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    if (rank_ != 0 && !freopen("/dev/null", "w", stdout)) return 1;  // one TAP stream
-    cmocka_set_message_output(CM_OUTPUT_TAP);
-    rc = cmocka_run_group_tests(tests, nullptr, nullptr);
+    if (argc > 1 && !strcmp(argv[1], "longer-recv")) {
+      rc = mismatch(4, 8);
+    } else if (argc > 1 && !strcmp(argv[1], "longer-send")) {
+      rc = mismatch(8, 4);
+    } else {
+      if (rank_ != 0 && !freopen("/dev/null", "w", stdout)) return 1;  // one TAP stream
+      cmocka_set_message_output(CM_OUTPUT_TAP);
+      rc = cmocka_run_group_tests(tests, nullptr, nullptr);
+    }
     ncclCommDestroy(comm_);
   }
   MPI_Finalize();

@@ -1,0 +1,104 @@
+#!/bin/sh
+# The CUDA back end's own counts (gpu/counts.cu; bench.h5 /gpu, one row per case) under the
+# emulation: they are the code's own, so they must equal what the emulation's trace counts
+# independently (CUDAEMU_TRACE=1: one line per launch, cuBLAS call and cudaMalloc). A bench of 2
+# repetitions less one of 1 is one repetition of every case: its traced products and launches
+# equal the rows' per-repetition counts summed (the trace read from bench's first line on: the
+# GEMM-rate probe before it runs for a time, not a count). bf16 converts nothing by a pass of its own; a
+# step allocates nothing after the first.
+. "$TESTDIR/tap.sh"
+need_h5py "the checks read bench.h5"
+cd "$WORK" || exit 1
+G="$EMU_BUILD/fmattn_emu" DECK="$TESTDIR/decks/gpu_train.in"
+# bench NAME REPEATS [--set ...]: a traced bench of attention and training at n = 64 on the GPU
+bench() {
+  name=$1 reps=$2
+  shift 2
+  CUDAEMU_TRACE=1 "$G" "$DECK" --set run.mode=bench --set run.name="$name" \
+    --set bench.what=attention,train --set bench.n_list=64 --set bench.variants=full,fma \
+    --set bench.repeats="$reps" --set bench.batch=2 --set parallel.device=gpu "$@" > "$name.log" 2>&1
+}
+check "bench on the emulated GPU, 1 repetition, traced" bench r1 1
+check "bench on the emulated GPU, 2 repetitions, traced" bench r2 2
+check "bench in bf16, 2 repetitions" bench bf 2 --set parallel.precision=bf16
+check "/gpu: a row per case (attention full and fma, a training step), every count set" py - <<'PY'
+import h5py
+g = h5py.File("out/r2/bench.h5", "r")["gpu"]
+kinds = [k.decode() for k in g["kind"][()]]
+variants = [v.decode() for v in g["variant"][()]]
+assert kinds == ["attention", "attention", "train"], kinds
+assert variants == ["full", "fma", "full"], variants
+for c in ("gemm_calls", "gemm_flops", "gemm_operand_elements", "kernel_launches",
+          "pool_live_peak_bytes"):
+    assert all(g[c][()] > 0), (c, g[c][()])
+assert all(g["pool_reserved_peak_bytes"][()] >= g["pool_live_peak_bytes"][()])
+assert list(g["seq_ranks"][()]) == [1, 1, 1] and list(g["n"][()]) == [64, 64, 64]
+PY
+# the trace's own count: gpu/'s kernel launches ("cudaemu: kernel NAME ...") and cuBLAS
+# products ("cudaemu: cublasSgemm m=..."); the emulated cuBLAS runs no traced kernel
+check "one repetition of every case: the trace's launches and products equal the counts" py - <<'PY'
+import re, h5py
+def seen(log):
+    # after the GEMM-rate probe (its products run for a time, not a count): from bench's first line
+    text = open(log).read()
+    text = text[text.index("bench on "):]
+    return (len(re.findall(r"^cudaemu: kernel \S", text, re.M)),
+            len(re.findall(r"^cudaemu: cublas\w+ m=", text, re.M)))
+(l1, g1), (l2, g2) = seen("r1.log"), seen("r2.log")
+g = h5py.File("out/r2/bench.h5", "r")["gpu"]
+launches, gemms = sum(g["kernel_launches"][()]), sum(g["gemm_calls"][()])
+assert l2 - l1 == launches and g2 - g1 == gemms, (l2 - l1, launches, g2 - g1, gemms)
+assert launches > 0 and gemms > 0
+PY
+check "every launch in gpu/ is followed by its own LAUNCH_CHECK (which counts it)" py - "$SRCDIR/gpu" <<'PY'
+import glob, os, re, sys
+bad = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.cu"))):
+    s = open(path).read()
+    for m in re.finditer(r">>>\(", s):
+        i, depth = m.end(), 1
+        while depth:
+            depth += (s[i] == "(") - (s[i] == ")")
+            i += 1
+        rest = s[s.index(";", i - 1) + 1:].lstrip()
+        if not rest.startswith("LAUNCH_CHECK();"):
+            bad.append(f"{os.path.basename(path)}:{s[:m.start()].count(chr(10)) + 1}")
+assert not bad, "launches without their own LAUNCH_CHECK: " + ", ".join(bad)
+PY
+check "bf16: the same products, no element converted by a pass of its own" py - <<'PY'
+import h5py
+a, b = (h5py.File(f"out/{r}/bench.h5", "r")["gpu"] for r in ("r2", "bf"))
+assert [p.decode() for p in b["precision"][()]] == ["bf16"] * 3
+assert list(b["gemm_calls"][()]) == list(a["gemm_calls"][()])
+assert all(b["elements_converted"][()] == 0) and all(a["elements_converted"][()] == 0)
+PY
+check "a training step allocates nothing after the first" py - <<'PY'
+import h5py
+g = h5py.File("out/r2/bench.h5", "r")["gpu"]
+kinds = [k.decode() for k in g["kind"][()]]
+assert g["mallocs_after_first_step"][()][kinds.index("train")] == 0, g["mallocs_after_first_step"][()]
+PY
+check "roofline.py bounds every case from the counts, beside the measured time, and plots them" \
+  sh -c "'${PYTHON3:-/usr/bin/python3}' '$SRCDIR/scripts/roofline.py' out/r2/bench.h5 --device h100-sxm --plot roof.png > roof.txt && head -c 8 roof.png | grep -q PNG"
+check "roofline.py: three cases bounded, each with its measured time" py - <<'PY'
+rows = [l.split() for l in open("roof.txt") if l.split() and l.split()[0] in ("attention", "train")]
+assert len(rows) == 3, rows
+for r in rows:
+    bound, measured = float(r[8]), float(r[10])
+    assert bound > 0 and measured > 0 and r[9] in ("flops", "bytes", "launches"), r
+PY
+check "bf16's bound: the FLOP term 989/66.9 times fp32's, the same bytes (fp32 operands)" py - <<'PY'
+import json, os, subprocess, sys
+def bounds(run):
+    subprocess.run([sys.executable, os.environ["SRCDIR"] + "/scripts/roofline.py",
+                    f"out/{run}/bench.h5", "--json", f"{run}.json"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return {(c["kind"], c["variant"]): c for c in json.load(open(f"{run}.json"))["cases"]}
+a, b = bounds("r2"), bounds("bf")
+assert a.keys() == b.keys() and len(a) == 3, (a.keys(), b.keys())
+for k in a:
+    ratio = b[k]["flops_ms"] / a[k]["flops_ms"]
+    assert abs(ratio - 66.9 / 989.4) < 1e-9, (k, ratio)
+    assert b[k]["bytes_ms"] == a[k]["bytes_ms"] and b[k]["bound_ms"] <= a[k]["bound_ms"], (k, a[k], b[k])
+PY
+tap_done
