@@ -21,7 +21,7 @@ extern "C" void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, 
   const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
   const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
   const int count = gpu_int(batch, "gemm batch");
-  gpu_count_gemm(M, N, K, batch, beta != 0.0f);
+  gpu_count_gemm(M, N, K, batch, sA, sB, beta != 0.0f);
   if (!gpu_bf16()) {
     if (batch == 1)
       CUBLAS_CHECK(

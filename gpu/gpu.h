@@ -30,7 +30,8 @@ void gpu_counts_reset(void);
 void gpu_counts_read(struct device_counts *out);
 /* Called by the back end: one of its kernels launched; a product. */
 void gpu_count_launch(void);
-void gpu_count_gemm(long M, long N, long K, long batch, bool reads_c);
+/* (a strided batch's operand of stride 0 is one matrix every product reads: counted once) */
+void gpu_count_gemm(long M, long N, long K, long batch, long sA, long sB, bool reads_c);
 /* Called by the pool (memory.cu): a cudaMalloc, and the pool's bytes in use and cached now. */
 void gpu_count_malloc(void);
 void gpu_count_pool(size_t live_bytes, size_t cached_bytes);

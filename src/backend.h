@@ -30,7 +30,8 @@ struct adamw_step {
 struct device_counts {
   double gemm_calls;            /* cuBLAS products (a strided batch counts once) */
   double gemm_flops;            /* 2·M·N·K·batch over them */
-  double gemm_operand_elements; /* elements they read: A and B, and C where beta ≠ 0 */
+  double gemm_operand_elements; /* distinct elements they read: A and B (an operand of stride 0
+                                 * in a batch once), and C where beta ≠ 0 */
   double elements_converted;    /* elements converted between precisions by a pass of their own
                                  * (0: bf16 products read the fp32 operands, gpu/blas.cu) */
   double kernel_launches;       /* gpu/'s own kernels (cuBLAS's not included) */

@@ -791,7 +791,8 @@ static const struct column gpu_columns[] = {
     NUM(gpu_row, gemm_calls, "cuBLAS products per repetition (a strided batch counts once)"),
     NUM(gpu_row, gemm_flops, "their FLOPs, 2·M·N·K·batch, per repetition"),
     NUM(gpu_row, gemm_operand_elements,
-        "elements they read (A, B, and C where beta is not 0), per repetition"),
+        "distinct elements they read (A, B: an operand of stride 0 in a batch once; C where beta "
+        "is not 0), per repetition"),
     NUM(gpu_row, elements_converted,
         "elements converted between precisions by a pass of their "
         "own, per repetition"),
