@@ -522,14 +522,16 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
       row->busy_max_ms, row->busy_mean_ms);
   const double passes = row->norm_ms + row->activation_ms + row->dropout_ms + row->copy_ms +
                         row->loss_ms + row->other_ms;
-  message(
-      "  train      n = %8ld: by kind (%% of the step, mean over ranks): GEMM %.1f, attention "
-      "%.1f, optimizer %.1f, allreduce %.1f | the passes around them %.1f: norms %.1f, "
-      "activations %.1f, dropout %.1f, copies %.1f, loss %.1f, untimed %.1f",
-      m.n, pct(row->gemm_ms, own_ms), pct(row->attention_ms, own_ms),
-      pct(row->optimizer_ms, own_ms), pct(row->allreduce_ms, own_ms), pct(passes, own_ms),
-      pct(row->norm_ms, own_ms), pct(row->activation_ms, own_ms), pct(row->dropout_ms, own_ms),
-      pct(row->copy_ms, own_ms), pct(row->loss_ms, own_ms), pct(row->other_ms, own_ms));
+  /* on a GPU the kinds time the host's launches, not the device's work: /gpu counts it instead */
+  if (m.be->host_visible)
+    message(
+        "  train      n = %8ld: by kind (%% of the step, mean over ranks): GEMM %.1f, attention "
+        "%.1f, optimizer %.1f, allreduce %.1f | the passes around them %.1f: norms %.1f, "
+        "activations %.1f, dropout %.1f, copies %.1f, loss %.1f, untimed %.1f",
+        m.n, pct(row->gemm_ms, own_ms), pct(row->attention_ms, own_ms),
+        pct(row->optimizer_ms, own_ms), pct(row->allreduce_ms, own_ms), pct(passes, own_ms),
+        pct(row->norm_ms, own_ms), pct(row->activation_ms, own_ms), pct(row->dropout_ms, own_ms),
+        pct(row->copy_ms, own_ms), pct(row->loss_ms, own_ms), pct(row->other_ms, own_ms));
   model_free(&m);
   return true;
 }
