@@ -1,4 +1,4 @@
-// Exact attention's REFERENCE kernels on the device (FMATTN_GPU_EXACT=reference): `full` and
+// Exact attention's REFERENCE kernels on the device (gpu.exact = reference): `full` and
 // `local` on one slab (S = 1), fp32 SIMT, the one-slab path of src/attention/full.c tile by tile
 // with an online softmax (memory O(n·d)); lse saved, backward recomputing from it. The fast path
 // is the blocked form (attention_full_blocked.cu); tests/test_gpu_full.c checks both against the
@@ -215,7 +215,7 @@ void forward_d(float *out, float *lse, const float *q, const float *k, const flo
                long T, Mask mk) {
   const dim3 grid(gpu_blocks((size_t)T, kRows), (unsigned)BH);
   exact_fwd<D><<<grid, kRows, 0, gpu_stream()>>>(out, lse, q, k, v, T, mk, 1.0f / sqrtf((float)D));
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(exact_fwd<D>);
 }
 
 template <int D>
@@ -224,10 +224,10 @@ void backward_d(float *dq, float *dk, float *dv, const float *dout, const float 
   const dim3 grid(gpu_blocks((size_t)T, kRows), (unsigned)BH);
   const float scale = 1.0f / sqrtf((float)D);
   exact_bwd_dq<D><<<grid, kRows, 0, gpu_stream()>>>(dq, dout, q, k, v, lse, Drow, T, mk, scale);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(exact_bwd_dq<D>);
   exact_bwd_dkv<D>
       <<<grid, kRows, 0, gpu_stream()>>>(dk, dv, dout, q, k, v, lse, Drow, T, mk, scale);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(exact_bwd_dkv<D>);
 }
 
 // Heads run along grid y, which holds at most 65,535 blocks.
@@ -302,5 +302,5 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
 void exact_rowdot(float *D, const float *dout, const float *out, long rows, int d) {
   if (rows == 0) return;
   rowdot<<<gpu_blocks((size_t)rows, 256), 256, 0, gpu_stream()>>>(D, dout, out, (size_t)rows, d);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(rowdot);
 }

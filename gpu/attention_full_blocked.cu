@@ -19,7 +19,7 @@ constexpr unsigned kAll = 0xffffffffu;
 constexpr unsigned kGridStride = 256;                    // the element-wise kernels' blocks
 constexpr size_t kDefaultWorkspace = size_t(256) << 20;  // bytes per call
 
-size_t workspace = 0;  // bytes; 0: FMATTN_GPU_EXACT_WORKSPACE_MB not read yet
+size_t workspace = kDefaultWorkspace;  // bytes: the deck's gpu.exact_workspace_mb
 
 // Where a batch of G score tiles of R rows × C columns lies (the twin of full.c's exact_rows and
 // tile_columns): tile t is block t % nb of head t / nb; its row r is query qbase + lr, where
@@ -251,7 +251,7 @@ void gather(float *dst, const float *src, long hs, long G, long nb, long W, long
   if (total == 0) return;
   windows_gather<<<stride_blocks(total), kGridStride, 0, gpu_stream()>>>(dst, src, hs, G, nb, W,
                                                                          step, s0, n, d);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(windows_gather);
 }
 
 // dst (H heads, hs rows apart, rows [0, n)) += the windows of src, as gather laid them.
@@ -262,7 +262,7 @@ void scatter_add(float *dst, long hs, const float *src, long H, long nb, long W,
   const size_t total = (size_t)H * (hi - lo) * d;
   windows_add<<<stride_blocks(total), kGridStride, 0, gpu_stream()>>>(dst, hs, src, H, nb, W, step,
                                                                       s0, lo, hi, d);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(windows_add);
 }
 
 // A band's query block: about half the band, 16 to 64 rows (full.c's exact_tile for full.block
@@ -315,13 +315,13 @@ void band_forward(const exact_job &job, exact_side qs, const float *q, float *ou
       const Geo g = {job.mk, nbc,           bq,       qs.off + sq, qs.n - sq, ks.off + sk,
                      ks.off, ks.off + ks.n, nbc * bq, nbc * bq};
       fold_rows<<<row_blocks(bq, G), kThreads, 0, gpu_stream()>>>(S, m, l, acc, bq, W, job.d, g);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(fold_rows);
       gpu_gemm(false, false, bq, d, W, 1.0f, S, W, bq * W, Vw, d, W * d, 1.0f, acc, d, bq * d, G);
       const size_t total = (size_t)G * bq * d;
       band_finish<<<stride_blocks(total), kGridStride, 0, gpu_stream()>>>(
           out + (h0 * qs.stride + sq) * d, lse + h0 * qs.stride + sq, acc, m, l, G, nbc, bq,
           qs.stride, qs.n - sq, job.d);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(band_finish);
     }
   }
   gpu_free(ws);
@@ -354,11 +354,11 @@ void band_backward(const exact_job &job, exact_side qs, const float *q, const fl
       const Geo g = {job.mk,        nbc,       bq, qs.off + sq, qs.n - sq, ks.off + sk, ks.off,
                      ks.off + ks.n, qs.stride, 0};
       probs_rows<<<row_blocks(bq, G), kThreads, 0, gpu_stream()>>>(S, lse + qh + sq, bq, W, g);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(probs_rows);
       gpu_gemm(true, false, W, d, bq, 1.0f, S, W, bq * W, dOp, d, bq * d, 0.0f, dVw, d, W * d, G);
       gpu_gemm(false, true, bq, W, d, 1.0f, dOp, d, bq * d, Vw, d, W * d, 0.0f, dP, W, bq * W, G);
       dscores_rows<<<row_blocks(bq, G), kThreads, 0, gpu_stream()>>>(dP, S, D + qh + sq, bq, W, g);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(dscores_rows);
       gpu_gemm(false, false, bq, d, W, scale, dP, W, bq * W, Kw, d, W * d, 0.0f, dQp, d, bq * d, G);
       gpu_gemm(true, false, W, d, bq, scale, dP, W, bq * W, Qp, d, bq * d, 0.0f, dKw, d, W * d, G);
       scatter_add(dq + qh * d, qs.stride, dQp, hb, nbc, bq, bq, sq, qs.n, job.d);
@@ -378,7 +378,7 @@ void exact_state_init(float *m, float *l, float *acc, long rows, int d) {
   const size_t total = (size_t)rows * d;
   if (total == 0) return;
   state_init_k<<<stride_blocks(total), kGridStride, 0, gpu_stream()>>>(m, l, acc, rows, d);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(state_init_k);
 }
 
 void exact_state_finish(float *out, float *lse, float *acc, const float *m, const float *l,
@@ -387,7 +387,7 @@ void exact_state_finish(float *out, float *lse, float *acc, const float *m, cons
   if (total == 0) return;
   state_finish_k<<<stride_blocks(total), kGridStride, 0, gpu_stream()>>>(out, lse, acc, m, l, rows,
                                                                          d);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(state_finish_k);
 }
 
 // The full form: query chunks (× heads) against the key rows they may see, batched over heads.
@@ -412,7 +412,7 @@ void exact_fold(const exact_job &job, exact_side qs, const float *q, float *m, f
                      ks.off + khi, qs.stride, qs.stride};
       fold_rows<<<row_blocks(R, G), kThreads, 0, gpu_stream()>>>(S, m + qr, l + qr, acc + qr * d, R,
                                                                  C, job.d, g);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(fold_rows);
       gpu_gemm(false, false, R, d, C, 1.0f, S, C, R * C, v + kr * d, d, ks.stride * d, 1.0f,
                acc + qr * d, d, qs.stride * d, G);
     }
@@ -442,14 +442,14 @@ void exact_grad(const exact_job &job, exact_side qs, const float *q, const float
       const Geo g = {job.mk,       1,         0, qs.off + i0, R, ks.off + klo, ks.off + klo,
                      ks.off + khi, qs.stride, 0};
       probs_rows<<<row_blocks(R, G), kThreads, 0, gpu_stream()>>>(P, lse + qr, R, C, g);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(probs_rows);
       // dv += Pᵀ dO; dP = dO vᵀ; dS = P ∘ (dP − D); dq += dS k/√d; dk += dSᵀ q/√d
       gpu_gemm(true, false, C, d, R, 1.0f, P, C, R * C, dout + qr * d, d, qst, 1.0f, dv + kr * d, d,
                kst, G);
       gpu_gemm(false, true, R, C, d, 1.0f, dout + qr * d, d, qst, v + kr * d, d, kst, 0.0f, dP, C,
                R * C, G);
       dscores_rows<<<row_blocks(R, G), kThreads, 0, gpu_stream()>>>(dP, P, D + qr, R, C, g);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(dscores_rows);
       gpu_gemm(false, false, R, d, C, scale, dP, C, R * C, k + kr * d, d, kst, 1.0f, dq + qr * d, d,
                qst, G);
       gpu_gemm(true, false, C, d, R, scale, dP, C, R * C, q + qr * d, d, qst, 1.0f, dk + kr * d, d,
@@ -488,23 +488,11 @@ void exact_keys_backward(const exact_job &job, exact_side qs, const float *q, co
   gpu_free(D);
 }
 
-extern "C" size_t gpu_exact_workspace(void) {
-  if (workspace == 0) {
-    const char *e = std::getenv("FMATTN_GPU_EXACT_WORKSPACE_MB");
-    workspace = kDefaultWorkspace;
-    if (e && *e) {
-      char *end = nullptr;
-      const long mb = std::strtol(e, &end, 10);
-      if (*end || mb < 1 || mb > (1L << 20))
-        error_at(__FILE__, __func__, __LINE__,
-                 "FMATTN_GPU_EXACT_WORKSPACE_MB = '%s': a whole number of MiB, 1 to 1048576", e);
-      workspace = (size_t)mb << 20;
-    }
-  }
-  return workspace;
-}
+extern "C" size_t gpu_exact_workspace(void) { return workspace; }
 
-extern "C" void gpu_set_exact_workspace(size_t bytes) { workspace = bytes; }
+extern "C" void gpu_set_exact_workspace(size_t bytes) {
+  workspace = bytes ? bytes : kDefaultWorkspace;
+}
 
 extern "C" void gpu_exact_blocked_forward(float *out, float *lse, const float *q, const float *k,
                                           const float *v, long BH, long T, int d, int causal,

@@ -1,9 +1,8 @@
 // `full` and `local` as attention implementations on the GPU (attention.h struct attn_impl), the
 // twin of src/attention/full.c's three paths: one slab (the blocked form, or the SIMT reference
-// with FMATTN_GPU_EXACT=reference), and under sequence parallelism `full`'s ring (ring.c, zigzag
+// with gpu.exact = reference), and under sequence parallelism `full`'s ring (ring.c, zigzag
 // when causal) and `local`'s halo (halo.c) on device buffers that the communicator's NCCL
 // transport moves. No host code here reads device memory; saved = lse (B·H·T), as full.c lays it.
-#include <cstdlib>
 #include <cstring>
 
 #include "attention/attention.h"
@@ -15,7 +14,7 @@
 
 namespace {
 
-int kernels = -1;  // enum gpu_exact_kernels; −1: FMATTN_GPU_EXACT not read yet
+int kernels = GPU_EXACT_BLOCKED;  // enum gpu_exact_kernels: the deck's gpu.exact
 
 long band_of(const attn_ctx *ctx) {
   return ctx->variant == attention_find("local") ? ctx->cfg->attention.local_band : 0;
@@ -39,12 +38,12 @@ void check_ctx(const attn_ctx *ctx) {
   const bool ref = gpu_exact_kernels() == GPU_EXACT_REFERENCE;
   if (ref && distributed(ctx))
     error_at(__FILE__, __func__, __LINE__,
-             "FMATTN_GPU_EXACT=reference runs attention.variant = %s on one sequence rank; "
-             "parallel.seq_ranks = %d runs the blocked form (unset FMATTN_GPU_EXACT)",
+             "gpu.exact = reference runs attention.variant = %s on one sequence rank; "
+             "parallel.seq_ranks = %d runs the blocked form (gpu.exact = blocked)",
              name, ctx->comm->S);
   if (ref && !gpu_exact_attention_supports((int)ctx->dims.d))
     error_at(__FILE__, __func__, __LINE__,
-             "FMATTN_GPU_EXACT=reference: attention.variant = %s needs a head size of 16, 32, 64 "
+             "gpu.exact = reference: attention.variant = %s needs a head size of 16, 32, 64 "
              "or 128, not %ld (the blocked form takes any)",
              name, ctx->dims.d);
   if (distributed(ctx) && strcmp(ctx->comm->transport->name, "nccl") != 0)
@@ -255,16 +254,6 @@ const struct attn_impl exact_impl = make_exact();
 }  // namespace
 
 extern "C" enum gpu_exact_kernels gpu_exact_kernels(void) {
-  if (kernels < 0) {
-    const char *e = std::getenv("FMATTN_GPU_EXACT");
-    if (!e || !*e || !strcmp(e, "blocked"))
-      kernels = GPU_EXACT_BLOCKED;
-    else if (!strcmp(e, "reference"))
-      kernels = GPU_EXACT_REFERENCE;
-    else
-      error_at(__FILE__, __func__, __LINE__,
-               "FMATTN_GPU_EXACT = '%s': blocked (the default, cuBLAS) or reference (SIMT)", e);
-  }
   return static_cast<enum gpu_exact_kernels>(kernels);
 }
 

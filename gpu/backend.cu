@@ -23,6 +23,7 @@ void *cublas_workspace = nullptr;  // from the pool, so the pool's peak holds it
 // cuBLAS's workspace: 32 MiB, what NVIDIA's cuBLAS documentation recommends on Hopper
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 bool bf16 = false;
+bool debug = false;  // gpu.debug
 struct backend table;
 
 void cuda_zero(void *p, size_t bytes) { gpu_memset0(p, bytes); }
@@ -74,6 +75,42 @@ cublasHandle_t gpu_cublas(void) { return cublas; }
 
 extern "C" bool gpu_bf16(void) { return bf16; }
 extern "C" void gpu_set_bf16(bool on) { bf16 = on; }
+extern "C" bool gpu_debug(void) { return debug; }
+extern "C" void gpu_set_debug(bool on) { debug = on; }
+
+// The faults a kernel leaves behind as the context's sticky error: reported by whichever call
+// comes next, not by the launch.
+extern "C" const char *gpu_fault_hint(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorHardwareStackError:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+      return debug ? ""
+                   : " (a kernel queued before this call faulted; gpu.debug = true waits after "
+                     "every launch and names the kernel)";
+    default:
+      return "";
+  }
+}
+
+extern "C" void gpu_launch_check(const char *kernel, const char *file, const char *func, int line) {
+  gpu_count_launch();
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    error_at(file, func, line, "launch of kernel %s failed: %s", kernel, cudaGetErrorString(e));
+  if (!debug) return;
+  e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess)
+    error_at(file, func, line,
+             "kernel %s failed on the device: %s (gpu.debug: found by waiting "
+             "after its launch)",
+             kernel, cudaGetErrorString(e));
+}
 
 extern "C" int gpu_device_count(void) {
   int n = 0;
@@ -127,7 +164,10 @@ extern "C" void gpu_describe(char *out, size_t len) {
            p.name, (double)p.totalGlobalMem / (1u << 30), p.major, p.minor, bf16 ? "bf16" : "fp32");
 }
 
-extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size_t err_len) {
+extern "C" const struct backend *gpu_backend_open(const struct gpu_options *o, char *err,
+                                                  size_t err_len) {
+  const gpu_options defaults = {false, false, GPU_EXACT_BLOCKED, 0, 0};
+  if (!o) o = &defaults;
   static bool registered = false;  // the table and the attention, once per process
   if (device < 0) {
     int local = 0, on_node = 1;  // this rank's index among the ranks of its node, and how many
@@ -148,9 +188,13 @@ extern "C" const struct backend *gpu_backend_open(bool use_bf16, char *err, size
                on_node, n, n == 1 ? "" : "s", n, n);
       return nullptr;
     }
-    if (gpu_open(local, use_bf16, err, err_len)) return nullptr;
+    if (gpu_open(local, o->bf16, err, err_len)) return nullptr;
   }
-  bf16 = use_bf16;  // a device opened earlier (gpu_open) takes this run's precision
+  bf16 = o->bf16;  // a device opened earlier (gpu_open) takes this run's options
+  debug = o->debug;
+  gpu_set_exact_kernels(o->exact);
+  gpu_set_exact_workspace(o->exact_workspace);
+  gpu_fma_set_workspace(o->fma_workspace);
   if (!registered) {
     fill_table();
     gpu_attention_full_register();

@@ -52,7 +52,7 @@ float *random_matrix(size_t n, uint64_t seed) {
   auto *x = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * n));
   const size_t blocks = gpu_blocks(n, 256);
   fill_uniform<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, gpu_stream()>>>(x, n, seed);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(fill_uniform);
   return x;
 }
 

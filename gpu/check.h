@@ -14,11 +14,16 @@
 extern "C" [[noreturn]] void error_at(const char *file, const char *func, int line, const char *fmt,
                                       ...);
 
-#define CUDA_CHECK(call)                                                                      \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess)                                                                    \
-      error_at(__FILE__, __func__, __LINE__, "%s failed: %s", #call, cudaGetErrorString(e_)); \
+/* A device fault (an illegal address, a trap, ...) is sticky and surfaces at whichever call comes
+ * next, far from its kernel: the message then says how to find the kernel (gpu.debug). */
+extern "C" const char *gpu_fault_hint(cudaError_t e);
+
+#define CUDA_CHECK(call)                                                                       \
+  do {                                                                                         \
+    cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess)                                                                     \
+      error_at(__FILE__, __func__, __LINE__, "%s failed: %s%s", #call, cudaGetErrorString(e_), \
+               gpu_fault_hint(e_));                                                            \
   } while (0)
 
 #define CUBLAS_CHECK(call)                                                                       \
@@ -36,14 +41,12 @@ extern "C" [[noreturn]] void error_at(const char *file, const char *func, int li
                ncclGetLastError(nullptr));                                                        \
   } while (0)
 
-/* After each launch, once: the launch's own error (bad geometry, too much shared memory); it also
- * counts the launch (backend.h struct device_counts). */
-extern "C" void gpu_count_launch(void);
-#define LAUNCH_CHECK()              \
-  do {                              \
-    gpu_count_launch();             \
-    CUDA_CHECK(cudaGetLastError()); \
-  } while (0)
+/* After each launch, once, naming the kernel: LAUNCH_CHECK(kernel_name). The launch's own error
+ * (bad geometry, too much shared memory) ends the job naming the kernel; the launch is counted
+ * (backend.h struct device_counts). In debug mode (deck key gpu.debug) it also waits for the
+ * kernel, so that a fault in it is reported with its name rather than at a later call. */
+extern "C" void gpu_launch_check(const char *kernel, const char *file, const char *func, int line);
+#define LAUNCH_CHECK(...) gpu_launch_check(#__VA_ARGS__, __FILE__, __func__, __LINE__)
 
 /* The back end's stream and cuBLAS handle (backend.cu); all its work is queued on the stream. */
 cudaStream_t gpu_stream(void);

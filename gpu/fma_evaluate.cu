@@ -264,7 +264,7 @@ void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   const long rows = (c.g1 - c.g0) * g->m;
   softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, c.ld,
                                                                              mask_of(g), c.g0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(softmax_forward);
 }
 
 void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
@@ -272,7 +272,7 @@ void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *
   if (n == 0) return;
   gather_far<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.Kf, c.Vf, XK, XV, g->far_row, g->lv,
                                                         g->nbs, g->nfmax, c.g0, c.g1 - c.g0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(gather_far);
 }
 
 // The chunk's workspace: scores (and in backward their gradients), the gathered summaries (and
@@ -319,7 +319,7 @@ chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const
 void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
   if (rows == 0) return;
   rowdot<<<grid_of((size_t)rows), kThreads, 0, gpu_stream()>>>(D, a, b, rows, d);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(rowdot);
 }
 
 // The chunk's transposes after its scores are in c.S (fma_evaluate_backward's block loop): P from
@@ -331,7 +331,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const float scale = 1.0f / sqrtf((float)d);
   const size_t n = (size_t)(nc * m * ld);
   probabilities<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.S, lse, ld, nc * m, mask_of(g), c.g0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(probabilities);
   const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
     values(g, c, w.o);
@@ -354,7 +354,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   }
   softmax_backward<<<grid_of(n), kThreads, 0, gpu_stream()>>>(w.dP, c.S, D, ld, nc * m, mask_of(g),
                                                               c.g0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(softmax_backward);
   for (int s = 0; s < g->ns; s++)
     near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
       const long o = (ga - c.g0) * m * ld + s * m, b = gb - ga;
@@ -420,7 +420,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
                       (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
       scatter_far<<<grid, kRow, 0, gpu_stream()>>>(dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv,
                                                    g->nbs, g->nfmax, c.g0, c.g1);
-      LAUNCH_CHECK();
+      LAUNCH_CHECK(scatter_far);
     }
   }
   workspace_close(&w);

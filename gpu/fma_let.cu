@@ -63,7 +63,7 @@ void pack(const gfma *g, float *buf, float *const *X, int nsets, const int *lw, 
   for (int s = 0; s < nsets; s++) sets.x[s] = X[s];
   pack_windows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(buf, sets, nsets, lw, count, g->lv,
                                                               mode);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(pack_windows);
 }
 
 int *upload_pairs(const std::vector<int> &v) {

@@ -176,10 +176,10 @@ void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_
   level_forward<<<grid, kLin, sizeof(float) * P3, gpu_stream()>>>(
       O, lse_far, XQ, XK, XV, g->item_qrow, g->item_key, g->item_row, g->lv, g->st->rows, (int)P3,
       1.0f / sqrtf((float)g->d));
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(level_forward);
   level_add<<<grid_of((size_t)(g->BH * g->T * g->d)), kThreads, 0, gpu_stream()>>>(
       out, O, g->items, g->L, g->BH, g->T, g->d, g->st->t0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(level_add);
   gpu_free(O);
 }
 
@@ -197,12 +197,12 @@ void gfma_linear_backward(const gfma *g, float *dq, float *dk, float *dv, float 
   level_backward<<<grid, kLin, sizeof(float) * (2 * g->d + 2 * P3 + 1), gpu_stream()>>>(
       G, A, DS, dXQ, dout, XQ, XK, XV, lse_far, g->item_qrow, g->item_key, g->item_row,
       g->item_span, g->lv, g->st->rows, g->T, (int)P3, 1.0f / sqrtf((float)g->d));
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(level_backward);
   if (g->lin_refs.nrows) {
     level_scatter<<<dim3(gpu_int(g->lin_refs.nrows, "summary rows"), (unsigned)BH), kRow, 0,
                     gpu_stream()>>>(dXK, dXV, G, A, DS, XQ, g->item_qrow, g->lin_refs, g->lv,
                                     (int)P3);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(level_scatter);
   }
   gpu_free(G);
   gpu_free(A);

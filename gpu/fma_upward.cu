@@ -45,7 +45,7 @@ void transpose(float *out, const float *in, long rows, long cols, bool add) {
   if (tiles == 0) return;
   transpose_tiles<<<gpu_int(tiles, "transpose tiles"), dim3(kTile, kPass), 0, gpu_stream()>>>(
       out, in, rows, cols, add);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(transpose_tiles);
 }
 
 // Rows of windows [c0, c0 + nwin) of level l, every channel, heads [h0, h0 + hn), set to their
@@ -68,7 +68,7 @@ void set_rows(const gfma *g, float *Xt, int l, long c0, long nwin, long h0, long
   const size_t total = (size_t)(g->d * hn * nwin * g->p);
   if (total == 0) return;
   init_rows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(Xt, g->lv, l, c0, nwin, h0, hn, b);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(init_rows);
 }
 
 // The causal q_down of fma_linear: a copy of one level's weights (d, p, span) in which tap t of
@@ -94,7 +94,7 @@ void masked_taps(float *dst, const float *src, const gfma *g, int l, bool add) {
   const bool m2m = g->st->down == FMA_DOWN_M2M && l > 1;
   query_taps<<<grid_of((size_t)(g->d * g->p * span)), kThreads, 0, gpu_stream()>>>(
       dst, src, g->d, g->p, span, m2m, add);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(query_taps);
 }
 
 // avg's fixed weights of one level: (p, w), row r the mean over sub-segment r. grid-stride.
@@ -269,7 +269,7 @@ void gfma_avg_build(gfma *g) {
     g->avg_w[l] = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->p * win));
     avg_weights<<<grid_of((size_t)(g->p * win)), kThreads, 0, gpu_stream()>>>(g->avg_w[l], g->p,
                                                                               win);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(avg_weights);
   }
 }
 
@@ -342,7 +342,7 @@ void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt
   if (grads) {
     ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
     fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, most);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(fill_ones);
   }
   if (st->down == FMA_DOWN_M2M)  // coarse to fine: level l is complete before it is pushed down
     for (int l = g->L; l >= 2; l--) {

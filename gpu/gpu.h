@@ -49,10 +49,26 @@ void gpu_describe(char *out, size_t len);
 bool gpu_bf16(void);
 /* Change the products' precision (tests compare both on one device). */
 void gpu_set_bf16(bool on);
-/* The back end's table (backend.h), its attention implementations registered; NULL with the
- * reason in err when there is no device. The device is local rank mod count (MPI_COMM_TYPE_SHARED).
- */
-const struct backend *gpu_backend_open(bool bf16, char *err, size_t err_len);
+/* Which kernels the `full`/`local` implementation runs (gpu.exact): the blocked form (cuBLAS) or
+ * the SIMT reference. Under sequence parallelism (the ring, the halo) only the blocked form
+ * runs. */
+enum gpu_exact_kernels { GPU_EXACT_BLOCKED, GPU_EXACT_REFERENCE };
+/* The back end's options: the deck's [gpu] section and parallel.precision (src/backend.c reads
+ * them; nothing below it sees the deck). */
+struct gpu_options {
+  bool bf16;                    /* parallel.precision = bf16 */
+  bool debug;                   /* gpu.debug: wait after every launch, name a faulting kernel */
+  enum gpu_exact_kernels exact; /* gpu.exact */
+  size_t exact_workspace;       /* gpu.exact_workspace_mb, in bytes */
+  size_t fma_workspace;         /* gpu.fma_workspace_mb, in bytes */
+};
+/* The back end's table (backend.h), its attention implementations registered, the options in
+ * force (NULL: the defaults, fp32); NULL with the reason in err when there is no device. The
+ * device is local rank mod count (MPI_COMM_TYPE_SHARED). */
+const struct backend *gpu_backend_open(const struct gpu_options *o, char *err, size_t err_len);
+/* Debug mode (gpu.debug): every launch is waited for and a fault names its kernel. */
+void gpu_set_debug(bool on);
+bool gpu_debug(void);
 
 /* ---- device memory (memory.cu), counted by label in memory.c */
 
@@ -152,14 +168,11 @@ void gpu_exact_blocked_forward(float *out, float *lse, const float *q, const flo
 void gpu_exact_blocked_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                 const float *k, const float *v, const float *out, const float *lse,
                                 long BH, long T, int d, int causal, long band);
-/* Which kernels the `full`/`local` implementation runs: FMATTN_GPU_EXACT = blocked (default) or
- * reference, read at the first call; the setter overrides it (tests). Under sequence parallelism
- * (the ring, the halo) only the blocked form runs. */
-enum gpu_exact_kernels { GPU_EXACT_BLOCKED, GPU_EXACT_REFERENCE };
+/* The kernels of `full`/`local` (gpu.exact; gpu_backend_open sets them, tests change them). */
 enum gpu_exact_kernels gpu_exact_kernels(void);
 void gpu_set_exact_kernels(enum gpu_exact_kernels k);
-/* The blocked form's workspace per call in bytes: FMATTN_GPU_EXACT_WORKSPACE_MB (default 256 MiB),
- * read at the first call; the setter overrides it (0: read the environment again). */
+/* The blocked form's workspace per call in bytes (gpu.exact_workspace_mb, default 256 MiB; the
+ * setter's 0 restores the default). */
 size_t gpu_exact_workspace(void);
 void gpu_set_exact_workspace(size_t bytes);
 /* Register full's and local's GPU implementation (gpu_backend_open does). */
@@ -170,7 +183,8 @@ void gpu_attention_full_register(void);
 /* Register the GPU implementations of fma and fma_linear (gpu_backend_open calls it). */
 void gpu_attention_fma_register(void);
 /* The device workspace one chunk of query blocks may take in evaluate (scores, gathered
- * summaries and, in backward, their gradients), in bytes: default 1 GiB; 0 restores it. */
+ * summaries and, in backward, their gradients), in bytes (gpu.fma_workspace_mb, default 1 GiB; 0
+ * restores the default). */
 void gpu_fma_set_workspace(size_t bytes);
 
 /* ---- communication (comm.cu): the NCCL transport of the communicator (comm.h) */

@@ -74,9 +74,9 @@ __global__ void chunks_add(float *acc, const float *part, long chunks, int C) {
 void column_sums(float *acc, const float *a, long N, int C) {
   float *part = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * kChunks * C));
   chunk_sums<<<dim3(gpu_blocks(C, kThreads), kChunks), kThreads, 0, gpu_stream()>>>(part, a, N, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(chunk_sums);
   chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(acc, part, kChunks, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(chunks_add);
   gpu_free(part);
 }
 
@@ -357,7 +357,7 @@ extern "C" void gpu_linear_forward(float *out, const float *inp, const float *we
   gpu_gemm(false, true, N, OC, IC, 1.0f, inp, IC, 0, weight, IC, 0, 0.0f, out, OC, 0, 1);
   if (bias) {
     add_bias<<<elementwise_blocks((size_t)N * OC), kThreads, 0, gpu_stream()>>>(out, bias, N, OC);
-    LAUNCH_CHECK();
+    LAUNCH_CHECK(add_bias);
   }
 }
 
@@ -377,7 +377,7 @@ extern "C" void gpu_layernorm_forward(float *out, float *mean, float *rstd, cons
   const unsigned rows_per_block = kThreads / kWarp;
   layernorm_fwd<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(out, mean, rstd, inp,
                                                                               weight, bias, N, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(layernorm_fwd);
 }
 
 extern "C" void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -387,16 +387,16 @@ extern "C" void gpu_layernorm_backward(float *dinp, float *dweight, float *dbias
   const unsigned rows_per_block = kThreads / kWarp;
   layernorm_bwd_inp<<<gpu_blocks(N, rows_per_block), kThreads, 0, gpu_stream()>>>(
       dinp, dout, inp, weight, mean, rstd, N, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(layernorm_bwd_inp);
   float *part = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * 2 * kChunks * C));
   layernorm_bwd_params<<<dim3(gpu_blocks(C, kThreads), kChunks), kThreads, 0, gpu_stream()>>>(
       part, part + kChunks * C, dout, inp, mean, rstd, N, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(layernorm_bwd_params);
   chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dweight, part, kChunks, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(chunks_add);
   chunks_add<<<gpu_blocks(C, kThreads), kThreads, 0, gpu_stream()>>>(dbias, part + kChunks * C,
                                                                      kChunks, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(chunks_add);
   gpu_free(part);
 }
 
@@ -405,7 +405,7 @@ extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float
   if (B * T == 0) return;
   embedding_fwd<<<elementwise_blocks((size_t)B * T * C), kThreads, 0, gpu_stream()>>>(
       out, tokens, token, position, B * T, T, C, t0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(embedding_fwd);
 }
 
 extern "C" void gpu_embedding_backward(float *dtoken, float *dposition, const float *dout,
@@ -415,49 +415,49 @@ extern "C" void gpu_embedding_backward(float *dtoken, float *dposition, const fl
   float *part = static_cast<float *>(gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * pn));
   embedding_bwd_token<<<dim3(gpu_blocks(C, kThreads), kChunks), kThreads, 0, gpu_stream()>>>(
       part, dout, tokens, B * T, C, V);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(embedding_bwd_token);
   // the second stage: token rows (V·C values) summed over the chunks in order
   chunks_add<<<elementwise_blocks((size_t)V * C), kThreads, 0, gpu_stream()>>>(dtoken, part,
                                                                                kChunks, V * C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(chunks_add);
   gpu_free(part);
   if (!dposition) return;
   embedding_bwd_position<<<elementwise_blocks((size_t)T * C), kThreads, 0, gpu_stream()>>>(
       dposition, dout, B, T, C, t0);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(embedding_bwd_position);
 }
 
 extern "C" void gpu_gelu_forward(float *out, const float *inp, size_t count) {
   if (count == 0) return;
   gelu_fwd<<<elementwise_blocks(count), kThreads, 0, gpu_stream()>>>(out, inp, count);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(gelu_fwd);
 }
 
 extern "C" void gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t count) {
   if (count == 0) return;
   gelu_bwd<<<elementwise_blocks(count), kThreads, 0, gpu_stream()>>>(dinp, dout, inp, count);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(gelu_bwd);
 }
 
 extern "C" void gpu_sinusoidal_forward(float *x, long B, long T, int C, long t0, float scale) {
   if (T * (C / 2) == 0 || B == 0) return;
   sinusoidal<<<elementwise_blocks((size_t)T * (C / 2)), kThreads, 0, gpu_stream()>>>(x, B, T, C, t0,
                                                                                      scale);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(sinusoidal);
 }
 
 extern "C" void gpu_rope_forward(float *x, long BH, long T, int d, long t0) {
   if (BH * T * (d / 2) == 0) return;
   rope<<<elementwise_blocks((size_t)BH * T * (d / 2)), kThreads, 0, gpu_stream()>>>(x, BH, T, d, t0,
                                                                                     1.0f);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(rope);
 }
 
 extern "C" void gpu_rope_backward(float *dx, long BH, long T, int d, long t0) {
   if (BH * T * (d / 2) == 0) return;
   rope<<<elementwise_blocks((size_t)BH * T * (d / 2)), kThreads, 0, gpu_stream()>>>(dx, BH, T, d,
                                                                                     t0, -1.0f);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(rope);
 }
 
 static void dropout_launch(int mode, float *a, float *b, const float *c, const float *g,
@@ -465,7 +465,7 @@ static void dropout_launch(int mode, float *a, float *b, const float *c, const f
   if (B * T * C == 0) return;
   dropout_apply<<<elementwise_blocks((size_t)B * T * C), kThreads, 0, gpu_stream()>>>(
       mode, a, b, c, g, *key, B, T, C);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(dropout_apply);
 }
 
 extern "C" void gpu_dropout_forward(float *x, const struct dropout_key *key, long B, long T,
@@ -495,7 +495,7 @@ extern "C" void gpu_heads_split_forward(float *q, float *k, float *v, const floa
   if (n == 0) return;
   heads_split<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(
       q, k, v, const_cast<float *>(qkv), B, T, Hqk, H, d, false);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(heads_split);
 }
 
 extern "C" void gpu_heads_split_backward(float *dqkv, const float *dq, const float *dk,
@@ -505,7 +505,7 @@ extern "C" void gpu_heads_split_backward(float *dqkv, const float *dq, const flo
   heads_split<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(
       const_cast<float *>(dq), const_cast<float *>(dk), const_cast<float *>(dv), dqkv, B, T, Hqk, H,
       d, true);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(heads_split);
 }
 
 extern "C" void gpu_heads_merge_forward(float *y, const float *att, long B, long T, int H, int d) {
@@ -513,7 +513,7 @@ extern "C" void gpu_heads_merge_forward(float *y, const float *att, long B, long
   if (n == 0) return;
   heads_merge<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(y, const_cast<float *>(att), B,
                                                                     T, H, d, false);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(heads_merge);
 }
 
 extern "C" void gpu_heads_merge_backward(float *datt, const float *dy, long B, long T, int H,
@@ -522,7 +522,7 @@ extern "C" void gpu_heads_merge_backward(float *datt, const float *dy, long B, l
   if (n == 0) return;
   heads_merge<<<elementwise_blocks(n), kThreads, 0, gpu_stream()>>>(const_cast<float *>(dy), datt,
                                                                     B, T, H, d, true);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(heads_merge);
 }
 
 extern "C" double gpu_softmax_xent_forward_backward(float *logits, const int *targets, long N,
@@ -534,7 +534,7 @@ extern "C" double gpu_softmax_xent_forward_backward(float *logits, const int *ta
       row_pred ? static_cast<int *>(gpu_alloc(MEM_WORKSPACE, sizeof(int) * (size_t)N)) : nullptr;
   softmax_xent<<<gpu_int(N, "softmax rows"), kThreads, 0, gpu_stream()>>>(logits, targets, dloss,
                                                                           dpred, V, grad_scale);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(softmax_xent);
   std::vector<double> host((size_t)N);
   gpu_download(host.data(), dloss, sizeof(double) * (size_t)N);
   gpu_free(dloss);

@@ -60,7 +60,7 @@ void rows(float *dst, size_t ds, const float *src, size_t ss, size_t nrows, size
   const size_t blocks = gpu_blocks(total, kThreads);
   rows_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), kThreads, 0, gpu_stream()>>>(
       dst, ds, src, ss, nrows, len, add);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(rows_kernel);
 }
 
 }  // namespace

@@ -45,14 +45,14 @@ extern "C" void gpu_adamw(float *w, const float *g, float *m, float *v, size_t n
                           const struct adamw_step *s) {
   if (n == 0) return;
   adamw<<<gpu_blocks(n, kThreads), kThreads, 0, gpu_stream()>>>(w, g, m, v, n, *s);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(adamw);
 }
 
 extern "C" double gpu_sum_squares(const float *x, size_t n) {
   if (n == 0) return 0.0;
   double *part = static_cast<double *>(gpu_alloc(MEM_WORKSPACE, sizeof(double) * kBlocks));
   sum_squares<<<kBlocks, kThreads, 0, gpu_stream()>>>(part, x, n);
-  LAUNCH_CHECK();
+  LAUNCH_CHECK(sum_squares);
   std::vector<double> host(kBlocks);
   gpu_download(host.data(), part, sizeof(double) * kBlocks);
   gpu_free(part);

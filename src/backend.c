@@ -78,7 +78,14 @@ const struct backend *backend_for(const struct config *cfg, char *err, size_t le
   const enum device_kind want = cfg->parallel.device;
   if (want == DEVICE_CPU || (want == DEVICE_AUTO && !auto_is_gpu())) return &cpu;
 #ifdef FMATTN_GPU
-  return gpu_backend_open(cfg->parallel.precision == PRECISION_BF16, err, len);
+  const struct gpu_options o = {
+      .bf16 = cfg->parallel.precision == PRECISION_BF16,
+      .debug = cfg->gpu.debug,
+      .exact = cfg->gpu.exact == EXACT_REFERENCE ? GPU_EXACT_REFERENCE : GPU_EXACT_BLOCKED,
+      .exact_workspace = (size_t)cfg->gpu.exact_workspace_mb << 20,
+      .fma_workspace = (size_t)cfg->gpu.fma_workspace_mb << 20,
+  };
+  return gpu_backend_open(&o, err, len);
 #else
   snprintf(err, len,
            "parallel.device = gpu: this fmattn was built without a GPU back end; configure it "

@@ -44,6 +44,7 @@ enum schedule_kind { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
 enum backend_kind { BACKEND_AUTO, BACKEND_MPI, BACKEND_NCCL };
 enum device_kind { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU };
 enum precision_kind { PRECISION_FP32, PRECISION_BF16 };
+enum exact_kernels { EXACT_BLOCKED, EXACT_REFERENCE }; /* gpu.exact */
 enum heads_mode { HEADS_STANDARD, HEADS_FISH };
 
 /* Bench sections, as a bit set. */
@@ -144,6 +145,14 @@ struct config_parallel {
   bool overlap;                  /* communication behind computation where it can be */
 };
 
+/* The CUDA back end's options (read by src/backend.c into gpu/'s struct gpu_options). */
+struct config_gpu {
+  bool debug;               /* wait after every launch; a fault names its kernel */
+  enum exact_kernels exact; /* full and local: the blocked form (cuBLAS) or the SIMT reference */
+  int exact_workspace_mb;   /* the blocked exact attention's workspace per call */
+  int fma_workspace_mb;     /* fma's evaluate: the workspace of one chunk of query blocks */
+};
+
 struct config_bench {
   unsigned what; /* enum bench_what bits */
   int n_count;
@@ -175,6 +184,7 @@ struct config {
   struct config_train train;
   struct config_output output;
   struct config_parallel parallel;
+  struct config_gpu gpu;
   struct config_bench bench;
   struct config_generate generate;
 

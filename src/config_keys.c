@@ -23,14 +23,16 @@ _Static_assert(sizeof(enum position_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_downsample) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum fma_down_lr) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum precision_kind) == sizeof(int), "enum storage");
+_Static_assert(sizeof(enum exact_kernels) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum data_source) == sizeof(int), "enum storage");
 _Static_assert(sizeof(enum mqar_spread) == sizeof(int), "enum storage");
 
 /* ---------------------------------------------------------------------------------------------
  * Names. Each list is in enum order: the index of a word is the enum value it stands for. */
 
-const char *const config_section_names[] = {"run",    "data",     "model", "attention", "train",
-                                            "output", "parallel", "bench", "generate",  NULL};
+const char *const config_section_names[] = {"run",   "data",     "model",    "attention",
+                                            "train", "output",   "parallel", "gpu",
+                                            "bench", "generate", NULL};
 static const char *const mode_names[] = {"train", "eval", "generate", "bench", NULL};
 static const char *const source_names[] = {"file", "copy",    "majority", "task",
                                            "mqar", "passkey", "listops",  NULL};
@@ -41,6 +43,7 @@ static const char *const schedule_names[] = {"cosine", "linear", "constant", NUL
 static const char *const backend_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const device_names[] = {"auto", "cpu", "gpu", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", NULL};
+static const char *const exact_names[] = {"blocked", "reference", NULL};
 static const char *const downsample_names[] = {"conv", "m2m", "avg", NULL};
 static const char *const init_names[] = {"mean", "random", NULL};
 static const char *const down_lr_names[] = {"scaled", "plain", NULL};
@@ -305,6 +308,17 @@ const struct key_def config_keys[] = {
     K_BOOL("parallel", "overlap", "true", parallel.overlap, "",
            "hide communication: fma's LET fetch behind the near field, the gradient allreduce "
            "behind the backward (false: each blocking, where it is needed)"),
+
+    K_BOOL("gpu", "debug", "false", gpu.debug, "",
+           "wait for every kernel after its launch, so that a device fault names its kernel "
+           "(slow: for finding a fault, not for runs)"),
+    K_ENUM("gpu", "exact", "blocked", exact_names, gpu.exact, "",
+           "full and local on the GPU: blocked (cuBLAS tiles) or reference (SIMT kernels; one "
+           "sequence rank, head size 16, 32, 64 or 128)"),
+    K_NUM("gpu", "exact_workspace_mb", KEY_INT, "256", 1, 1048576, LOHI, gpu.exact_workspace_mb, "",
+          "MiB of device workspace per call of the blocked full/local attention"),
+    K_NUM("gpu", "fma_workspace_mb", KEY_INT, "1024", 1, 1048576, LOHI, gpu.fma_workspace_mb, "",
+          "MiB of device workspace per chunk of query blocks in fma's evaluation"),
 
     K_LIST("bench", "what", "attention,train", what_list, "", "what to time"),
     K_LIST("bench", "n_list", "1024,4096,16384", n_list, "n lengths",

@@ -9,7 +9,7 @@ GOOD="$TESTDIR/decks/cli.in"
 
 check "--version prints the version" sh -c "$F --version | grep -q '^fmattn '"
 check "--help prints usage" sh -c "$F --help | grep -q 'fmattn DECK.in'"
-check "--print-defaults lists every section" sh -c "$F --print-defaults > defaults.in && for s in run data model attention train output parallel bench generate; do grep -q \"^\[\$s\]\" defaults.in || exit 1; done"
+check "--print-defaults lists every section" sh -c "$F --print-defaults > defaults.in && for s in run data model attention train output parallel gpu bench generate; do grep -q \"^\[\$s\]\" defaults.in || exit 1; done"
 check "the printed defaults are a valid deck" "$F" --check defaults.in --set data.source=copy --set attention.variant=full
 check "the README's deck reference is --print-defaults" sh -c "sed -n '/^\`\`\`ini\$/,/^\`\`\`\$/p' '$SRCDIR/README.md' | sed '1d;\$d' > readme_deck.in && $F --print-defaults | diff -u - readme_deck.in"
 check "--check prints the resolved deck" sh -c "$F --check $GOOD | grep -q '^context = 16'"

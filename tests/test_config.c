@@ -391,7 +391,7 @@ static void test_unknown_section(void **state) {
                ":4: unknown section [trian]; did you mean [train]?", NULL);
   expect_error("[run]\n[xyzzy]\n", copy_source,
                ":2: unknown section [xyzzy]; valid sections: run, "
-               "data, model, attention, train, output, parallel, bench, generate",
+               "data, model, attention, train, output, parallel, gpu, bench, generate",
                NULL);
   expect_error("[Model]\n", copy_source, ":1: unknown section [Model]; did you mean [model]?",
                NULL);

@@ -19,7 +19,8 @@
  * at most 4.7e-3 (out), 1.4e-3 (lse), 3.7e-3 (dq, dk, dv) */
 #define TOL_BF16 1e-2
 
-/* The kernels FMATTN_GPU_EXACT chose when the program started (main sets it). */
+/* The kernels the program started with: GPU_TEST_EXACT = blocked (unset) or reference, as the
+ * deck's gpu.exact would choose them (gpu_full_open sets them). */
 static enum gpu_exact_kernels env_kernels;
 
 static float *up(const float *h, size_t n) {
@@ -266,9 +267,9 @@ static void test_gpu_full_causality(void **state) {
   free(q), free(k), free(v);
 }
 
-/* FMATTN_GPU_EXACT chose the kernels the program started with; the setter changes them. */
+/* The options chose the kernels the program started with; the setter changes them. */
 static void test_gpu_full_selection(void **state) {
-  const char *e = getenv("FMATTN_GPU_EXACT");
+  const char *e = getenv("GPU_TEST_EXACT");
   const bool ref = e && strcmp(e, "reference") == 0;
   assert_int_equal(env_kernels, ref ? GPU_EXACT_REFERENCE : GPU_EXACT_BLOCKED);
   gpu_set_exact_kernels(GPU_EXACT_REFERENCE);
@@ -378,7 +379,10 @@ static const struct CMUnitTest gpu_full_tests[] = {
 /* Open the device of this rank with its attention implementations registered: 0, or 1 with the
  * reason in err. */
 static int gpu_full_open(char *err, size_t len) {
-  if (!gpu_backend_open(false, err, len)) return 1;
+  const char *e = getenv("GPU_TEST_EXACT");
+  const struct gpu_options o = {.exact = e && strcmp(e, "reference") == 0 ? GPU_EXACT_REFERENCE
+                                                                          : GPU_EXACT_BLOCKED};
+  if (!gpu_backend_open(&o, err, len)) return 1;
   env_kernels = gpu_exact_kernels();
   return 0;
 }

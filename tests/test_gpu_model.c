@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* one TAP stream */
   char err[256];
-  gpu = gpu_backend_open(false, err, sizeof err);
+  gpu = gpu_backend_open(NULL, err, sizeof err);
   if (!gpu) {
     err[strcspn(err, "\n")] = '\0';
     printf("1..0 # SKIP no GPU: %s\n", err);

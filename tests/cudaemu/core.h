@@ -28,6 +28,7 @@ struct settings {
   bool pinned_all = false;  // CUDAEMU_PAGEABLE=pinned: async copies treat all host memory as pinned
   bool trace = false;       // CUDAEMU_TRACE=1: one line per launch and library call
   size_t capacity = 0;      // bytes of device memory (CUDAEMU_MEMORY_GB)
+  bool sticky_faults = false;  // CUDAEMU_FAULTS=sticky: a kernel's fault, the sticky error
 };
 const settings &config();
 const char *order_name();
@@ -45,6 +46,13 @@ const char *activity();
 // Thread ranges as text: "0-31, 40".
 std::string ranges(const std::vector<int> &ids);
 void set_last_error(cudaError_t e);
+// CUDAEMU_FAULTS=sticky: a kernel's illegal address is reported as a GPU reports it — the rest of
+// the kernel and all work queued after it never run, and every later call returns
+// cudaErrorIllegalAddress (the context is lost) — instead of ending the run at the fault.
+// device_fault prints the message and, in that mode inside a kernel, abandons the kernel; else
+// it is fatal. sticky_error(): cudaSuccess until then.
+[[noreturn]] void device_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+cudaError_t sticky_error();
 cudaError_t fail(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // ---- device memory (memory.cc) ----

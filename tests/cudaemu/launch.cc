@@ -78,6 +78,11 @@ void launch_kernel(const launch_site &site, const void *func, const launch_confi
     return;
   }
   install_fault_handler();  // the alternate signal stack of this thread
+  // after a fault the context is lost: nothing launches
+  if (sticky_error() != cudaSuccess) {
+    set_last_error(sticky_error());
+    return;
+  }
   if (check_config(site, func, cfg) != cudaSuccess) return;
   check_pointers(site, pointers, is_pointer, nparams);
   auto run = std::make_shared<kernel_run>(

@@ -244,11 +244,11 @@ void on_fault(int sig, siginfo_t *si, void *) {
           "host code accessed device memory: %s. Device memory is open only to kernels, "
           "copies and library calls",
           describe_address(p).c_str());
-    fatal("illegal device memory access in %s: %s", activity(), describe_address(p).c_str());
+    device_fault("illegal device memory access in %s: %s", activity(), describe_address(p).c_str());
   }
   if (device_running() && kernel_running())
-    fatal("illegal address in %s: %p is not device memory (a host pointer, or a wild one)",
-          activity(), p);
+    device_fault("illegal address in %s: %p is not device memory (a host pointer, or a wild one)",
+                 activity(), p);
   // not the emulation's: the handler that was there before (MPI's, or the default action)
   sigaction(sig, sig == SIGBUS ? &previous_bus : &previous_segv, nullptr);
 }

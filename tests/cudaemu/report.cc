@@ -72,6 +72,12 @@ settings read_settings() {
   s.stack_bytes = (size_t)parse_long("CUDAEMU_STACK_KB", 16, 1 << 20, 256) << 10;
   s.host_check = parse_long("CUDAEMU_HOSTCHECK", 0, 1, 1) != 0;
   s.trace = parse_long("CUDAEMU_TRACE", 0, 1, 0) != 0;
+  if (const char *v = getenv("CUDAEMU_FAULTS"); v && *v) {
+    if (!strcmp(v, "sticky"))
+      s.sticky_faults = true;
+    else if (strcmp(v, "abort"))
+      bad_setting("CUDAEMU_FAULTS", v, "abort (the default) or sticky");
+  }
   if (const char *v = getenv("CUDAEMU_PAGEABLE"); v && *v) {
     if (!strcmp(v, "pinned"))
       s.pinned_all = true;
@@ -91,6 +97,7 @@ settings read_settings() {
 
 std::string activity_now;
 cudaError_t last_error = cudaSuccess;
+cudaError_t sticky = cudaSuccess;  // CUDAEMU_FAULTS=sticky: set by a kernel's fault
 
 void vprint(const char *fmt, va_list ap) {
   char msg[4096];
@@ -172,6 +179,24 @@ std::string ranges(const std::vector<int> &ids) {
   return s;
 }
 
+void device_fault(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprint(fmt, ap);
+  va_end(ap);
+  if (config().sticky_faults && kernel_running()) {
+    note(
+        "CUDAEMU_FAULTS=sticky: the kernel stops here; the context is lost (every later call "
+        "returns cudaErrorIllegalAddress)");
+    sticky = cudaErrorIllegalAddress;
+    escape_kernel();
+  }
+  signal(SIGABRT, SIG_DFL);
+  abort();
+}
+
+cudaError_t sticky_error() { return sticky; }
+
 void set_last_error(cudaError_t e) {
   if (e != cudaSuccess) last_error = e;
 }
@@ -188,9 +213,12 @@ cudaError_t fail(cudaError_t e, const char *fmt, ...) {
 }  // namespace cudaemu
 
 extern "C" cudaError_t cudaGetLastError(void) {
+  if (cudaemu::sticky != cudaSuccess) return cudaemu::sticky;  // not cleared: the context is lost
   const cudaError_t e = cudaemu::last_error;
   cudaemu::last_error = cudaSuccess;
   return e;
 }
 
-extern "C" cudaError_t cudaPeekAtLastError(void) { return cudaemu::last_error; }
+extern "C" cudaError_t cudaPeekAtLastError(void) {
+  return cudaemu::sticky != cudaSuccess ? cudaemu::sticky : cudaemu::last_error;
+}

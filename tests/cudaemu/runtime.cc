@@ -19,7 +19,8 @@ int device = 0;
 // Every entry point begins here: the fault handler in place, the device count known.
 cudaError_t start() {
   install_fault_handler();  // again at every call: see install_fault_handler
-  return config().devices > 0 ? cudaSuccess : cudaErrorNoDevice;
+  if (config().devices == 0) return cudaErrorNoDevice;
+  return sticky_error();  // a kernel faulted: the context is lost
 }
 
 #define START()                     \
@@ -208,7 +209,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
   // on the legacy default stream, and the host waits for it (not for non-blocking streams)
   submit(nullptr, "cudaMemcpy", [dst, src, n] { std::memcpy(dst, src, n); });
   drain_stream(nullptr);
-  return cudaSuccess;
+  return sticky_error();
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream) {
@@ -265,6 +266,12 @@ const char *cudaGetErrorName(cudaError_t e) {
     NAME(cudaErrorNotReady)
     NAME(cudaErrorIllegalAddress)
     NAME(cudaErrorLaunchOutOfResources)
+    NAME(cudaErrorLaunchTimeout)
+    NAME(cudaErrorAssert)
+    NAME(cudaErrorHardwareStackError)
+    NAME(cudaErrorIllegalInstruction)
+    NAME(cudaErrorMisalignedAddress)
+    NAME(cudaErrorInvalidPc)
     NAME(cudaErrorLaunchFailure)
     NAME(cudaErrorNotSupported)
     NAME(cudaErrorUnknown)
@@ -303,6 +310,18 @@ const char *cudaGetErrorString(cudaError_t e) {
       return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources:
       return "too many resources requested for launch";
+    case cudaErrorLaunchTimeout:
+      return "the launch timed out and was terminated";
+    case cudaErrorAssert:
+      return "device-side assert triggered";
+    case cudaErrorHardwareStackError:
+      return "hardware stack error";
+    case cudaErrorIllegalInstruction:
+      return "an illegal instruction was encountered";
+    case cudaErrorMisalignedAddress:
+      return "misaligned address";
+    case cudaErrorInvalidPc:
+      return "invalid program counter";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
     case cudaErrorNotSupported:

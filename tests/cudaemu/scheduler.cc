@@ -3,6 +3,8 @@
 // primitive; blocks run one after another. Divergent barriers, warp masks naming lanes that
 // never arrive and deadlocks end the run with a message naming kernel, block and threads; it
 // must never guess a result a GPU would not produce.
+#include <csetjmp>
+
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -386,7 +388,18 @@ struct block_order {
 
 }  // namespace
 
+static sigjmp_buf escape_point;  // CUDAEMU_FAULTS=sticky: where a faulting kernel is left
+static bool escape_armed = false;
+
 void run_kernel(const kernel_run &k) {
+  if (config().sticky_faults) {
+    if (sigsetjmp(escape_point, 1)) {  // the kernel faulted (device_fault): it ends here
+      escape_armed = false;
+      B.k = nullptr;
+      return;
+    }
+    escape_armed = true;
+  }
   B.k = &k;
   B.pretty = nullptr;
   // a fresh stream of shuffles for every launch, reproducible from the seed
@@ -408,8 +421,15 @@ void run_kernel(const kernel_run &k) {
   }
   shared_end_launch(k);
   B.k = nullptr;
+  escape_armed = false;
 }
 
 bool kernel_running() { return B.k != nullptr; }
+
+bool escape_kernel() {
+  if (!escape_armed || !B.k) return false;
+  escape_armed = false;
+  siglongjmp(escape_point, 1);
+}
 
 }  // namespace cudaemu

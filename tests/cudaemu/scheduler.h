@@ -17,6 +17,9 @@ constexpr size_t kOptinSmemMax = 227 << 10;   // sharedMemPerBlockOptin
 // "kernel exact_fwd<64> (launched at attention.cu:212), block (1,0,0), thread (3,0,0)"
 std::string kernel_label();
 bool kernel_running();
+// CUDAEMU_FAULTS=sticky: leave the running kernel for the launch that started it (never returns;
+// false when no kernel is running).
+bool escape_kernel();
 
 void shared_begin_launch(const kernel_run &k);
 void shared_end_launch(const kernel_run &k);

@@ -68,6 +68,7 @@ CUstream_st *resolve(cudaStream_t s) {
 }
 
 void run_task(task &t) {
+  if (sticky_error() != cudaSuccess) return;  // after a fault nothing more runs
   device_enter();
   set_activity(t.what);
   t.work();
@@ -198,7 +199,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize(%p): no such stream",
                 (void *)stream);
   drain_stream(stream);
-  return cudaSuccess;
+  return sticky_error();
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
@@ -213,7 +214,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   drain_all();
-  return cudaSuccess;
+  return sticky_error();
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
@@ -270,7 +271,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event || event->destroyed)
     return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no such event");
   if (event->recorded && !event->done) drain_to(event->stream, event->seq);
-  return cudaSuccess;
+  return sticky_error();
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {

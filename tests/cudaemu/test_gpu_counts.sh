@@ -50,20 +50,22 @@ launches, gemms = sum(g["kernel_launches"][()]), sum(g["gemm_calls"][()])
 assert l2 - l1 == launches and g2 - g1 == gemms, (l2 - l1, launches, g2 - g1, gemms)
 assert launches > 0 and gemms > 0
 PY
-check "every launch in gpu/ is followed by its own LAUNCH_CHECK (which counts it)" py - "$SRCDIR/gpu" <<'PY'
+check "every launch in gpu/ is followed by its own LAUNCH_CHECK naming its kernel (which counts it)" py - "$SRCDIR/gpu" <<'PY'
 import glob, os, re, sys
-bad = []
+bad, n = [], 0
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.cu"))):
     s = open(path).read()
-    for m in re.finditer(r">>>\(", s):
-        i, depth = m.end(), 1
+    for m in re.finditer(r"([A-Za-z_][A-Za-z_0-9:]*(?:<[^<>;]*>)?)\s*<<<", s):
+        i = s.index(">>>(", m.end()) + 4
+        depth = 1
         while depth:
             depth += (s[i] == "(") - (s[i] == ")")
             i += 1
         rest = s[s.index(";", i - 1) + 1:].lstrip()
-        if not rest.startswith("LAUNCH_CHECK();"):
-            bad.append(f"{os.path.basename(path)}:{s[:m.start()].count(chr(10)) + 1}")
-assert not bad, "launches without their own LAUNCH_CHECK: " + ", ".join(bad)
+        n += 1
+        if not rest.startswith(f"LAUNCH_CHECK({m.group(1)});"):
+            bad.append(f"{os.path.basename(path)}:{s[:m.start()].count(chr(10)) + 1} ({m.group(1)})")
+assert n > 50 and not bad, "launches without their own LAUNCH_CHECK(kernel): " + ", ".join(bad)
 PY
 check "bf16: the same products, no element converted by a pass of its own" py - <<'PY'
 import h5py

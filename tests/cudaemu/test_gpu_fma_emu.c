@@ -13,7 +13,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* one TAP stream */
   char err[256];
-  if (!gpu_backend_open(false, err, sizeof err)) {
+  if (!gpu_backend_open(NULL, err, sizeof err)) {
     fprintf(stderr, "test_gpu_fma_emu: no emulated device: %s\n", err);
     return 1; /* under the emulation there is a GPU: a skip would be a failure */
   }

@@ -31,6 +31,12 @@ for v in full local fma fma_linear; do
     check "$v $o: the GPU's losses equal the CPU's within 1e-4" same "g_${v}_$o" "c_${v}_$o" 1e-4
   done
 done
+# the [gpu] keys: debug mode waits after every launch and changes nothing computed; the SIMT
+# reference kernels for full, chosen by the deck
+check "gpu.debug = true trains (deferred streams: every launch waited for)" sh -c "CUDAEMU_DEFER=1 '$G' '$DECK' --set run.name=g_fma_debug --set attention.variant=fma --set parallel.device=gpu --set gpu.debug=true > g_fma_debug.log 2>&1"
+check "gpu.debug = true: the same losses as without, bit for bit" same g_fma_debug g_fma_clm 0
+check "gpu.exact = reference trains full" run g_full_ref --set attention.variant=full --set parallel.device=gpu --set gpu.exact=reference
+check "gpu.exact = reference: the CPU's losses within 1e-4" same g_full_ref c_full_clm 1e-4
 check "the run header names the device" grep -q "device: device 0: .*fp32 products" g_full_clm.log
 check "the summary shows device memory by label" grep -q "device activations" g_full_clm.log
 # checkpoints: the same files whichever device wrote them, restarts across devices
