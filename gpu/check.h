@@ -59,9 +59,20 @@ static inline unsigned gpu_blocks(size_t n, unsigned threads) {
 }
 
 /* A size handed to cuBLAS or a launch as an int, refused with a message when it does not fit. */
+static inline int gpu_int(long long v, const char *what);
+/* The grid of a kernel that loops over rows × elements in 32-bit indices: rows along y, elements
+ * along x, both grid-stride; about 1024 blocks in all (at least one per row, up to 65535 rows). */
+static inline dim3 gpu_grid2(long rows, long elements, unsigned threads) {
+  const unsigned gy = (unsigned)gpu_int(rows < 65535 ? rows : 65535, "rows");
+  size_t gx = gpu_blocks((size_t)gpu_int(elements, "elements per row"), threads);
+  const size_t cap = (1024 + gy - 1) / gy;
+  return dim3((unsigned)(gx < cap ? gx : cap), gy);
+}
+
 static inline int gpu_int(long long v, const char *what) {
   if (v < 0 || v > INT_MAX)
-    error_at(__FILE__, __func__, __LINE__, "%s = %lld does not fit the int cuBLAS takes", what, v);
+    error_at(__FILE__, __func__, __LINE__,
+             "%s = %lld does not fit in 32 bits (cuBLAS's int, the kernels' indices)", what, v);
   return (int)v;
 }
 

@@ -9,8 +9,9 @@
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr unsigned kSoft = 64;  // threads per score row in the softmax
-constexpr unsigned kRow = 32;   // threads per summary row in the gathers
+constexpr unsigned kSoft = 64;   // threads per score row in the softmax
+constexpr unsigned kRow = 32;    // threads per summary row in the gathers
+constexpr unsigned kGather = 8;  // summary rows per block in gather_far
 
 size_t budget_bytes = 0;  // 0: kDefaultBudget
 constexpr size_t kDefaultBudget = size_t(1) << 30;
@@ -23,8 +24,9 @@ unsigned grid_of(size_t n) {
 // What the softmax kernels need to know which score columns a query row may see: query block
 // qb = b0 + lb of the slab, near columns [0, ns·m) (key block qb − 1 + s in column s·m + j),
 // far columns [ns·m, ns·m + nfmax) (a listed summary slot, or −1).
+// Indices in 32 bits: blocks, rows and columns of one rank's slab fit (the host checks, mask_of).
 struct gfma_mask {
-  long m, nb, b0, nbs;
+  int m, nb, b0, nbs;
   int ns, nfmax;
   bool causal;
   const int *far_row;
@@ -34,14 +36,14 @@ struct gfma_mask {
 // Whether query row r of slab block lb sees column c, and the log-weight added to its score: the
 // lists of src/fma/lists.c as fma_block_keys lays them out (near blocks b − 1 .. b (+ 1) that
 // exist, keys after the query masked in causal mode; listed far slots with log(w_l/p)).
-__device__ inline bool visible(const gfma_mask &mk, long lb, long r, long c, float *add) {
+__device__ inline bool visible(const gfma_mask &mk, int lb, int r, int c, float *add) {
   *add = 0.0f;
   if (c < mk.ns * mk.m) {
-    const long kb = mk.b0 + lb - 1 + c / mk.m;
+    const int kb = mk.b0 + lb - 1 + c / mk.m;
     if (kb < 0 || kb >= mk.nb) return false;
     return !mk.causal || kb * mk.m + c % mk.m <= (mk.b0 + lb) * mk.m + r;
   }
-  const long slot = c - mk.ns * mk.m;
+  const int slot = c - mk.ns * mk.m;
   if (mk.far_row[lb * mk.nfmax + slot] < 0) return false;
   *add = mk.far_logw[slot];
   return true;
@@ -66,12 +68,12 @@ __device__ float block_reduce(float v, float *red, bool take_max) {
 // probabilities in place, masked columns 0, and lse = max + log Σ. Chunk row `row` is query r of
 // flattened block g0 + row/m (head h, slab block lb). CPU twin: rows_softmax (evaluate.c), with
 // the masks and log-weights of fma_P2P_scores and fma_M2P_scores.
-__global__ void softmax_forward(float *S, float *lse, long ld, gfma_mask mk, long g0) {
+__global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int g0) {
   __shared__ float red[kSoft];
-  const long row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
-  float *s = S + row * ld;
+  const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
+  float *s = S + (size_t)row * ld;
   float mx = -INFINITY;
-  for (long c = threadIdx.x; c < ld; c += kSoft) {
+  for (int c = threadIdx.x; c < ld; c += kSoft) {
     float add;
     const float v = visible(mk, lb, r, c, &add) ? s[c] + add : -INFINITY;
     s[c] = v;
@@ -79,73 +81,72 @@ __global__ void softmax_forward(float *S, float *lse, long ld, gfma_mask mk, lon
   }
   mx = block_reduce(mx, red, true);
   float sum = 0.0f;
-  for (long c = threadIdx.x; c < ld; c += kSoft) sum += expf(s[c] - mx);
+  for (int c = threadIdx.x; c < ld; c += kSoft) sum += expf(s[c] - mx);
   sum = block_reduce(sum, red, false);
   const float inv = 1.0f / sum;  // sum ≥ 1: the query sees itself
-  for (long c = threadIdx.x; c < ld; c += kSoft) s[c] = expf(s[c] - mx) * inv;
-  if (threadIdx.x == 0) lse[gl * mk.m + r] = mx + logf(sum);
+  for (int c = threadIdx.x; c < ld; c += kSoft) s[c] = expf(s[c] - mx) * inv;
+  if (threadIdx.x == 0) lse[(size_t)gl * mk.m + r] = mx + logf(sum);
 }
 
-// grid-stride over the chunk's (rows × ld) scores: P = exp(S + log-weight − lse), masked 0.
-// CPU twin: rows_probabilities.
-__global__ void probabilities(float *S, const float *lse, long ld, long rows, gfma_mask mk,
-                              long g0) {
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(rows * ld);
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long row = (long)(e / ld), c = (long)(e % ld), gl = g0 + row / mk.m;
+// grid (rows of the chunk), block kSoft: P = exp(S + log-weight − lse) of one score row, masked
+// 0. CPU twin: rows_probabilities.
+__global__ void probabilities(float *S, const float *lse, int ld, gfma_mask mk, int g0) {
+  const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
+  const float L = lse[(size_t)gl * mk.m + r];
+  float *s = S + (size_t)row * ld;
+  for (int c = threadIdx.x; c < ld; c += kSoft) {
     float add;
-    S[e] = visible(mk, gl % mk.nbs, row % mk.m, c, &add)
-               ? expf(S[e] + add - lse[gl * mk.m + row % mk.m])
-               : 0.0f;
+    s[c] = visible(mk, lb, r, c, &add) ? expf(s[c] + add - L) : 0.0f;
   }
 }
 
-// grid-stride: dS = P ∘ (dP − D) in place in dP, masked 0 (never read there). D: the chunk's rows.
-// CPU twin: rows_softmax_backward.
-__global__ void softmax_backward(float *dP, const float *P, const float *D, long ld, long rows,
-                                 gfma_mask mk, long g0) {
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(rows * ld);
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long row = (long)(e / ld), c = (long)(e % ld), gl = g0 + row / mk.m;
+// grid (rows of the chunk), block kSoft: dS = P ∘ (dP − D) of one row in place in dP, masked 0
+// (never read there). D: the chunk's rows. CPU twin: rows_softmax_backward.
+__global__ void softmax_backward(float *dP, const float *P, const float *D, int ld, gfma_mask mk,
+                                 int g0) {
+  const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
+  const size_t at = (size_t)row * ld;
+  for (int c = threadIdx.x; c < ld; c += kSoft) {
     float add;
-    dP[e] = visible(mk, gl % mk.nbs, row % mk.m, c, &add) ? P[e] * (dP[e] - D[row]) : 0.0f;
+    dP[at + c] = visible(mk, lb, r, c, &add) ? P[at + c] * (dP[at + c] - D[row]) : 0.0f;
   }
 }
 
 // grid-stride: D[r] = Σ_f a[r, f]·b[r, f] over rows of d. CPU twin: rows_dot (attention/fma.c).
-__global__ void rowdot(float *D, const float *a, const float *b, long rows, long d) {
-  for (long r = (long)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-       r += (long)gridDim.x * blockDim.x) {
+__global__ void rowdot(float *D, const float *a, const float *b, int rows, int d) {
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+    const float *x = a + (size_t)r * d, *y = b + (size_t)r * d;
     float acc = 0.0f;
-    for (long f = 0; f < d; f++) acc += a[r * d + f] * b[r * d + f];
+    for (int f = 0; f < d; f++) acc += x[f] * y[f];
     D[r] = acc;
   }
 }
 
-// grid-stride over (block, slot, f) of the chunk: Kf, Vf (blocks, nfmax, d) = the listed summary
-// rows of XK, XV (0 where a slot is empty). CPU twin: gather in block_keys.
+// grid-stride over the chunk's (block, slot) pairs, kGather per block of kRow threads along f:
+// Kf, Vf (blocks, nfmax, d) = the listed summary rows of XK, XV (0 where a slot is empty). CPU
+// twin: gather in block_keys.
 __global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *XV,
-                           const int *far_row, gfma_levels lv, long nbs, int nfmax, long g0,
-                           long nblocks) {
-  const long d = lv.d;
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(nblocks * nfmax * d);
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long f = (long)(e % d), bs = (long)(e / d), gl = g0 + bs / nfmax;
-    const int R = far_row[(gl % nbs) * nfmax + bs % nfmax];
+                           const int *far_row, gfma_levels lv, int nbs, int nfmax, int g0,
+                           int pairs) {
+  const int d = lv.d;
+  for (int bs = blockIdx.x * blockDim.y + threadIdx.y; bs < pairs; bs += gridDim.x * blockDim.y) {
+    const int gl = g0 + bs / nfmax, R = far_row[(gl % nbs) * nfmax + bs % nfmax];
+    float *kf = Kf + (size_t)bs * d, *vf = Vf + (size_t)bs * d;
     if (R < 0) {
-      Kf[e] = Vf[e] = 0.0f;
+      for (int f = threadIdx.x; f < d; f += kRow) kf[f] = vf[f] = 0.0f;
       continue;
     }
     const int l = gfma_level_of(lv, R);
-    const size_t at = gfma_at(lv, l, f, gl / nbs, R - lv.row[l]);
-    Kf[e] = XK[at];
-    Vf[e] = XV[at];
+    for (int f = threadIdx.x; f < d; f += kRow) {
+      const size_t at = gfma_at(lv, l, f, gl / nbs, R - lv.row[l]);
+      kf[f] = XK[at];
+      vf[f] = XV[at];
+    }
   }
 }
 
 // The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref.
-__device__ void ref_range(const gfma_refs &refs, long k, int slots, long s0, long s1, int *a,
-                          int *b) {
+__device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s1, int *a, int *b) {
   int lo = refs.off[k], hi = refs.off[k + 1];
   while (lo < hi) {  // the first reference whose source is ≥ s0
     const int mid = (lo + hi) / 2;
@@ -164,17 +165,18 @@ __device__ void ref_range(const gfma_refs &refs, long k, int slots, long s0, lon
 // dKf, dVf (chunk blocks, nfmax, d) of every reference to the row from the chunk's blocks, in
 // block order: the transpose of the gather, per target row. CPU twin: scatter_add.
 __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const float *dVf,
-                            gfma_refs refs, gfma_levels lv, long nbs, int nfmax, long g0, long g1) {
-  const long k = blockIdx.x, h = g0 / nbs + blockIdx.y, R = refs.row[k];
-  const long s0 = g0 - h * nbs > 0 ? g0 - h * nbs : 0, s1 = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
+                            gfma_refs refs, gfma_levels lv, int nbs, int nfmax, int g0, int g1) {
+  const int k = blockIdx.x, h = g0 / nbs + blockIdx.y, R = refs.row[k];
+  const int s0 = g0 - h * nbs > 0 ? g0 - h * nbs : 0, s1 = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
   int a, b;
   ref_range(refs, k, nfmax, s0, s1, &a, &b);
   if (a == b) return;
   const int l = gfma_level_of(lv, R);
-  for (long f = threadIdx.x; f < lv.d; f += kRow) {
+  for (int f = threadIdx.x; f < lv.d; f += kRow) {
     float ak = 0.0f, av = 0.0f;
     for (int e = a; e < b; e++) {
-      const long src = ((h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * lv.d;
+      const size_t src =
+          ((size_t)(h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * lv.d;
       ak += dKf[src + f];
       av += dVf[src + f];
     }
@@ -190,7 +192,11 @@ __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const floa
 long total_blocks(const gfma *g) { return g->BH * g->nbs; }
 
 gfma_mask mask_of(const gfma *g) {
-  return gfma_mask{g->m, g->nb, g->b0, g->nbs, g->ns, g->nfmax, g->causal, g->far_row, g->far_logw};
+  // the kernels index blocks, rows and score columns in 32 bits
+  gpu_int(g->BH * g->nbs * g->m, "query rows of the slab");
+  gpu_int(g->nb * g->m, "tokens of the sequence");
+  return gfma_mask{(int)g->m, (int)g->nb, (int)g->b0, (int)g->nbs, g->ns,
+                   g->nfmax,  g->causal,  g->far_row, g->far_logw};
 }
 
 // Query blocks per chunk: as many as the budget holds (at least one), whose workspace is
@@ -262,16 +268,18 @@ void values(const gfma *g, const chunk &c, float *o) {
 
 void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   const long rows = (c.g1 - c.g0) * g->m;
-  softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, c.ld,
-                                                                             mask_of(g), c.g0);
+  softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, (int)c.ld,
+                                                                             mask_of(g), (int)c.g0);
   LAUNCH_CHECK(softmax_forward);
 }
 
 void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
-  const size_t n = (size_t)((c.g1 - c.g0) * g->nfmax * g->d);
-  if (n == 0) return;
-  gather_far<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.Kf, c.Vf, XK, XV, g->far_row, g->lv,
-                                                        g->nbs, g->nfmax, c.g0, c.g1 - c.g0);
+  const long pairs = (c.g1 - c.g0) * g->nfmax;
+  if (pairs == 0) return;
+  const size_t blocks = gpu_blocks((size_t)pairs, kGather);
+  gather_far<<<(unsigned)(blocks < 65535 ? blocks : 65535), dim3(kRow, kGather), 0, gpu_stream()>>>(
+      c.Kf, c.Vf, XK, XV, g->far_row, g->lv, (int)g->nbs, g->nfmax, (int)c.g0,
+      gpu_int(pairs, "far pairs"));
   LAUNCH_CHECK(gather_far);
 }
 
@@ -318,7 +326,8 @@ chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const
 
 void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
   if (rows == 0) return;
-  rowdot<<<grid_of((size_t)rows), kThreads, 0, gpu_stream()>>>(D, a, b, rows, d);
+  rowdot<<<grid_of((size_t)rows), kThreads, 0, gpu_stream()>>>(D, a, b, gpu_int(rows, "rows"),
+                                                               (int)d);
   LAUNCH_CHECK(rowdot);
 }
 
@@ -329,8 +338,8 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
                     float *dv, const float *dout, const float *lse, const float *D) {
   const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax;
   const float scale = 1.0f / sqrtf((float)d);
-  const size_t n = (size_t)(nc * m * ld);
-  probabilities<<<grid_of(n), kThreads, 0, gpu_stream()>>>(c.S, lse, ld, nc * m, mask_of(g), c.g0);
+  const unsigned rows = gpu_int(nc * m, "score rows");
+  probabilities<<<rows, kSoft, 0, gpu_stream()>>>(c.S, lse, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(probabilities);
   const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
@@ -352,8 +361,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
     gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf,
              d, nf * d, nc);
   }
-  softmax_backward<<<grid_of(n), kThreads, 0, gpu_stream()>>>(w.dP, c.S, D, ld, nc * m, mask_of(g),
-                                                              c.g0);
+  softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(softmax_backward);
   for (int s = 0; s < g->ns; s++)
     near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
@@ -419,7 +427,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
       const dim3 grid(gpu_int(g->far_refs.nrows, "summary rows"),
                       (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
       scatter_far<<<grid, kRow, 0, gpu_stream()>>>(dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv,
-                                                   g->nbs, g->nfmax, c.g0, c.g1);
+                                                   (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
       LAUNCH_CHECK(scatter_far);
     }
   }

@@ -21,37 +21,34 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-unsigned grid_of(size_t n) {
-  const size_t b = gpu_blocks(n, kThreads);
-  return (unsigned)(b < 65535 ? b : 65535);
-}
-
 struct gfma_sets {
   float *x[FMA_NSETS];
 };
 
 enum pack_mode { PACK, UNPACK, UNPACK_ADD, ZERO };
 
-// grid-stride over a message of windows (set, head, window, r, f), let.c's order: PACK copies the
-// windows of X into buf, UNPACK copies buf into them, UNPACK_ADD adds it, ZERO clears them. lw:
-// (count, 2) level and window of each. CPU twins: pack and unpack in let.c.
-__global__ void pack_windows(float *buf, gfma_sets X, int nsets, const int *lw, long count,
+// A message of windows (set, head, window, r, f), let.c's order: PACK copies the windows of X
+// into buf, UNPACK copies buf into them, UNPACK_ADD adds it, ZERO clears them. lw: (count, 2)
+// level and window of each. grid (gpu_grid2): the (set, head) parts along y, each one's
+// count·p·d floats along x. CPU twins: pack and unpack in let.c.
+__global__ void pack_windows(float *buf, gfma_sets X, int nsets, const int *lw, int count,
                              gfma_levels lv, pack_mode mode) {
-  const long d = lv.d, P = lv.p, per = count * P * d;
-  const size_t total = (size_t)(nsets * lv.BH * per);
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long f = (long)(e % d), r = (long)(e / d) % P, k = (long)(e / (d * P)) % count;
-    const long h = (long)(e / per) % lv.BH, s = (long)(e / per) / lv.BH;
-    float *x = X.x[s] + gfma_at(lv, lw[2 * k], f, h, (long)lw[2 * k + 1] * P + r);
-    if (mode == PACK)
-      buf[e] = *x;
-    else if (mode == UNPACK)
-      *x = buf[e];
-    else if (mode == UNPACK_ADD)
-      *x += buf[e];
-    else
-      *x = 0.0f;
+  const int d = lv.d, P = lv.p, per = count * P * d, BH = (int)lv.BH;
+  for (int sh = blockIdx.y; sh < nsets * BH; sh += gridDim.y) {
+    const int s = sh / BH, h = sh % BH;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < per; i += gridDim.x * blockDim.x) {
+      const int f = i % d, r = i / d % P, k = i / (d * P);
+      float *x = X.x[s] + gfma_at(lv, lw[2 * k], f, h, (long)lw[2 * k + 1] * P + r);
+      const size_t e = (size_t)sh * per + i;
+      if (mode == PACK)
+        buf[e] = *x;
+      else if (mode == UNPACK)
+        *x = buf[e];
+      else if (mode == UNPACK_ADD)
+        *x += buf[e];
+      else
+        *x = 0.0f;
+    }
   }
 }
 
@@ -61,8 +58,8 @@ void pack(const gfma *g, float *buf, float *const *X, int nsets, const int *lw, 
   if (total == 0) return;
   gfma_sets sets = {};
   for (int s = 0; s < nsets; s++) sets.x[s] = X[s];
-  pack_windows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(buf, sets, nsets, lw, count, g->lv,
-                                                              mode);
+  pack_windows<<<gpu_grid2(nsets * g->BH, count * g->p * g->d, kThreads), kThreads, 0,
+                 gpu_stream()>>>(buf, sets, nsets, lw, (int)count, g->lv, mode);
   LAUNCH_CHECK(pack_windows);
 }
 

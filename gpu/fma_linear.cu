@@ -12,11 +12,6 @@ constexpr unsigned kThreads = 256;
 constexpr unsigned kLin = 64;  // threads per item
 constexpr unsigned kRow = 32;  // threads per summary row in the gather
 
-unsigned grid_of(size_t n) {
-  const size_t b = gpu_blocks(n, kThreads);
-  return (unsigned)(b < 65535 ? b : 65535);
-}
-
 // The dot product of rows Ra and Rb (level l) of two summary arrays, head h.
 __device__ float row_dot(const gfma_levels &lv, int l, long h, const float *X, int Ra,
                          const float *Y, int Rb) {
@@ -67,19 +62,22 @@ __global__ void level_forward(float *O, float *lse_far, const float *XQ, const f
   }
 }
 
-// grid-stride over out (BH, T, d): out += each level's term of the query's sub-segment, levels in
-// order (the CPU adds them one after the other). CPU twin: the adds of linear_level_forward.
-__global__ void level_add(float *out, const float *O, gfma_items it, int L, long BH, long T, long d,
-                          long t0) {
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < (size_t)(BH * T * d);
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long f = (long)(e % d), i = (long)(e / d) % T, h = (long)(e / d) / T;
-    float acc = out[e];
-    for (int l = 1; l <= L; l++) {
-      const long item = it.off[l] + (t0 + i) / it.seg[l] - it.rho0[l];
-      acc += O[((size_t)item * BH + h) * d + f];
+// out (BH, T, d) += each level's term of the query's sub-segment, levels in order (the CPU adds
+// them one after the other). grid (gpu_grid2): heads along y, each one's T·d floats along x. CPU
+// twin: the adds of linear_level_forward.
+__global__ void level_add(float *out, const float *O, gfma_items it, int L, int BH, int T, int d,
+                          int t0) {
+  for (int h = blockIdx.y; h < BH; h += gridDim.y) {
+    float *o = out + (size_t)h * T * d;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < T * d; e += gridDim.x * blockDim.x) {
+      const int f = e % d, i = e / d;
+      float acc = o[e];
+      for (int l = 1; l <= L; l++) {
+        const long item = it.off[l] + (t0 + i) / (int)it.seg[l] - it.rho0[l];
+        acc += O[((size_t)item * BH + h) * d + f];
+      }
+      o[e] = acc;
     }
-    out[e] = acc;
   }
 }
 
@@ -177,8 +175,9 @@ void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_
       O, lse_far, XQ, XK, XV, g->item_qrow, g->item_key, g->item_row, g->lv, g->st->rows, (int)P3,
       1.0f / sqrtf((float)g->d));
   LAUNCH_CHECK(level_forward);
-  level_add<<<grid_of((size_t)(g->BH * g->T * g->d)), kThreads, 0, gpu_stream()>>>(
-      out, O, g->items, g->L, g->BH, g->T, g->d, g->st->t0);
+  gpu_int(g->st->t0 + g->T, "tokens");
+  level_add<<<gpu_grid2(g->BH, g->T * g->d, kThreads), kThreads, 0, gpu_stream()>>>(
+      out, O, g->items, g->L, (int)g->BH, (int)g->T, (int)g->d, (int)g->st->t0);
   LAUNCH_CHECK(level_add);
   gpu_free(O);
 }

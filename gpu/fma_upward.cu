@@ -23,7 +23,7 @@ unsigned grid_of(size_t n) {
 // shared memory. CPU twin: none (upward.c reads (T, d) rows directly).
 __global__ void transpose_tiles(float *out, const float *in, long rows, long cols, bool add) {
   __shared__ float tile[kTile][kTile + 1];
-  const long ntc = (cols + kTile - 1) / kTile;
+  const unsigned ntc = (unsigned)((cols + kTile - 1) / kTile);  // tile indices in 32 bits
   const long r0 = (long)(blockIdx.x / ntc) * kTile, c0 = (long)(blockIdx.x % ntc) * kTile;
   for (int y = threadIdx.y; y < kTile; y += kPass) {
     const long r = r0 + y, c = c0 + threadIdx.x;
@@ -49,66 +49,68 @@ void transpose(float *out, const float *in, long rows, long cols, bool add) {
 }
 
 // Rows of windows [c0, c0 + nwin) of level l, every channel, heads [h0, h0 + hn), set to their
-// bias b[f·p + r] (b null: 0), before the GEMMs add their sums. grid-stride over the elements.
+// bias b[f·p + r] (b null: 0), before the GEMMs add their sums. grid (gpu_grid2): the (f, h)
+// rows along y, each one's nwin·p contiguous elements along x.
 // CPU twin: the memcpy of the bias in fma_P2M / fma_M2M_window.
-__global__ void init_rows(float *Xt, gfma_levels lv, int l, long c0, long nwin, long h0, long hn,
+__global__ void init_rows(float *Xt, gfma_levels lv, int l, int c0, int nwin, int h0, int hn,
                           const float *b) {
-  const long P = lv.p, per_f = hn * nwin * P;
-  const size_t total = (size_t)lv.d * per_f;
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long f = (long)(e / per_f), rem = (long)(e % per_f);
-    const long h = h0 + rem / (nwin * P), cr = rem % (nwin * P);
-    Xt[gfma_at(lv, l, f, h, c0 * P + cr)] = b ? b[f * P + cr % P] : 0.0f;
+  const int P = lv.p, n = nwin * P, rows = lv.d * hn;
+  for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+    const int f = row / hn, h = h0 + row % hn;
+    float *x = Xt + gfma_at(lv, l, f, h, (long)c0 * P);
+    for (int cr = blockIdx.x * blockDim.x + threadIdx.x; cr < n; cr += gridDim.x * blockDim.x)
+      x[cr] = b ? b[f * P + cr % P] : 0.0f;
   }
 }
 
 void set_rows(const gfma *g, float *Xt, int l, long c0, long nwin, long h0, long hn,
               const float *b) {
-  const size_t total = (size_t)(g->d * hn * nwin * g->p);
-  if (total == 0) return;
-  init_rows<<<grid_of(total), kThreads, 0, gpu_stream()>>>(Xt, g->lv, l, c0, nwin, h0, hn, b);
+  if (g->d * hn * nwin * g->p == 0) return;
+  init_rows<<<gpu_grid2(g->d * hn, nwin * g->p, kThreads), kThreads, 0, gpu_stream()>>>(
+      Xt, g->lv, l, gpu_int(c0, "window"), (int)nwin, (int)h0, (int)hn, b);
   LAUNCH_CHECK(init_rows);
 }
 
 // The causal q_down of fma_linear: a copy of one level's weights (d, p, span) in which tap t of
 // row r is 0 unless it lies in sub-segments ≤ r (m2m's M2M levels: child rows ≤ 2r + 1), or
 // (add) dst += the gradient src at the used taps only. grid-stride. CPU twin: query_tap_used
-// in params.c, through fma_weights_load / fma_weights_store_grad.
-__global__ void query_taps(float *dst, const float *src, long d, long P, long span, bool m2m,
+// in params.c, through fma_weights_load / fma_weights_store_grad. grid (gpu_grid2): the (f, r)
+// rows along y, their span taps along x.
+__global__ void query_taps(float *dst, const float *src, int d, int P, int span, bool m2m,
                            bool add) {
-  const size_t total = (size_t)(d * P * span);
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (size_t)gridDim.x * blockDim.x) {
-    const long t = (long)(e % span), r = (long)(e / span) % P;
-    const bool used = m2m ? t <= 2 * r + 1 : t < (r + 1) * (span / P);
-    if (add)
-      dst[e] += used ? src[e] : 0.0f;
-    else
-      dst[e] = used ? src[e] : 0.0f;
+  for (int row = blockIdx.y; row < d * P; row += gridDim.y) {
+    const int r = row % P;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < span; t += gridDim.x * blockDim.x) {
+      const size_t e = (size_t)row * span + t;
+      const bool used = m2m ? t <= 2 * r + 1 : t < (r + 1) * (span / P);
+      if (add)
+        dst[e] += used ? src[e] : 0.0f;
+      else
+        dst[e] = used ? src[e] : 0.0f;
+    }
   }
 }
 
 void masked_taps(float *dst, const float *src, const gfma *g, int l, bool add) {
   const long span = g->st->layout.span[l];
   const bool m2m = g->st->down == FMA_DOWN_M2M && l > 1;
-  query_taps<<<grid_of((size_t)(g->d * g->p * span)), kThreads, 0, gpu_stream()>>>(
-      dst, src, g->d, g->p, span, m2m, add);
+  query_taps<<<gpu_grid2(g->d * g->p, span, kThreads), kThreads, 0, gpu_stream()>>>(
+      dst, src, (int)g->d, (int)g->p, (int)span, m2m, add);
   LAUNCH_CHECK(query_taps);
 }
 
-// avg's fixed weights of one level: (p, w), row r the mean over sub-segment r. grid-stride.
-// CPU twin: the avg branch of fma_P2M (sums of x·(1/seg)).
-__global__ void avg_weights(float *w, long P, long win) {
-  const long seg = win / P;
-  for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < P * win;
-       e += (long)gridDim.x * blockDim.x)
-    w[e] = (e % win) / seg == e / win ? 1.0f / (float)seg : 0.0f;
+// avg's fixed weights of one level: (p, w), row r the mean over sub-segment r. grid
+// (gpu_grid2): rows along y, taps along x. CPU twin: the avg branch of fma_P2M (sums of
+// x·(1/seg)).
+__global__ void avg_weights(float *w, int P, int win) {
+  const int seg = win / P;
+  for (int r = blockIdx.y; r < P; r += gridDim.y)
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < win; t += gridDim.x * blockDim.x)
+      w[(size_t)r * win + t] = t / seg == r ? 1.0f / (float)seg : 0.0f;
 }
 
-__global__ void fill_ones(float *x, long n) {
-  for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
-       e += (long)gridDim.x * blockDim.x)
+__global__ void fill_ones(float *x, int n) {
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x)
     x[e] = 1.0f;
 }
 
@@ -267,8 +269,8 @@ void gfma_avg_build(gfma *g) {
   for (int l = 1; l <= g->L && g->st->down == FMA_DOWN_AVG; l++) {
     const long win = g->st->tree.window[l];
     g->avg_w[l] = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * g->p * win));
-    avg_weights<<<grid_of((size_t)(g->p * win)), kThreads, 0, gpu_stream()>>>(g->avg_w[l], g->p,
-                                                                              win);
+    avg_weights<<<gpu_grid2(g->p, win, kThreads), kThreads, 0, gpu_stream()>>>(
+        g->avg_w[l], (int)g->p, gpu_int(win, "window"));
     LAUNCH_CHECK(avg_weights);
   }
 }
@@ -341,7 +343,7 @@ void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt
   float *ones = nullptr;
   if (grads) {
     ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
-    fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, most);
+    fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, gpu_int(most, "rows"));
     LAUNCH_CHECK(fill_ones);
   }
   if (st->down == FMA_DOWN_M2M)  // coarse to fine: level l is complete before it is pushed down

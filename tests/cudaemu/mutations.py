@@ -209,7 +209,7 @@ MUTANTS = [
      "level_backward (fma_linear): the barrier before D = g·o is summed removed",
      "test_gpu_fma_linear_m2m", {}, 1, FMA),
     ("fma-gather-wrong-stream", "fma_evaluate.cu", "void launch_gather(",
-     "kThreads, 0, gpu_stream()>>>", "kThreads, 0, 0>>>",
+     "dim3(kRow, kGather), 0, gpu_stream()>>>", "dim3(kRow, kGather), 0, 0>>>",
      "launch_gather: the gather on the legacy default stream (deferred mode)",
      "test_gpu_fma_avg", {"CUDAEMU_DEFER": "1"}, 1, FMA),
     ("fma-let-unpack-off-by-one", "fma_let.cu", "void fetch(",
