@@ -21,7 +21,7 @@ extern "C" void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, 
   const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
   const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
   const int count = gpu_int(batch, "gemm batch");
-  gpu_count_gemm(M, N, K, batch, sA, sB, beta != 0.0f);
+  gpu_count_gemm(M, N, K, batch, sA ? batch : 1, sB ? batch : 1, beta != 0.0f);
   if (!gpu_bf16()) {
     if (batch == 1)
       CUBLAS_CHECK(
@@ -36,6 +36,54 @@ extern "C" void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, 
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       gpu_cublas(), opB, opA, m, n, k, &alpha, B, CUDA_R_32F, la, sB, A, CUDA_R_32F, lb, sA, &beta,
       C, CUDA_R_32F, lc, sC, count, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
+// The pointer table of gpu_gemm2: for product e = i·b2 + j, (B, A, C) + i·s1 + j·s2 as cuBLAS's
+// column-major call takes them (B first). 32-bit indices (gpu_int checks b1·b2).
+__global__ void gemm_pointers(float **table, const float *A, long sA1, long sA2, const float *B,
+                              long sB1, long sB2, float *C, long sC1, long sC2, int b1, int b2) {
+  const int n = b1 * b2;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+    const long i = e / b2, j = e % b2;
+    table[e] = const_cast<float *>(B + i * sB1 + j * sB2);  // cuBLAS only reads A and B
+    table[n + e] = const_cast<float *>(A + i * sA1 + j * sA2);
+    table[2 * n + e] = C + i * sC1 + j * sC2;
+  }
+}
+
+}  // namespace
+
+extern "C" void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha, const float *A,
+                          long lda, long sA1, long sA2, const float *B, long ldb, long sB1,
+                          long sB2, float beta, float *C, long ldc, long sC1, long sC2, long b1,
+                          long b2) {
+  if (b2 == 1 || b1 == 1) {
+    const bool inner = b1 == 1;
+    gpu_gemm(ta, tb, M, N, K, alpha, A, lda, inner ? sA2 : sA1, B, ldb, inner ? sB2 : sB1, beta, C,
+             ldc, inner ? sC2 : sC1, inner ? b2 : b1);
+    return;
+  }
+  if (M == 0 || N == 0 || b1 == 0 || b2 == 0) return;
+  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
+  const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
+  const int count = gpu_int(b1 * b2, "gemm batch");
+  gpu_count_gemm(M, N, K, count, (sA1 ? b1 : 1) * (sA2 ? b2 : 1), (sB1 ? b1 : 1) * (sB2 ? b2 : 1),
+                 beta != 0.0f);
+  auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * count));
+  const size_t blocks = gpu_blocks((size_t)count, 256);
+  gemm_pointers<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, gpu_stream()>>>(
+      table, A, sA1, sA2, B, sB1, sB2, C, sC1, sC2, (int)b1, (int)b2);
+  LAUNCH_CHECK(gemm_pointers);
+  const void *const *Bt = reinterpret_cast<const void *const *>(table);
+  CUBLAS_CHECK(cublasGemmBatchedEx(
+      gpu_cublas(), opB, opA, m, n, k, &alpha, Bt, CUDA_R_32F, la, Bt + count, CUDA_R_32F, lb,
+      &beta, reinterpret_cast<void *const *>(table) + 2 * count, CUDA_R_32F, lc, count,
+      gpu_bf16() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gpu_free(table);  // the pool reuses it in stream order, after the product
 }
 
 namespace {

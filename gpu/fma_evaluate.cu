@@ -207,26 +207,122 @@ long chunk_size(const gfma *g, size_t per_block) {
   return c < total_blocks(g) ? c : total_blocks(g);
 }
 
-// The near key block s of flattened query blocks [g0, g1), as segments of the key array: call(ga,
-// gb, koff) for blocks [ga, gb) whose key block lies in it, koff the float offset of ga's. One
-// segment when the heads' key rows follow one another as their queries do (no halo); otherwise
-// one per head. A key block outside the sequence is masked by the softmax whatever it holds.
+// Near key blocks b − 1 + s of query block b for the offsets s in [lo, hi] (lo > hi: none). A
+// block's near keys are its key blocks' rows one after the other, so that offsets together are
+// one product's columns.
+struct near_offsets {
+  int lo, hi;
+  bool none() const { return lo > hi; }
+};
+
+// The query blocks of flattened blocks [g0, g1) whose near key blocks of offsets o all lie in the
+// key array, less those whose key blocks of offsets skip1 (or skip2) all do, as segments of it:
+// call(ga, gb, koff, heads) for blocks [ga, gb) of `heads` consecutive heads (the next head's
+// blocks nbs further, its keys kstride rows further), koff the float offset of ga's key block of
+// offset o.lo. One segment per piece when the heads' key rows follow one another as their queries
+// do (no halo); otherwise the heads whose pieces are the same, together (the chunk's first and
+// last head may differ). A key block outside the sequence is masked by the softmax whatever it
+// holds.
 template <class F>
-void near_segments(const gfma *g, long g0, long g1, int s, long klo, long kstride, F call) {
-  const long m = g->m, d = g->d, nbs = g->nbs;
-  if (kstride == g->T && klo == g->st->t0) {
-    const long a = g0 > 1 - s ? g0 : 1 - s,
-               b = g1 < total_blocks(g) + 1 - s ? g1 : total_blocks(g) + 1 - s;
-    if (b > a) call(a, b, (a - 1 + s) * m * d);
+void near_segments(const gfma *g, long g0, long g1, near_offsets o, near_offsets skip1,
+                   near_offsets skip2, long klo, long kstride, F call) {
+  const long m = g->m, d = g->d, nbs = g->nbs, nt = total_blocks(g);
+  const bool flat = kstride == g->T && klo == g->st->t0;
+  // [*a, *b): the blocks of head h (flat: of the whole chunk) whose offsets w all lie in the
+  // keys, relative to the head's first block (flat: block 0). Offsets in an interval: the blocks
+  // of a wider one are an interval inside
+  auto range = [&](long h, near_offsets w, long *a, long *b) {
+    if (flat) {
+      *a = g0 > 1 - w.lo ? g0 : 1 - w.lo;
+      *b = g1 < nt + 1 - w.hi ? g1 : nt + 1 - w.hi;
+      return;
+    }
+    const long kmin = klo / m - g->b0 + 1 - w.lo, kmax = (klo + kstride) / m - g->b0 + 1 - w.hi;
+    *a = g0 - h * nbs > 0 ? g0 - h * nbs : 0;
+    *b = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
+    *a = *a > kmin ? *a : kmin;
+    *b = *b < kmax ? *b : kmax;
+  };
+  // head h's blocks for o less those for skip1 and skip2: at most three pieces
+  struct pieces {
+    long a[3], b[3];
+    bool operator==(const pieces &x) const {
+      for (int i = 0; i < 3; i++)
+        if (a[i] != x.a[i] || b[i] != x.b[i]) return false;
+      return true;
+    }
+  };
+  auto pieces_of = [&](long h) {
+    pieces p = {};
+    long a, b;
+    range(h, o, &a, &b);
+    p.a[0] = a, p.b[0] = b;
+    int n = 1;
+    for (const near_offsets &sk : {skip1, skip2}) {
+      if (sk.none()) continue;
+      long sa, sb;
+      range(h, sk, &sa, &sb);
+      if (sb <= sa) continue;
+      int k = 0;
+      pieces q = {};
+      for (int i = 0; i < n; i++) {  // piece i less [sa, sb)
+        if (p.b[i] <= p.a[i]) continue;
+        if (sa > p.a[i]) q.a[k] = p.a[i], q.b[k++] = sa < p.b[i] ? sa : p.b[i];
+        if (sb < p.b[i]) q.a[k] = sb > p.a[i] ? sb : p.a[i], q.b[k++] = p.b[i];
+      }
+      p = q;
+      n = k;
+    }
+    return p;
+  };
+  auto emit = [&](long h, const pieces &p, long heads) {
+    for (int i = 0; i < 3; i++) {
+      if (p.b[i] <= p.a[i]) continue;
+      const long base = flat ? 0 : h * nbs, ga = base + p.a[i];
+      const long koff = flat ? (ga - 1 + o.lo) * m * d
+                             : (h * kstride + (g->b0 + p.a[i] - 1 + o.lo) * m - klo) * d;
+      call(ga, base + p.b[i], koff, heads);
+    }
+  };
+  if (flat) {
+    emit(0, pieces_of(0), 1);
     return;
   }
-  const long kmin = klo / m - g->b0 + 1 - s, kmax = (klo + kstride) / m - g->b0 + 1 - s;
-  for (long h = g0 / nbs; h * nbs < g1; h++) {
-    long a = g0 - h * nbs > 0 ? g0 - h * nbs : 0, b = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
-    a = a > kmin ? a : kmin;
-    b = b < kmax ? b : kmax;
-    if (b > a) call(h * nbs + a, h * nbs + b, (h * kstride + (g->b0 + a - 1 + s) * m - klo) * d);
+  for (long h = g0 / nbs, n; h * nbs < g1; h += n) {
+    const pieces p = pieces_of(h);
+    for (n = 1; (h + n) * nbs < g1 && pieces_of(h + n) == p; n++) {
+    }
+    emit(h, p, n);
   }
+}
+
+// The near field's products over query blocks [g0, g1), one per set of blocks that read the same
+// near key blocks: call(ga, gb, koff, heads, column, keys) with the key rows of offsets [lo, hi]
+// at koff (keys = (hi − lo + 1)·m of them), the score columns from column = lo·m. Away from the
+// edges of the sequence and of the keys that is one product over every offset; a block at an
+// edge joins those that read what it reads.
+template <class F>
+void near_products(const gfma *g, long g0, long g1, long klo, long kstride, F call) {
+  const int ns = g->ns;
+  const near_offsets none = {1, 0};
+  for (int lo = 0; lo < ns; lo++)
+    for (int hi = ns - 1; hi >= lo; hi--) {
+      // the blocks whose offsets in the keys are exactly [lo, hi]
+      const near_offsets left = lo > 0 ? near_offsets{lo - 1, hi} : none,
+                         right = hi < ns - 1 ? near_offsets{lo, hi + 1} : none;
+      near_segments(g, g0, g1, near_offsets{lo, hi}, left, right, klo, kstride,
+                    [&](long ga, long gb, long ko, long heads) {
+                      call(ga, gb, ko, heads, lo * g->m, (hi - lo + 1) * g->m);
+                    });
+    }
+}
+
+// Offset s alone over every block whose key block s lies in the keys (products whose outputs are
+// the key blocks: blocks b and b + 1 of one product would write the same rows together).
+template <class F>
+void near_each(const gfma *g, long g0, long g1, int s, long klo, long kstride, F call) {
+  const near_offsets none = {1, 0};
+  near_segments(g, g0, g1, near_offsets{s, s}, none, none, klo, kstride, call);
 }
 
 // The inputs of one chunk's evaluation.
@@ -242,11 +338,14 @@ struct chunk {
 void scores(const gfma *g, const chunk &c) {
   const long m = g->m, d = g->d, ld = c.ld;
   const float scale = 1.0f / sqrtf((float)d);
-  for (int s = 0; s < g->ns; s++)
-    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
-      gpu_gemm(false, true, m, m, d, scale, c.q + ga * m * d, d, m * d, c.k + ko, d, m * d, 0.0f,
-               c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld, gb - ga);
-    });
+  const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
+  // one product per block over the columns of every near key block it reads (key block b − 1 + s
+  // at column s·m of its scores)
+  auto near = [&](long ga, long gb, long ko, long heads, long col, long keys) {
+    gpu_gemm2(false, true, m, keys, d, scale, c.q + ga * m * d, d, m * d, hq, c.k + ko, d, m * d,
+              hk, 0.0f, c.S + (ga - c.g0) * m * ld + col, ld, m * ld, hs, gb - ga, heads);
+  };
+  near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
   if (g->nfmax)
     gpu_gemm(false, true, m, g->nfmax, d, scale, c.q + c.g0 * m * d, d, m * d, c.Kf, d,
              g->nfmax * d, 0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
@@ -256,11 +355,12 @@ void scores(const gfma *g, const chunk &c) {
 void values(const gfma *g, const chunk &c, float *o) {
   const long m = g->m, d = g->d, ld = c.ld;
   gpu_memset0(o, sizeof(float) * (size_t)((c.g1 - c.g0) * m * d));
-  for (int s = 0; s < g->ns; s++)
-    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
-      gpu_gemm(false, false, m, d, m, 1.0f, c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld,
-               c.v + ko, d, m * d, 1.0f, o + (ga - c.g0) * m * d, d, m * d, gb - ga);
-    });
+  const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
+  auto near = [&](long ga, long gb, long ko, long heads, long col, long keys) {
+    gpu_gemm2(false, false, m, d, keys, 1.0f, c.S + (ga - c.g0) * m * ld + col, ld, m * ld, hs,
+              c.v + ko, d, m * d, hk, 1.0f, o + (ga - c.g0) * m * d, d, m * d, hq, gb - ga, heads);
+  };
+  near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
   if (g->nfmax)
     gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d, g->nfmax * d,
              1.0f, o, d, m * d, c.g1 - c.g0);
@@ -347,13 +447,17 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
     launch_rowdot(w.D, dout0, w.o, nc * m, d);
     D = w.D;
   }
+  const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
+  // dP of the near columns, offsets together where they can be; dv key block by key block
+  auto near_dP = [&](long ga, long gb, long ko, long heads, long col, long keys) {
+    gpu_gemm2(false, true, m, keys, d, 1.0f, dout + ga * m * d, d, m * d, hq, c.v + ko, d, m * d,
+              hk, 0.0f, w.dP + (ga - c.g0) * m * ld + col, ld, m * ld, hs, gb - ga, heads);
+  };
+  near_products(g, c.g0, c.g1, c.klo, c.kstride, near_dP);
   for (int s = 0; s < g->ns; s++)
-    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
-      const long o = (ga - c.g0) * m * ld + s * m, b = gb - ga;
-      gpu_gemm(false, true, m, m, d, 1.0f, dout + ga * m * d, d, m * d, c.v + ko, d, m * d, 0.0f,
-               w.dP + o, ld, m * ld, b);
-      gpu_gemm(true, false, m, d, m, 1.0f, c.S + o, ld, m * ld, dout + ga * m * d, d, m * d, 1.0f,
-               dv + ko, d, m * d, b);
+    near_each(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko, long heads) {
+      gpu_gemm2(true, false, m, d, m, 1.0f, c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld, hs,
+                dout + ga * m * d, d, m * d, hq, 1.0f, dv + ko, d, m * d, hk, gb - ga, heads);
     });
   if (nf) {
     gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m,
@@ -363,13 +467,16 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   }
   softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(softmax_backward);
+  // dq from every near key block together where it can be; dk key block by key block
+  auto near_dq = [&](long ga, long gb, long ko, long heads, long col, long keys) {
+    gpu_gemm2(false, false, m, d, keys, scale, w.dP + (ga - c.g0) * m * ld + col, ld, m * ld, hs,
+              c.k + ko, d, m * d, hk, 1.0f, dq + ga * m * d, d, m * d, hq, gb - ga, heads);
+  };
+  near_products(g, c.g0, c.g1, c.klo, c.kstride, near_dq);
   for (int s = 0; s < g->ns; s++)
-    near_segments(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko) {
-      const long o = (ga - c.g0) * m * ld + s * m, b = gb - ga;
-      gpu_gemm(false, false, m, d, m, scale, w.dP + o, ld, m * ld, c.k + ko, d, m * d, 1.0f,
-               dq + ga * m * d, d, m * d, b);
-      gpu_gemm(true, false, m, d, m, scale, w.dP + o, ld, m * ld, c.q + ga * m * d, d, m * d, 1.0f,
-               dk + ko, d, m * d, b);
+    near_each(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko, long heads) {
+      gpu_gemm2(true, false, m, d, m, scale, w.dP + (ga - c.g0) * m * ld + s * m, ld, m * ld, hs,
+                c.q + ga * m * d, d, m * d, hq, 1.0f, dk + ko, d, m * d, hk, gb - ga, heads);
     });
   if (nf) {
     gpu_gemm(false, false, m, d, nf, scale, w.dP + g->ns * m, ld, m * ld, c.Kf, d, nf * d, 1.0f,

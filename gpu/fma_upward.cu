@@ -114,19 +114,19 @@ __global__ void fill_ones(float *x, int n) {
     x[e] = 1.0f;
 }
 
-// The rows (h, c) of a level, h < BH, c < nwin, of two operands at h·hs + c·cs: one GEMM when
-// they fold into one index with one stride per operand (one window per head: the head stride;
-// every window of the level here: the window stride), else one per head. call(offset1, offset2,
-// rows, stride1, stride2).
+// The rows (h, c) of a level, h < BH, c < nwin, of two operands at h·hs + c·cs, as the GEMMs
+// take them: one index of rows when they fold into one with one stride per operand (one window
+// per head: the head stride; every window of the level here: the window stride), else rows c
+// batched over the heads (under sequence parallelism a slab's windows are not all of a level's).
+// call(offset1, offset2, rows, stride1, stride2, heads, head stride1, head stride2).
 template <class F>
 void for_rows(long BH, long nwin, long hs1, long cs1, long hs2, long cs2, F call) {
-  if (nwin == 1) {
-    call(0, 0, BH, hs1, hs2);
-  } else if (hs1 == nwin * cs1 && hs2 == nwin * cs2) {
-    call(0, 0, BH * nwin, cs1, cs2);
-  } else {
-    for (long h = 0; h < BH; h++) call(h * hs1, h * hs2, nwin, cs1, cs2);
-  }
+  if (nwin == 1)
+    call(0, 0, BH, hs1, hs2, 1, 0, 0);
+  else if (hs1 == nwin * cs1 && hs2 == nwin * cs2)
+    call(0, 0, BH * nwin, cs1, cs2, 1, 0, 0);
+  else
+    call(0, 0, nwin, cs1, cs2, BH, hs1, hs2);
 }
 
 // Taps [*a, *b) of window c of level l in this slab, and whether its bias is added here: the
@@ -160,10 +160,12 @@ void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w
   set_rows(g, Xt, l, c0, nwin, h0, hn, bias ? w->b[l] : nullptr);
   const float *x0 = xt + (c0 * win + a - st->t0);
   float *y0 = Xt + gfma_at(g->lv, l, 0, h0, c0 * P);
-  for_rows(hn, nwin, T, win, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
-    gpu_gemm(false, true, M, P, b - a, 1.0f, x0 + ox, ldx, hn * T, w->w[l] + a, st->layout.span[l],
-             w->stride[l], 1.0f, y0 + oy, ldy, g->BH * nr, g->d);
-  });
+  for_rows(hn, nwin, T, win, nr, P,
+           [&](long ox, long oy, long M, long ldx, long ldy, long heads, long hx, long hy) {
+             gpu_gemm2(false, true, M, P, b - a, 1.0f, x0 + ox, ldx, hn * T, hx, w->w[l] + a,
+                       st->layout.span[l], w->stride[l], 0, 1.0f, y0 + oy, ldy, g->BH * nr, hy,
+                       g->d, heads);
+           });
 }
 
 // M2M of level l, parents [c0, c1): Xt rows = bias + children·Tᵀ per channel (fma_M2M_window).
@@ -172,10 +174,11 @@ void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *
   set_rows(g, Xt, l, c0, nwin, 0, g->BH, w->b[l]);
   const float *x0 = Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
   float *y0 = Xt + gfma_at(g->lv, l, 0, 0, c0 * P);
-  for_rows(g->BH, nwin, nc, 2 * P, nr, P, [&](long ox, long oy, long M, long ldx, long ldy) {
-    gpu_gemm(false, true, M, P, 2 * P, 1.0f, x0 + ox, ldx, g->BH * nc, w->w[l], 2 * P, w->stride[l],
-             1.0f, y0 + oy, ldy, g->BH * nr, g->d);
-  });
+  for_rows(g->BH, nwin, nc, 2 * P, nr, P,
+           [&](long ox, long oy, long M, long ldx, long ldy, long heads, long hx, long hy) {
+             gpu_gemm2(false, true, M, P, 2 * P, 1.0f, x0 + ox, ldx, g->BH * nc, hx, w->w[l], 2 * P,
+                       w->stride[l], 0, 1.0f, y0 + oy, ldy, g->BH * nr, hy, g->d, heads);
+           });
 }
 
 // The transpose of m2m for parents [c0, c1): children += dparent·T per channel
@@ -184,10 +187,11 @@ void m2m_backward(const gfma *g, int l, long c0, long c1, float *dXt, const gfma
   const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   const float *y0 = dXt + gfma_at(g->lv, l, 0, 0, c0 * P);
   float *x0 = dXt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
-  for_rows(g->BH, nwin, nr, P, nc, 2 * P, [&](long oy, long ox, long M, long ldy, long ldx) {
-    gpu_gemm(false, false, M, 2 * P, P, 1.0f, y0 + oy, ldy, g->BH * nr, w->w[l], 2 * P,
-             w->stride[l], 1.0f, x0 + ox, ldx, g->BH * nc, g->d);
-  });
+  for_rows(g->BH, nwin, nr, P, nc, 2 * P,
+           [&](long oy, long ox, long M, long ldy, long ldx, long heads, long hy, long hx) {
+             gpu_gemm2(false, false, M, 2 * P, P, 1.0f, y0 + oy, ldy, g->BH * nr, hy, w->w[l],
+                       2 * P, w->stride[l], 0, 1.0f, x0 + ox, ldx, g->BH * nc, hx, g->d, heads);
+           });
 }
 
 // Where level l's weight gradient of set `set` accumulates: dparams' tensor, or for the causal
@@ -207,22 +211,60 @@ void grad_end(const gfma *g, enum fma_set set, int l, float *dparams, float *dW)
   gpu_free(dW);
 }
 
-// dW (p, span) += per channel Σ over the rows (h, c) of dY(h, c)ᵀ·X(h, c) for taps [a, a + N),
-// and db += Σ dY(h, c) (when bias): the GEMM sums heads and windows in its k dimension. The rows
-// of dY at dy + h·hy + c·cy (level stride sy), of X at x + h·hx + c·cx (stride sx).
+// The rows (h, c), h < heads, c < nwin, of one operand of every channel f: at p + f·fs + h·hs +
+// c·cs, len floats each.
 struct rows_of {
   const float *p;
   long hs, cs, fs;
 };
+
+// grid (gpu_grid2): rows (f, h, c) along y, their len floats along x: dst (d, heads·nwin, len) =
+// the rows of src. 32-bit indices.
+__global__ void gather_rows(float *dst, const float *src, int d, int heads, int nwin, int len,
+                            long fs, long hs, long cs) {
+  for (int row = blockIdx.y; row < d * heads * nwin; row += gridDim.y) {
+    const int f = row / (heads * nwin), h = row / nwin % heads, c = row % nwin;
+    const float *s = src + f * fs + h * hs + c * cs;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x)
+      dst[(size_t)row * len + i] = s[i];
+  }
+}
+
+// The rows of r as one index k = h·nwin + c of stride *ld (channel stride *fs): r itself when its
+// rows fold so, else a gathered copy in *scratch (the caller frees it).
+const float *fold_rows(const gfma *g, rows_of r, long heads, long nwin, long len, long *ld,
+                       long *fs, float **scratch) {
+  *scratch = nullptr;
+  *fs = r.fs;
+  if (nwin == 1 || r.hs == nwin * r.cs) {
+    *ld = nwin == 1 ? r.hs : r.cs;
+    return r.p;
+  }
+  const long rows = g->d * heads * nwin;
+  *scratch = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * rows * len));
+  gather_rows<<<gpu_grid2(rows, len, kThreads), kThreads, 0, gpu_stream()>>>(
+      *scratch, r.p, (int)g->d, (int)heads, (int)nwin, (int)len, r.fs, r.hs, r.cs);
+  LAUNCH_CHECK(gather_rows);
+  *ld = len;
+  *fs = heads * nwin * len;
+  return *scratch;
+}
+
+// dW (p, span) += per channel Σ over the rows (h, c) of dY(h, c)ᵀ·X(h, c) for taps [a, a + N),
+// and db += Σ dY(h, c) (when bias): one GEMM per term sums heads and windows in its k dimension,
+// over copies of the rows that do not fold into one index (under sequence parallelism a slab's
+// windows are not all of a level's: summaries, few).
 void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, long N, float *dW,
                  long span, float *db, const float *ones) {
-  const long P = g->p;
-  for_rows(heads, nwin, dy.hs, dy.cs, x.hs, x.cs, [&](long oy, long ox, long K, long ly, long lx) {
-    gpu_gemm(true, false, P, N, K, 1.0f, dy.p + oy, ly, dy.fs, x.p + ox, lx, x.fs, 1.0f, dW, span,
-             P * span, g->d);
-    if (db)
-      gpu_gemm(true, false, P, 1, K, 1.0f, dy.p + oy, ly, dy.fs, ones, 1, 0, 1.0f, db, 1, P, g->d);
-  });
+  const long P = g->p, K = heads * nwin;
+  long ly, sy, lx, sx;
+  float *cy, *cx;
+  const float *Y = fold_rows(g, dy, heads, nwin, P, &ly, &sy, &cy);
+  const float *X = fold_rows(g, x, heads, nwin, N, &lx, &sx, &cx);
+  gpu_gemm(true, false, P, N, K, 1.0f, Y, ly, sy, X, lx, sx, 1.0f, dW, span, P * span, g->d);
+  if (db) gpu_gemm(true, false, P, 1, K, 1.0f, Y, ly, sy, ones, 1, 0, 1.0f, db, 1, P, g->d);
+  gpu_free(cy);
+  gpu_free(cx);
 }
 
 // The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) += dXt·W per channel; with
@@ -240,10 +282,11 @@ void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const floa
   const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
   const long span = st->layout.span[l], off = c0 * win + a - st->t0;
   const float *y0 = dXt + gfma_at(g->lv, l, 0, h0, c0 * P);
-  for_rows(hn, nwin, nr, P, T, win, [&](long oy, long ox, long M, long ly, long lx) {
-    gpu_gemm(false, false, M, b - a, P, 1.0f, y0 + oy, ly, g->BH * nr, w->w[l] + a, span,
-             w->stride[l], 1.0f, dxt + off + ox, lx, hn * T, g->d);
-  });
+  for_rows(hn, nwin, nr, P, T, win,
+           [&](long oy, long ox, long M, long ly, long lx, long heads, long hy, long hx) {
+             gpu_gemm2(false, false, M, b - a, P, 1.0f, y0 + oy, ly, g->BH * nr, hy, w->w[l] + a,
+                       span, w->stride[l], 0, 1.0f, dxt + off + ox, lx, hn * T, hx, g->d, heads);
+           });
   if (!dparams || st->down == FMA_DOWN_AVG) return;
   float *dW = grad_begin(g, set, l, dparams);
   param_grads(g, hn, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, hn * T}, b - a,

@@ -30,8 +30,9 @@ void gpu_counts_reset(void);
 void gpu_counts_read(struct device_counts *out);
 /* Called by the back end: one of its kernels launched; a product. */
 void gpu_count_launch(void);
-/* (a strided batch's operand of stride 0 is one matrix every product reads: counted once) */
-void gpu_count_gemm(long M, long N, long K, long batch, long sA, long sB, bool reads_c);
+/* batch products reading nA distinct A matrices and nB distinct B matrices (an operand of
+ * stride 0 is one matrix every product reads: counted once) */
+void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool reads_c);
 /* Called by the pool (memory.cu): a cudaMalloc, and the pool's bytes in use and cached now. */
 void gpu_count_malloc(void);
 void gpu_count_pool(size_t live_bytes, size_t cached_bytes);
@@ -103,6 +104,13 @@ void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, const float
  * operands, fp32 or bf16 tensor-core math (fp32 accumulation), sized up from 1024 until one takes
  * 20 ms (at most 16384), then repeated until a second of them is timed: the median. */
 double gpu_gemm_gflops(bool bf16);
+/* gpu_gemm batched over two indices: product (i, j), i < b1, j < b2, reads A + i·sA1 + j·sA2
+ * and B likewise and writes C + i·sC1 + j·sC2 (a stride may be 0 for A and B; C's pairs must
+ * differ). One cuBLAS call over a device table of the products' pointers (one kernel builds it)
+ * where gpu_gemm would take b2 calls of b1; gpu_gemm's own call when b1 or b2 is 1. */
+void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
+               long sA1, long sA2, const float *B, long ldb, long sB1, long sB2, float beta,
+               float *C, long ldc, long sC1, long sC2, long b1, long b2);
 
 /* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */
 

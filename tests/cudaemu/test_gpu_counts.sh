@@ -103,4 +103,23 @@ for k in a:
     assert abs(ratio - 66.9 / 989.4) < 1e-9, (k, ratio)
     assert b[k]["bytes_ms"] == a[k]["bytes_ms"] and b[k]["bound_ms"] <= a[k]["bound_ms"], (k, a[k], b[k])
 PY
+# issue 27 §4: sequence parallelism multiplies no products. A training step of fma on S = 2 ranks
+# issues at most 1.2x the GEMMs per rank of S = 1 (the upward pass's and the near field's per-head
+# products batched over the heads, the weight gradients over gathered summary rows)
+seqbench() {
+  name=$1 S=$2
+  "$MPI_RUN" "$S" env CUDAEMU_DEVICES="$S" "$G" "$DECK" --set run.mode=bench --set run.name="$name" \
+    --set bench.what=train --set bench.n_list=512 --set bench.repeats=1 --set bench.batch=2 \
+    --set parallel.device=gpu --set parallel.seq_ranks="$S" --set attention.variant=fma \
+    --set model.context=512 --set model.dim=64 --set model.heads=4 > "$name.log" 2>&1
+}
+check "fma trains in bench on S = 1" seqbench s1 1
+check "fma trains in bench on S = 2 ranks (2 emulated devices)" seqbench s2 2
+check "S = 2: GEMMs per rank and step at most 1.2x those of S = 1" py - <<'PY'
+import h5py
+a, b = (h5py.File(f"out/{r}/bench.h5", "r")["gpu"] for r in ("s1", "s2"))
+assert list(b["seq_ranks"][()]) == [2], b["seq_ranks"][()]
+g1, g2 = a["gemm_calls"][()][0], b["gemm_calls"][()][0]
+assert 0 < g2 <= 1.2 * g1, (g1, g2)
+PY
 tap_done
