@@ -1,11 +1,17 @@
-// Device memory of the CUDA back end, the twin of src/memory.c: a pool of blocks by size class, so
-// that a step's workspace is reused and cudaMalloc/cudaFree (which synchronises the device) run
-// only while the pool grows; every block in use is counted by label in memory.c. FMATTN_GPU_POOL=0
-// gives every free back to the driver at once (for memory checkers). Also the copies and the row
+// Device memory of the CUDA back end, the twin of src/memory.c: a pool, so that a step's
+// workspace is reused and cudaMalloc/cudaFree (which synchronises the device) run only while the
+// pool grows; every block in use is counted by label in memory.c. Small blocks (up to 1 MiB) are
+// kept by size class; large ones are cut from segments (what cudaMalloc gave), best fit, split
+// when the rest is worth keeping and merged with free neighbours when freed, so that memory freed
+// by one phase of a step serves another phase's requests of other sizes. FMATTN_GPU_POOL=0 gives
+// every free back to the driver at once (for memory checkers). Also the copies and the row
 // packing that exchanges do on device memory.
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "check.h"
 #include "gpu.h"
@@ -17,10 +23,60 @@ struct Block {
   enum mem_label label;
 };
 
-std::unordered_map<void *, Block> live;  // blocks in use
-std::multimap<size_t, void *> cached;    // free blocks of the pool, by size
-size_t cached_bytes = 0, live_bytes = 0;
-int pool_on = -1;  // −1: not read yet
+std::unordered_map<void *, Block> live;   // blocks in use
+std::multimap<size_t, void *> cached;     // free small blocks of the pool, by size
+size_t cached_bytes = 0, live_bytes = 0;  // free in the pool (small blocks and segments), in use
+int pool_on = -1;                         // −1: not read yet
+
+constexpr size_t kSmallMax = size_t(1) << 20;  // larger: cut from segments
+constexpr size_t kSplitMin = size_t(1) << 20;  // a rest this large becomes a free block of its own
+
+// A large block: a piece of a segment, the pieces of a segment in address order.
+struct Piece {
+  char *p;
+  size_t bytes;
+  bool used;
+  Piece *prev, *next;  // neighbours in the segment, or null
+};
+std::unordered_map<void *, Piece *> pieces;      // every large block, by address
+std::set<std::pair<size_t, char *>> free_large;  // the free ones, by (size, address): best fit
+
+// A free piece of at least sz bytes, split to sz when the rest is large enough; null if none.
+Piece *take_large(size_t sz) {
+  auto it = free_large.lower_bound({sz, nullptr});
+  if (it == free_large.end()) return nullptr;
+  Piece *b = pieces.at(it->second);
+  free_large.erase(it);
+  if (b->bytes - sz >= kSplitMin) {
+    Piece *rest = new Piece{b->p + sz, b->bytes - sz, false, b, b->next};
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->bytes = sz;
+    pieces[rest->p] = rest;
+    free_large.insert({rest->bytes, rest->p});
+  }
+  b->used = true;
+  cached_bytes -= b->bytes;
+  return b;
+}
+
+// The piece freed, merged with its free neighbours.
+void give_large(Piece *b) {
+  b->used = false;
+  cached_bytes += b->bytes;
+  for (Piece *n : {b->next, b->prev}) {
+    if (!n || n->used) continue;
+    free_large.erase({n->bytes, n->p});
+    Piece *lo = n == b->next ? b : n, *hi = n == b->next ? n : b;
+    lo->bytes += hi->bytes;
+    lo->next = hi->next;
+    if (hi->next) hi->next->prev = lo;
+    pieces.erase(hi->p);
+    delete hi;
+    b = lo;
+  }
+  free_large.insert({b->bytes, b->p});
+}
 
 bool pooling() {
   if (pool_on < 0) {
@@ -67,13 +123,17 @@ void rows(float *dst, size_t ds, const float *src, size_t ss, size_t nrows, size
 
 extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
   // without the pool, exactly what was asked: a memory checker then sees the first byte past it
-  const size_t sz = pooling() ? size_class(bytes) : (bytes ? bytes : 1);
+  size_t sz = pooling() ? size_class(bytes) : (bytes ? bytes : 1);
   void *p = nullptr;
-  auto it = cached.find(sz);
+  auto it = pooling() && sz <= kSmallMax ? cached.find(sz) : cached.end();
+  Piece *piece = pooling() && sz > kSmallMax ? take_large(sz) : nullptr;
   if (it != cached.end()) {
     p = it->second;
     cached.erase(it);
     cached_bytes -= sz;
+  } else if (piece) {
+    p = piece->p;
+    sz = piece->bytes;  // a rest too small to keep stays with it
   } else {
     gpu_count_malloc();
     if (cudaMalloc(&p, sz) != cudaSuccess) {
@@ -89,6 +149,10 @@ extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
                  "model.context, or set train.recompute = true",
                  bytes, mem_label_name(label), in_use);
       }
+    }
+    if (pooling() && sz > kSmallMax) {  // a new segment, in use whole
+      Piece *b = new Piece{static_cast<char *>(p), sz, true, nullptr, nullptr};
+      pieces[p] = b;
     }
   }
   live[p] = Block{sz, label};
@@ -113,7 +177,10 @@ extern "C" void gpu_free(void *dev) {
   live.erase(it);
   live_bytes -= b.bytes;
   mem_device_account(b.label, -(long long)b.bytes);
-  if (pooling()) {  // work queued on the stream finishes before the block's next use is queued
+  // work queued on the stream finishes before the block's next use is queued
+  if (pooling() && b.bytes > kSmallMax) {
+    give_large(pieces.at(dev));
+  } else if (pooling()) {
     cached.emplace(b.bytes, dev);
     cached_bytes += b.bytes;
   } else {
@@ -123,11 +190,24 @@ extern "C" void gpu_free(void *dev) {
 }
 
 extern "C" void gpu_release_cache(void) {
-  if (cached.empty()) return;
+  // the segments wholly free (one free piece: no neighbour), and the small blocks
+  std::vector<Piece *> whole;
+  for (const auto &f : free_large) {
+    Piece *b = pieces.at(f.second);
+    if (!b->prev && !b->next) whole.push_back(b);
+  }
+  if (cached.empty() && whole.empty()) return;
   CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
   for (auto &c : cached) CUDA_CHECK(cudaFree(c.second));
   cached.clear();
   cached_bytes = 0;
+  for (Piece *b : whole) {
+    free_large.erase({b->bytes, b->p});
+    pieces.erase(b->p);
+    CUDA_CHECK(cudaFree(b->p));
+    delete b;
+  }
+  for (const auto &f : free_large) cached_bytes += f.first;
   gpu_count_pool(live_bytes, cached_bytes);
 }
 

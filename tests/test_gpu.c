@@ -320,8 +320,9 @@ static void test_gpu_heads(void **state) {
   free_both(all, gall, 5);
 }
 
-/* The pool: a freed block serves the next request of its size class without the driver, every
- * block in use is counted by label, and the row packing of exchanges copies and adds. */
+/* The pool: a freed block serves the next request of its size class without the driver (large
+ * ones split and merged), every block in use is counted by label, and the row packing of
+ * exchanges copies and adds. */
 static void test_gpu_memory(void **state) {
   gpu_release_cache(); /* an empty pool: the next free block of a class is the one freed below */
   const size_t before = mem_device_current(MEM_COMM);
@@ -333,6 +334,22 @@ static void test_gpu_memory(void **state) {
   if (getenv("FMATTN_GPU_POOL") == NULL || getenv("FMATTN_GPU_POOL")[0] != '0')
     assert_ptr_equal(a, b); /* the same class: the pool's block again */
   gpu_free(b);
+  if (getenv("FMATTN_GPU_POOL") == NULL || getenv("FMATTN_GPU_POOL")[0] != '0') {
+    /* large blocks are cut from segments: a freed 8 MiB block serves 3 MiB and 5 MiB from its own
+     * memory (split), and the two, freed, serve 8 MiB again (merged) */
+    gpu_release_cache();
+    char *big = gpu_alloc(MEM_COMM, 8u << 20);
+    gpu_free(big);
+    char *x3 = gpu_alloc(MEM_COMM, 3u << 20), *x5 = gpu_alloc(MEM_COMM, 5u << 20);
+    assert_ptr_equal(x3, big);
+    assert_ptr_equal(x5, big + (3u << 20));
+    gpu_free(x5);
+    gpu_free(x3);
+    char *again = gpu_alloc(MEM_COMM, (8u << 20) - 100);
+    assert_ptr_equal(again, big);
+    gpu_free(again);
+    gpu_release_cache();
+  }
   float *z = gpu_alloc_zero(MEM_COMM, 77 * sizeof(float)), zh[77];
   gpu_download(zh, z, sizeof zh);
   for (int i = 0; i < 77; i++) assert_true(zh[i] == 0.0f);
