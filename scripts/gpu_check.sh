@@ -1,8 +1,12 @@
 #!/bin/sh
 # The one command to run on a GPU node (docs/gpu.md): build fmattn --with-cuda in a scratch copy
-# of this checkout, run the GPU tests natively, time inputs/bench_gpu.in (fma and full attention
-# n = 4K ... 1M, the enwik8 model's step, a 1M-token fma step) and PyTorch's SDPA, and write
-# docs/gpu/<device>.csv. Usage, from the repository root: sh scripts/gpu_check.sh [--quick]
+# of this checkout, run the GPU tests natively and under compute-sanitizer (memcheck with the pool
+# off, racecheck, synccheck, initcheck; where it is installed), time inputs/bench_gpu.in (fma and
+# full attention n = 4K ... 1M in bf16, fma in fp32, the enwik8 model's step, a 1M-token fma step)
+# with the clocks logged beside each run, per-kernel times of fma at 128K (nsys, where it is
+# installed), PyTorch's SDPA with each backend pinned, and write docs/gpu/<device>.csv and the
+# roofline bound beside the measured times (<device>-roofline.txt). Usage, from the repository
+# root: sh scripts/gpu_check.sh [--quick]
 set -eu
 
 me=gpu_check.sh
@@ -29,6 +33,15 @@ python_with() {
 H5_PYTHON=$(python_with 'import h5py, numpy') || die "no python3 with h5py and numpy (set PYTHON)"
 mkdir -p "$WORK" "$OUT_DIR"
 WORK=$(cd "$WORK" && pwd)
+# the device's clocks, power and temperature now, one CSV row tagged $1 (a GEMM rate or an MFU
+# means little without them: a throttled clock is a slower device)
+clocks() {
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu \
+    --format=csv,noheader | sed "s/^/$1, /" >> "$WORK/clocks.csv"
+}
+rm -f "$WORK/clocks.csv"
+command -v nvidia-smi >/dev/null 2>&1 || say "no nvidia-smi: clocks not logged"
 
 # ---- build (skipped when FMATTN names a program already built with a GPU back end) -------------
 if [ -z "$FMATTN" ]; then
@@ -56,6 +69,23 @@ if [ -z "$FMATTN" ]; then
       die "tests/test_gpu_model on 2 ranks failed: $WORK/test_gpu_model_2.tap"
     say "tests/test_gpu_model on 2 GPUs (NCCL): passed"
   fi
+  # ---- compute-sanitizer: memcheck without the pool (every block exactly its size), then the
+  # race, synchronisation and initialisation checkers; their error counts in sanitizer.txt ----
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    : > "$WORK/sanitizer.txt"
+    for tool in memcheck racecheck synccheck initcheck; do
+      for t in test_gpu test_gpu_fma; do
+        say "compute-sanitizer --tool $tool tests/$t"
+        env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
+          "$WORK/tree/tests/$t" > "$WORK/sanitizer_${tool}_$t.log" 2>&1 || true
+        summary=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$WORK/sanitizer_${tool}_$t.log" | tail -n 1)
+        echo "$tool $t: ${summary:-no summary (see sanitizer_${tool}_$t.log)}" >> "$WORK/sanitizer.txt"
+      done
+    done
+    sed "s/^/$me:   /" "$WORK/sanitizer.txt"
+  else
+    say "no compute-sanitizer on PATH: the sanitizer runs are skipped"
+  fi
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------------------
@@ -70,12 +100,15 @@ bench() { # name, then --set arguments
   name=$1
   shift
   say "bench $name"
+  clocks "before $name"
   # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
   "$FMATTN" inputs/bench_gpu.in --set run.name="$name" --set output.dir="$WORK/runs" \
     --set bench.repeats=$REPEATS $small "$@" $EXTRA > "$WORK/$name.log" 2>&1 ||
     die "fmattn bench $name failed: $WORK/$name.log"
+  clocks "after $name"
 }
 bench attention --set bench.n_list=$NS
+bench attention_fp32 --set bench.n_list=$NS --set bench.variants=fma --set parallel.precision=fp32
 bench step --set bench.what=train --set bench.n_list=$STEP_N --set train.batch=$BATCH
 # 1M tokens: the enwik8 model's 28 activation buffers of T x dim floats are 84 GiB at dim 768, so
 # the long step runs at dim 512, 8 heads (d = 64 as above): 56 GiB of them (docs/gpu.md)
@@ -85,12 +118,33 @@ long_width="--set model.dim=512 --set model.heads=8"
 bench long --set bench.what=train --set bench.n_list=$LONG_N --set train.batch=1 \
   --set train.recompute=true --set model.position=sinusoidal $long_width
 
-# ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU -----------------------
+# ---- per-kernel times: fma forward + backward at 128K under Nsight Systems, where installed ------
+PROFILE_N=131072
+[ "$QUICK" = 1 ] && PROFILE_N=512
+if command -v nsys >/dev/null 2>&1; then
+  say "nsys: per-kernel times of fma at n = $PROFILE_N"
+  # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
+  if nsys profile --force-overwrite true --output "$WORK/fma_kernels" "$FMATTN" inputs/bench_gpu.in \
+    --set run.name=profile --set output.dir="$WORK/runs" --set bench.n_list=$PROFILE_N \
+    --set bench.variants=fma --set bench.repeats=1 $small $EXTRA > "$WORK/nsys.log" 2>&1 &&
+    nsys stats --report cuda_gpu_kern_sum --format csv --output "$WORK/fma_kernels" \
+      "$WORK/fma_kernels.nsys-rep" >> "$WORK/nsys.log" 2>&1; then
+    say "nsys: $WORK/fma_kernels_cuda_gpu_kern_sum.csv"
+  else
+    say "nsys failed (see $WORK/nsys.log); no per-kernel times"
+  fi
+else
+  say "no nsys on PATH: no per-kernel times"
+fi
+
+# ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU: each backend pinned --
 sdpa=""
 if TORCH_PYTHON=$(python_with 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'); then
-  say "PyTorch scaled_dot_product_attention ($TORCH_PYTHON)"
+  say "PyTorch scaled_dot_product_attention, Flash, cuDNN and memory-efficient ($TORCH_PYTHON)"
+  clocks "before sdpa"
   "$TORCH_PYTHON" scripts/sdpa_bench.py --n "$NS" --dtype bf16 --repeats $REPEATS \
-    --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 || die "sdpa_bench.py failed: $WORK/sdpa.log"
+    --backends flash,cudnn,efficient --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 ||
+    die "sdpa_bench.py failed: $WORK/sdpa.log"
   sdpa="--sdpa $WORK/sdpa.json"
 else
   say "no PyTorch with CUDA here: no SDPA rows"
@@ -103,5 +157,18 @@ device=$(grep -o 'bench on device [0-9]*: [^,]*' "$WORK/attention.log" | head -n
 [ "$QUICK" = 1 ] && device="$device-quick"
 # shellcheck disable=SC2086 # $sdpa is one option and its value, or nothing
 "$H5_PYTHON" scripts/gpu_csv.py "$OUT_DIR/$device.csv" "$WORK/runs/attention/bench.h5" \
-  "$WORK/runs/step/bench.h5" "$WORK/runs/long/bench.h5" $sdpa
-say "done: $OUT_DIR/$device.csv (the logs and bench.h5 files are in $WORK)"
+  "$WORK/runs/attention_fp32/bench.h5" "$WORK/runs/step/bench.h5" "$WORK/runs/long/bench.h5" $sdpa
+# the roofline bound from the code's own counts beside each measured time (scripts/roofline.py)
+case "$device" in
+  *H200*) kind=h200 ;;
+  *A100*) kind=a100 ;;
+  *) kind=h100-sxm ;;
+esac
+for run in attention attention_fp32 step; do
+  "$H5_PYTHON" scripts/roofline.py "$WORK/runs/$run/bench.h5" --device $kind
+done > "$OUT_DIR/$device-roofline.txt" || die "roofline.py failed"
+[ -s "$WORK/clocks.csv" ] && cp "$WORK/clocks.csv" "$OUT_DIR/$device-clocks.csv"
+[ -s "$WORK/sanitizer.txt" ] && cp "$WORK/sanitizer.txt" "$OUT_DIR/$device-sanitizer.txt"
+[ -s "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" ] &&
+  cp "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" "$OUT_DIR/$device-fma-kernels.csv"
+say "done: $OUT_DIR/$device.csv and $device-roofline.txt (logs and bench.h5 files in $WORK)"

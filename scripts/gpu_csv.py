@@ -18,7 +18,8 @@ import h5py
 import numpy as np
 
 COLUMNS = ["device", "variant", "n", "precision", "heads", "head_dim", "fwd_ms", "bwd_ms",
-           "step_ms", "tokens_per_s", "tflops", "mfu", "workspace_bytes", "peak_bytes", "note"]
+           "step_ms", "tokens_per_s", "tflops", "mfu", "workspace_bytes", "peak_bytes", "software",
+           "note"]
 
 
 def text(x):

@@ -24,7 +24,16 @@ assert {int(r["n"]) for r in att} == {256, 512} and all(float(r["bwd_ms"]) > 0 f
 steps = sorted(int(r["n"]) for r in rows if r["variant"] == "train:fma")
 assert steps == [128, 1024], steps
 assert all(int(r["peak_bytes"]) > 0 for r in rows if r["variant"].startswith("train:"))
-assert all(r["precision"] == "bf16" for r in att)
+assert {r["precision"] for r in att} == {"bf16", "fp32"}, att
+assert {r["variant"] for r in att if r["precision"] == "fp32"} == {"fma"}, att
+PY
+check "the roofline bound beside each measured case (<device>-roofline.txt)" py - "$csv" <<'PY'
+import sys
+text = open(sys.argv[1][:-len(".csv")] + "-roofline.txt").read()
+rows = [l.split() for l in text.splitlines() if l.split() and l.split()[0] in ("attention", "train")]
+assert {(r[0], r[1], r[3]) for r in rows} >= {("attention", "fma", "bf16"), ("attention", "fma", "fp32"),
+                                              ("attention", "full", "bf16"), ("train", "fma", "bf16")}, rows
+assert all(float(r[8]) > 0 and float(r[10]) > 0 for r in rows), rows
 PY
 cat > sdpa.json <<'EOF2'
 [{"device": "X", "variant": "sdpa", "n": 256, "precision": "bf16", "fwd_ms": 1.5, "bwd_ms": 3.0, "torch": "2.5"}]
@@ -48,6 +57,9 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 EOF2
   check "sdpa_bench.py times SDPA forward and backward (here on the CPU)" sh -c "'$PYTHON3' sdpa_run.py '$SRCDIR/scripts/sdpa_bench.py' --n 32,64 --device cpu --dtype fp32 --repeats 2 --out sd.json > /dev/null && '$PYTHON3' -c 'import json; r = json.load(open(\"sd.json\")); assert [x[\"n\"] for x in r] == [32, 64] and all(x[\"fwd_ms\"] > 0 and x[\"bwd_ms\"] > 0 for x in r), r'"
+  # a pinned backend: a row each, named; timed where this PyTorch can pin it, else a note
+  check "sdpa_bench.py pins a backend per row and records the software" sh -c "'$PYTHON3' sdpa_run.py '$SRCDIR/scripts/sdpa_bench.py' --n 32 --device cpu --dtype fp32 --repeats 1 --backends default,math --out sm.json > /dev/null && '$PYTHON3' -c 'import json; r = json.load(open(\"sm.json\")); assert [x[\"variant\"] for x in r] == [\"sdpa\", \"sdpa:math\"] and all(x[\"software\"].startswith(\"torch \") for x in r) and all(\"fwd_ms\" in x or \"note\" in x for x in r), r'"
+  check "sdpa_bench.py refuses a backend it does not know" sh -c "! '$PYTHON3' '$SRCDIR/scripts/sdpa_bench.py' --n 32 --device cpu --backends fastest --out x.json 2> bad.err && grep -q 'is not one of' bad.err"
 else
   ok "sdpa_bench.py times SDPA # SKIP no PyTorch here"
 fi
