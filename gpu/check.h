@@ -48,6 +48,20 @@ extern "C" const char *gpu_fault_hint(cudaError_t e);
 extern "C" void gpu_launch_check(const char *kernel, const char *file, const char *func, int line);
 #define LAUNCH_CHECK(...) gpu_launch_check(#__VA_ARGS__, __FILE__, __func__, __LINE__)
 
+/* Device time of an operator, for the host timer `timer` (timer.h's TIMER_P2P, TIMER_P2M, …): a
+ * pair of events around the work a scope queues (gpu_op_time), added to the timer when the stream
+ * is next waited for (gpu_sync, gpu_download), so that the operators' columns of bench are
+ * device time on the GPU as they are thread time on the CPU. */
+extern "C" int gpu_op_begin(int timer);
+extern "C" void gpu_op_end(int span);
+struct gpu_op_time {
+  int span;
+  explicit gpu_op_time(int timer) : span(gpu_op_begin(timer)) {}
+  ~gpu_op_time() { gpu_op_end(span); }
+  gpu_op_time(const gpu_op_time &) = delete;
+  gpu_op_time &operator=(const gpu_op_time &) = delete;
+};
+
 /* The back end's stream and cuBLAS handle (backend.cu); all its work is queued on the stream. */
 cudaStream_t gpu_stream(void);
 cublasHandle_t gpu_cublas(void);

@@ -3,16 +3,65 @@
 // the pool). bench writes them per case (bench.h5 /gpu) and scripts/roofline.py turns them into a
 // lower bound on the time. Host-side arithmetic only: nothing here touches the device but the one
 // cudaMemGetInfo of gpu_counts_read.
+#include <map>
+#include <vector>
+
 #include "backend.h"
 #include "check.h"
 #include "gpu.h"
+#include "timer.h"
 
 namespace {
 
 device_counts counts;
 size_t live_now = 0, cached_now = 0;
 
+// The operators' event pairs not yet added to their timers, and events to reuse.
+struct span_rec {
+  int timer;
+  cudaEvent_t begin, end;
+};
+std::map<int, span_rec> spans;  // by number, in order
+int next_span = 0;
+std::vector<cudaEvent_t> spare;
+
+cudaEvent_t event_record() {
+  cudaEvent_t e;
+  if (spare.empty()) {
+    CUDA_CHECK(cudaEventCreate(&e));
+  } else {
+    e = spare.back();
+    spare.pop_back();
+  }
+  CUDA_CHECK(cudaEventRecord(e, gpu_stream()));
+  return e;
+}
+
 }  // namespace
+
+extern "C" int gpu_op_begin(int timer) {
+  spans[next_span] = span_rec{timer, event_record(), nullptr};
+  return next_span++;
+}
+
+extern "C" void gpu_op_end(int span) { spans.at(span).end = event_record(); }
+
+extern "C" void gpu_op_flush(void) {
+  for (auto it = spans.begin(); it != spans.end();) {
+    const span_rec &s = it->second;
+    if (!s.end) {  // still open (a wait inside an operator): the next flush takes it
+      ++it;
+      continue;
+    }
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventSynchronize(s.end));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, s.begin, s.end));
+    timer_add_ms(static_cast<enum timer_id>(s.timer), (double)ms);
+    spare.push_back(s.begin);
+    spare.push_back(s.end);
+    it = spans.erase(it);
+  }
+}
 
 extern "C" void gpu_counts_reset(void) {
   counts = device_counts{};

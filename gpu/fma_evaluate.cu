@@ -5,6 +5,7 @@
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"
+#include "timer.h"
 
 namespace {
 
@@ -345,10 +346,15 @@ void scores(const gfma *g, const chunk &c) {
     gpu_gemm2(false, true, m, keys, d, scale, c.q + ga * m * d, d, m * d, hq, c.k + ko, d, m * d,
               hk, 0.0f, c.S + (ga - c.g0) * m * ld + col, ld, m * ld, hs, gb - ga, heads);
   };
-  near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
-  if (g->nfmax)
+  {
+    const gpu_op_time t(TIMER_P2P);
+    near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
+  }
+  if (g->nfmax) {
+    const gpu_op_time t(TIMER_M2P);
     gpu_gemm(false, true, m, g->nfmax, d, scale, c.q + c.g0 * m * d, d, m * d, c.Kf, d,
              g->nfmax * d, 0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
+  }
 }
 
 // o (chunk rows, d) = P·[v_near | V_far] (fma_P2P_values, fma_M2P_values); o zeroed first.
@@ -360,13 +366,19 @@ void values(const gfma *g, const chunk &c, float *o) {
     gpu_gemm2(false, false, m, d, keys, 1.0f, c.S + (ga - c.g0) * m * ld + col, ld, m * ld, hs,
               c.v + ko, d, m * d, hk, 1.0f, o + (ga - c.g0) * m * d, d, m * d, hq, gb - ga, heads);
   };
-  near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
-  if (g->nfmax)
+  {
+    const gpu_op_time t(TIMER_P2P);
+    near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
+  }
+  if (g->nfmax) {
+    const gpu_op_time t(TIMER_M2P);
     gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d, g->nfmax * d,
              1.0f, o, d, m * d, c.g1 - c.g0);
+  }
 }
 
 void launch_softmax(const gfma *g, const chunk &c, float *lse) {
+  const gpu_op_time t(TIMER_P2P);  // the fused softmax over [near | far] counts as near field
   const long rows = (c.g1 - c.g0) * g->m;
   softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, (int)c.ld,
                                                                              mask_of(g), (int)c.g0);
@@ -376,6 +388,7 @@ void launch_softmax(const gfma *g, const chunk &c, float *lse) {
 void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
   const long pairs = (c.g1 - c.g0) * g->nfmax;
   if (pairs == 0) return;
+  const gpu_op_time t(TIMER_M2P);
   const size_t blocks = gpu_blocks((size_t)pairs, kGather);
   gather_far<<<(unsigned)(blocks < 65535 ? blocks : 65535), dim3(kRow, kGather), 0, gpu_stream()>>>(
       c.Kf, c.Vf, XK, XV, g->far_row, g->lv, (int)g->nbs, g->nfmax, (int)c.g0,
@@ -439,14 +452,19 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax;
   const float scale = 1.0f / sqrtf((float)d);
   const unsigned rows = gpu_int(nc * m, "score rows");
+  // device time: the near field's products and the fused softmax's passes TIMER_P2P, the far
+  // field's products TIMER_M2P
+  int span = gpu_op_begin(TIMER_P2P);
   probabilities<<<rows, kSoft, 0, gpu_stream()>>>(c.S, lse, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(probabilities);
+  gpu_op_end(span);
   const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
     values(g, c, w.o);
     launch_rowdot(w.D, dout0, w.o, nc * m, d);
     D = w.D;
   }
+  span = gpu_op_begin(TIMER_P2P);
   const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
   // dP of the near columns, offsets together where they can be; dv key block by key block
   auto near_dP = [&](long ga, long gb, long ko, long heads, long col, long keys) {
@@ -459,12 +477,15 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
       gpu_gemm2(true, false, m, d, m, 1.0f, c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld, hs,
                 dout + ga * m * d, d, m * d, hq, 1.0f, dv + ko, d, m * d, hk, gb - ga, heads);
     });
+  gpu_op_end(span);
   if (nf) {
+    const gpu_op_time t(TIMER_M2P);
     gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m,
              ld, m * ld, nc);
     gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf,
              d, nf * d, nc);
   }
+  span = gpu_op_begin(TIMER_P2P);
   softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(softmax_backward);
   // dq from every near key block together where it can be; dk key block by key block
@@ -478,7 +499,9 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
       gpu_gemm2(true, false, m, d, m, scale, w.dP + (ga - c.g0) * m * ld + s * m, ld, m * ld, hs,
                 c.q + ga * m * d, d, m * d, hq, 1.0f, dk + ko, d, m * d, hk, gb - ga, heads);
     });
+  gpu_op_end(span);
   if (nf) {
+    const gpu_op_time t(TIMER_M2P);
     gpu_gemm(false, false, m, d, nf, scale, w.dP + g->ns * m, ld, m * ld, c.Kf, d, nf * d, 1.0f,
              dq + c.g0 * m * d, d, m * d, nc);
     gpu_gemm(true, false, nf, d, m, scale, w.dP + g->ns * m, ld, m * ld, q0, d, m * d, 0.0f, w.dKf,
@@ -531,6 +554,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
     scores(g, c);
     chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
     if (g->far_refs.nrows && g->nfmax) {
+      const gpu_op_time t(TIMER_M2P);
       const dim3 grid(gpu_int(g->far_refs.nrows, "summary rows"),
                       (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
       scatter_far<<<grid, kRow, 0, gpu_stream()>>>(dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv,

@@ -5,6 +5,7 @@
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"
+#include "timer.h"
 
 namespace {
 
@@ -169,6 +170,7 @@ void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_
   gfma_evaluate_forward(g, out, lse_near, q, k, v, klo, kstride, nullptr, nullptr);
   const long items = g->items.count, P3 = 3 * g->p;
   if (items == 0) return;
+  const gpu_op_time t(TIMER_M2P);  // the levels' terms: fma_linear's far field
   float *O = alloc_floats((size_t)(items * g->BH * g->d));
   const dim3 grid(gpu_int(items, "fma_linear items"), (unsigned)g->BH);
   level_forward<<<grid, kLin, sizeof(float) * P3, gpu_stream()>>>(
@@ -190,6 +192,7 @@ void gfma_linear_backward(const gfma *g, float *dq, float *dk, float *dv, float 
                          nullptr, nullptr, lse_near);
   const long items = g->items.count, P3 = 3 * g->p, BH = g->BH;
   if (items == 0) return;
+  const gpu_op_time t(TIMER_M2P);
   float *G = alloc_floats((size_t)(items * BH * g->d));
   float *A = alloc_floats((size_t)(items * BH * P3)), *DS = alloc_floats((size_t)(items * BH * P3));
   const dim3 grid(gpu_int(items, "fma_linear items"), (unsigned)BH);

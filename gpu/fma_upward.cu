@@ -6,6 +6,7 @@
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"
+#include "timer.h"
 
 namespace {
 
@@ -151,6 +152,7 @@ long head_group(const gfma *g, int copies) {
 // (d, hn·T): Xt rows = bias + x·Wᵀ per channel (fma_P2M).
 void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w, long h0,
          long hn) {
+  const gpu_op_time t(TIMER_P2M);
   const fma_state *st = g->st;
   long c0, c1, a, b;
   bool bias;
@@ -170,6 +172,7 @@ void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w
 
 // M2M of level l, parents [c0, c1): Xt rows = bias + children·Tᵀ per channel (fma_M2M_window).
 void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *w) {
+  const gpu_op_time t(TIMER_M2M);
   const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   set_rows(g, Xt, l, c0, nwin, 0, g->BH, w->b[l]);
   const float *x0 = Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
@@ -184,6 +187,7 @@ void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *
 // The transpose of m2m for parents [c0, c1): children += dparent·T per channel
 // (fma_M2M_window_backward over both children).
 void m2m_backward(const gfma *g, int l, long c0, long c1, float *dXt, const gfma_weights *w) {
+  const gpu_op_time t(TIMER_M2M);
   const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   const float *y0 = dXt + gfma_at(g->lv, l, 0, 0, c0 * P);
   float *x0 = dXt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
@@ -274,6 +278,7 @@ void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, lo
 void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const float *dXt,
                   const float *xt, const gfma_weights *w, float *dparams, const float *ones,
                   long h0, long hn) {
+  const gpu_op_time t(TIMER_P2M);
   const fma_state *st = g->st;
   long c0, c1, a, b;
   bool bias;
@@ -298,6 +303,7 @@ void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const floa
 // a spanning parent): fma_upward_param_grads' from_children branch.
 void m2m_grads(const gfma *g, enum fma_set set, int l, long c0, long c1, const float *dXt,
                const float *Xt, float *dparams, const float *ones) {
+  const gpu_op_time t(TIMER_M2M);
   const long P = g->p, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   float *dW = grad_begin(g, set, l, dparams);
   param_grads(g, g->BH, c1 - c0, rows_of{dXt + gfma_at(g->lv, l, 0, 0, c0 * P), nr, P, g->BH * nr},

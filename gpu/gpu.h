@@ -36,6 +36,9 @@ void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool r
 /* Called by the pool (memory.cu): a cudaMalloc, and the pool's bytes in use and cached now. */
 void gpu_count_malloc(void);
 void gpu_count_pool(size_t live_bytes, size_t cached_bytes);
+/* The operators' device times measured so far (check.h gpu_op_time) added to their host timers;
+ * gpu_sync and gpu_download call it after they wait. */
+void gpu_op_flush(void);
 
 /* ---- the device (backend.cu) */
 

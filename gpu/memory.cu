@@ -218,6 +218,7 @@ extern "C" void gpu_upload(void *dev, const void *host, size_t bytes) {
 extern "C" void gpu_download(void *host, const void *dev, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, gpu_stream()));
   CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+  gpu_op_flush();
 }
 
 extern "C" void gpu_copy(void *dst, const void *src, size_t bytes) {
@@ -229,7 +230,10 @@ extern "C" void gpu_memset0(void *dev, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemsetAsync(dev, 0, bytes, gpu_stream()));
 }
 
-extern "C" void gpu_sync(void) { CUDA_CHECK(cudaStreamSynchronize(gpu_stream())); }
+extern "C" void gpu_sync(void) {
+  CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+  gpu_op_flush();
+}
 
 extern "C" void gpu_copy_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
                               size_t nrows, size_t len) {

@@ -318,10 +318,12 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   row->workspace_bytes = (double)(workspace_peak(o.be) - ws0);
   row->gflops = 3.0 * flops / ((row->fwd_ms + row->bwd_ms) / 1e3) / 1e9;
   /* The near field runs 2 GEMMs of its size forward and 5 backward (scores again, dV, dP, dQ,
-   * dK): 3.5 × the forward's executed FLOPs. Its timer sums the threads' seconds, and the threads
-   * run it side by side, so the rate of the whole rank is FLOPs / (thread-seconds / threads). */
+   * dK): 3.5 × the forward's executed FLOPs. On the CPU its timer sums the threads' seconds, and
+   * the threads run it side by side, so the rate of the whole rank is FLOPs / (thread-seconds /
+   * threads); on the GPU the timer holds the device's time (events around the operator). */
+  const double lanes = o.be->device == DEVICE_GPU ? 1.0 : (double)threads_count();
   row->p2p_gflops =
-      p2p > 0 && p2p_ms > 0 ? 3.5 * p2p / (p2p_ms / repeats / 1e3 / threads_count()) / 1e9 : NAN;
+      p2p > 0 && p2p_ms > 0 ? 3.5 * p2p / (p2p_ms / repeats / 1e3 / lanes) / 1e9 : NAN;
   free(tf);
   free(tb);
   timed_op_close(&o);

@@ -5,6 +5,10 @@
 #ifndef FMATTN_TIMER_H
 #define FMATTN_TIMER_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum timer_id {
   TIMER_FORWARD,
   TIMER_BACKWARD,
@@ -49,5 +53,9 @@ void timer_step_reset(void);
 /* Milliseconds accumulated over the run. */
 double timer_total_ms(enum timer_id id);
 const char *timer_name(enum timer_id id);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -122,4 +122,14 @@ assert list(b["seq_ranks"][()]) == [2], b["seq_ranks"][()]
 g1, g2 = a["gemm_calls"][()][0], b["gemm_calls"][()][0]
 assert 0 < g2 <= 1.2 * g1, (g1, g2)
 PY
+check "the FMA operators' device times fill bench's columns (near field rate; near and far per step)" py - <<'PY'
+import math, h5py
+a = h5py.File("out/r2/bench.h5", "r")["attention"]
+variants = [v.decode() for v in a["variant"][()]]
+p2p = a["p2p_gflops"][()][variants.index("fma")]
+assert math.isfinite(p2p) and p2p > 0, p2p
+t = h5py.File("out/s1/bench.h5", "r")["train"]
+near, far, step = t["near_ms"][()][0], t["far_ms"][()][0], t["step_ms"][()][0]
+assert 0 < near and 0 < far and near + far < step, (near, far, step)
+PY
 tap_done
