@@ -423,8 +423,28 @@ static const enum timer_id train_timers[] = {
     TIMER_ACTIVATION, TIMER_DROPOUT,   TIMER_COPY, TIMER_LOSS};
 #define NPHASES (sizeof train_timers / sizeof train_timers[0])
 
-/* The FMA peak of every rank's threads together (bench_run measures it; NaN on a GPU). */
+/* The machine's peak, every rank together: on the CPU the FMA peak of the ranks' threads (bench_run
+ * measures it), on a GPU the devices' published dense peak for the run's precision (NaN for a
+ * device the table below does not know). */
 static double peak_machine_ = NAN;
+static const char *peak_kind_ = "FMA peak";
+
+/* A GPU's published dense peak in GFLOP/s (NVIDIA's datasheets, without sparsity; the figures of
+ * scripts/roofline.py), found by name in its description; NAN when unknown. */
+static double published_peak_gflops(const char *device, bool bf16) {
+  static const struct {
+    const char *name;
+    double bf16, fp32;
+  } peaks[] = {
+      {"H100 PCIe", 756e3, 51.2e3}, /* first: "H100" alone is the SXM5 part */
+      {"H100", 989.4e3, 66.9e3},
+      {"H200", 989.4e3, 66.9e3},
+      {"A100", 312e3, 19.5e3},
+  };
+  for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
+    if (strstr(device, peaks[i].name)) return bf16 ? peaks[i].bf16 : peaks[i].fp32;
+  return NAN;
+}
 
 static double pct(double part, double whole) { return 100.0 * part / whole; }
 
@@ -510,7 +530,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   row->mfu_peak = row->tokens_per_s * fpt / (peak_machine_ * 1e9);
   char of_peak[48] = "";
   if (isfinite(row->mfu_peak))
-    snprintf(of_peak, sizeof of_peak, ", %.1f%% of the FMA peak", 100.0 * row->mfu_peak);
+    snprintf(of_peak, sizeof of_peak, ", %.1f%% of the %s", 100.0 * row->mfu_peak, peak_kind_);
   message(
       "  train      n = %8ld: step %9.1f ms | %9.0f tok/s | %.1f MFLOP/token | %.1f GFLOP/s = "
       "%.1f%% of GEMM%s | peak %.1f MiB",
@@ -756,7 +776,9 @@ static const struct column train_columns[] = {
     NUM(train_row, tokens_per_s, "tokens per second, all ranks"),
     NUM(train_row, flops_per_token, "model FLOPs per token, forward + backward"),
     NUM(train_row, mfu, "achieved FLOP rate / sgemm_gflops (the GEMM rate of the run's precision)"),
-    NUM(train_row, mfu_peak, "achieved FLOP rate / fma_peak_gflops (NaN on a GPU)"),
+    NUM(train_row, mfu_peak,
+        "achieved FLOP rate / the machine's peak: fma_peak_gflops on the CPU, "
+        "published_peak_gflops (every rank's) on a GPU; NaN where unknown"),
     NUM(train_row, step_ms, "milliseconds, median training step"),
     NUM(train_row, peak_bytes, "bytes of peak labelled memory on the step's device, largest rank"),
     NUM(train_row, near_ms,
@@ -871,8 +893,17 @@ int bench_run(const struct config *cfg, struct comm *comm) {
     message("bench: the device's GEMM rates, per rank: fp32 %.1f, bf16 %.1f GFLOP/s",
             rates[0] / comm->world_size, rates[1] / comm->world_size);
   const char *isa = "";
-  double peak_thread = NAN, peak = NAN;
-  if (!be->gemm_gflops) { /* the CPU's own peak beside its SGEMM rate (docs/perf.md) */
+  double peak_thread = NAN, peak = NAN, published = NAN;
+  if (be->gemm_gflops) { /* a GPU: its published peak, against which MFU is also reported */
+    published = published_peak_gflops(device, bf16);
+    peak_machine_ = published * comm->world_size;
+    peak_kind_ = "published peak";
+    if (isfinite(published))
+      message(
+          "bench: the device's published dense %s peak %.1f TFLOP/s; its GEMM runs at %.0f%% "
+          "of it",
+          bf16 ? "bf16" : "fp32", published / 1e3, 100.0 * rank_rate / published);
+  } else { /* the CPU's own peak beside its SGEMM rate (docs/perf.md) */
     comm_barrier(comm, COMM_WORLD);
     peak_thread = fma_peak_gflops_per_thread(&isa);
     peak = peak_thread * threads_count();
@@ -917,6 +948,7 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   const char *from = blas_core_corrected_from();
   h5_attr_string(f, "/", "blas_core_corrected_from", from ? from : "");
   h5_attr_double(f, "/", "fma_peak_gflops", peak);
+  h5_attr_double(f, "/", "published_peak_gflops", published);
   h5_attr_double(f, "/", "fma_peak_gflops_per_thread", peak_thread);
   h5_attr_string(f, "/", "fma_peak_isa", isa);
   write_table(f, "attention", arows, sizeof arows[0], na, attn_columns, NCOLS(attn_columns));

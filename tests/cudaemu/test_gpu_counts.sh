@@ -132,4 +132,13 @@ t = h5py.File("out/s1/bench.h5", "r")["train"]
 near, far, step = t["near_ms"][()][0], t["far_ms"][()][0], t["step_ms"][()][0]
 assert 0 < near and 0 < far and near + far < step, (near, far, step)
 PY
+check "MFU also against the device's published peak (H100 SXM: 66.9 fp32, 989.4 bf16 TFLOP/s)" py - <<'PY'
+import math, h5py
+for run, peak in (("r2", 66.9e3), ("bf", 989.4e3)):
+    f = h5py.File(f"out/{run}/bench.h5", "r")
+    assert f.attrs["published_peak_gflops"] == peak, (run, f.attrs["published_peak_gflops"])
+    assert math.isnan(f.attrs["fma_peak_gflops"]), f.attrs["fma_peak_gflops"]
+    t = f["train"]
+    assert abs(t["mfu_peak"][0] / t["mfu"][0] - f.attrs["sgemm_gflops"] / peak) < 1e-9 * t["mfu_peak"][0] / t["mfu"][0]
+PY
 tap_done
