@@ -104,7 +104,7 @@ extern "C" void gpu_launch_check(const char *kernel, const char *file, const cha
   if (e != cudaSuccess)
     error_at(file, func, line, "launch of kernel %s failed: %s", kernel, cudaGetErrorString(e));
   if (!debug) return;
-  e = cudaStreamSynchronize(stream);
+  e = gpu_stream_wait();
   if (e != cudaSuccess)
     error_at(file, func, line,
              "kernel %s failed on the device: %s (gpu.debug: found by waiting "
@@ -166,7 +166,7 @@ extern "C" void gpu_describe(char *out, size_t len) {
 
 extern "C" const struct backend *gpu_backend_open(const struct gpu_options *o, char *err,
                                                   size_t err_len) {
-  const gpu_options defaults = {false, false, GPU_EXACT_BLOCKED, 0, 0};
+  const gpu_options defaults = {false, false, GPU_EXACT_BLOCKED, 0, 0, kDefaultNcclTimeout};
   if (!o) o = &defaults;
   static bool registered = false;  // the table and the attention, once per process
   if (device < 0) {
@@ -195,6 +195,7 @@ extern "C" const struct backend *gpu_backend_open(const struct gpu_options *o, c
   gpu_set_exact_kernels(o->exact);
   gpu_set_exact_workspace(o->exact_workspace);
   gpu_fma_set_workspace(o->fma_workspace);
+  gpu_set_nccl_timeout(o->nccl_timeout);
   if (!registered) {
     fill_table();
     gpu_attention_full_register();

@@ -66,6 +66,15 @@ struct gpu_op_time {
 cudaStream_t gpu_stream(void);
 cublasHandle_t gpu_cublas(void);
 
+/* Every wait of the host for the stream (gpu_sync, gpu_download, ...): the stream's status, as
+ * cudaStreamSynchronize returns it. While NCCL operations are in flight it polls instead, as a
+ * watchdog (comm.cu): an operation running longer than gpu.nccl_timeout seconds once started, or
+ * an error NCCL reports asynchronously, aborts the communicators and ends the job with one
+ * message; a hung peer never hangs this rank. */
+cudaError_t gpu_stream_wait(void);
+constexpr double kDefaultNcclTimeout = 45.0;
+void gpu_set_nccl_timeout(double seconds); /* 0: no watchdog */
+
 /* Launch geometry: blocks of `threads` covering n items (n > 0: an empty grid is an error on a
  * GPU, so launchers return before launching nothing). */
 static inline unsigned gpu_blocks(size_t n, unsigned threads) {

@@ -65,6 +65,7 @@ struct gpu_options {
   enum gpu_exact_kernels exact; /* gpu.exact */
   size_t exact_workspace;       /* gpu.exact_workspace_mb, in bytes */
   size_t fma_workspace;         /* gpu.fma_workspace_mb, in bytes */
+  double nccl_timeout;          /* gpu.nccl_timeout: seconds (0: no watchdog) */
 };
 /* The back end's table (backend.h), its attention implementations registered, the options in
  * force (NULL: the defaults, fp32); NULL with the reason in err when there is no device. The

@@ -197,7 +197,7 @@ extern "C" void gpu_release_cache(void) {
     if (!b->prev && !b->next) whole.push_back(b);
   }
   if (cached.empty() && whole.empty()) return;
-  CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+  CUDA_CHECK(gpu_stream_wait());
   for (auto &c : cached) CUDA_CHECK(cudaFree(c.second));
   cached.clear();
   cached_bytes = 0;
@@ -216,8 +216,11 @@ extern "C" void gpu_upload(void *dev, const void *host, size_t bytes) {
 }
 
 extern "C" void gpu_download(void *host, const void *dev, size_t bytes) {
+  // a copy to pageable memory waits for the stream inside cudaMemcpyAsync, where no watchdog
+  // looks: the work before it (NCCL's among it) is waited for first
+  CUDA_CHECK(gpu_stream_wait());
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, gpu_stream()));
-  CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+  CUDA_CHECK(gpu_stream_wait());
   gpu_op_flush();
 }
 
@@ -231,7 +234,7 @@ extern "C" void gpu_memset0(void *dev, size_t bytes) {
 }
 
 extern "C" void gpu_sync(void) {
-  CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+  CUDA_CHECK(gpu_stream_wait());
   gpu_op_flush();
 }
 

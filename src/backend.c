@@ -84,6 +84,7 @@ const struct backend *backend_for(const struct config *cfg, char *err, size_t le
       .exact = cfg->gpu.exact == EXACT_REFERENCE ? GPU_EXACT_REFERENCE : GPU_EXACT_BLOCKED,
       .exact_workspace = (size_t)cfg->gpu.exact_workspace_mb << 20,
       .fma_workspace = (size_t)cfg->gpu.fma_workspace_mb << 20,
+      .nccl_timeout = cfg->gpu.nccl_timeout,
   };
   return gpu_backend_open(&o, err, len);
 #else

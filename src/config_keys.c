@@ -319,6 +319,9 @@ const struct key_def config_keys[] = {
           "MiB of device workspace per call of the blocked full/local attention"),
     K_NUM("gpu", "fma_workspace_mb", KEY_INT, "1024", 1, 1048576, LOHI, gpu.fma_workspace_mb, "",
           "MiB of device workspace per chunk of query blocks in fma's evaluation"),
+    K_NUM("gpu", "nccl_timeout", KEY_DOUBLE, "45", 0, 86400, LOHI, gpu.nccl_timeout, "",
+          "seconds an NCCL operation may run once started before its communicators are aborted "
+          "and the job ends (a peer stopped or dead; 0: wait for ever)"),
 
     K_LIST("bench", "what", "attention,train", what_list, "", "what to time"),
     K_LIST("bench", "n_list", "1024,4096,16384", n_list, "n lengths",

@@ -29,6 +29,8 @@ struct settings {
   bool trace = false;       // CUDAEMU_TRACE=1: one line per launch and library call
   size_t capacity = 0;      // bytes of device memory (CUDAEMU_MEMORY_GB)
   bool sticky_faults = false;  // CUDAEMU_FAULTS=sticky: a kernel's fault, the sticky error
+  int nccl_hang_rank = -1;     // CUDAEMU_NCCL_HANG=RANK:N: on world rank RANK, the N-th NCCL
+  long nccl_hang_op = 0;       // operation (collective or group) never completes
 };
 const settings &config();
 const char *order_name();
@@ -86,6 +88,12 @@ std::string describe_address(const void *p);
 // ---- streams (streams.cc) ----
 // Work for the device, run now (immediate mode) or at a synchronisation point (deferred).
 void submit(cudaStream_t s, const char *what, std::function<void()> work);
+// Work that never completes (CUDAEMU_NCCL_HANG, deferred mode): the stream stops at it, a query
+// of the stream or of an event after it answers cudaErrorNotReady for ever, and a call that would
+// wait for it ends the run (on a GPU it would never return) until release_hangs(owner), as
+// ncclCommAbort ends NCCL's kernels, makes it a task that does nothing.
+void submit_hang(cudaStream_t s, const char *what, const void *owner);
+void release_hangs(const void *owner);
 // Run everything queued on s (and what it waits for).
 void drain_stream(cudaStream_t s);
 void drain_all();

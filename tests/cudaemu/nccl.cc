@@ -273,14 +273,27 @@ const char *op_name(op::kind_t k) {
   return names[k];
 }
 
+// CUDAEMU_NCCL_HANG: whether this operation is the one that never completes on this rank.
+bool hangs_here() {
+  static long count = 0;
+  if (config().nccl_hang_rank < 0) return false;
+  int world = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  return world == config().nccl_hang_rank && ++count == config().nccl_hang_op;
+}
+
 void enqueue(const std::vector<op> &ops) {
   if (ops.empty()) return;
   // the group runs at the first operation's stream's turn; the other streams' earlier work is
   // run first (a conservative ordering, docs/cudaemu.md)
   for (const op &o : ops)
     if (o.stream != ops[0].stream) drain_stream(o.stream);
-  submit(ops[0].stream, ops.size() == 1 ? op_name(ops[0].kind) : "NCCL group",
-         [ops] { run_ops(ops); });
+  const char *what = ops.size() == 1 ? op_name(ops[0].kind) : "NCCL group";
+  if (hangs_here()) {  // this rank never takes part: its peers wait in MPI for it
+    submit_hang(ops[0].stream, what, ops[0].comm);
+    return;
+  }
+  submit(ops[0].stream, what, [ops] { run_ops(ops); });
 }
 
 bool buffer_ok(const void *p, size_t bytes) { return bytes == 0 || device_range(p, bytes, false); }
@@ -431,7 +444,22 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// Ends the communicator's operations in flight (those that never complete among them) without
+// waiting for them, as NCCL's abort does, then frees it.
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm || comm->destroyed) return ncclInvalidArgument;
+  release_hangs(comm);
+  MPI_Comm_free(&comm->mpi);
+  comm->destroyed = true;
+  return ncclSuccess;
+}
+
+// The emulation's operations fail at their call or end the run: no error is ever pending.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
+  if (!comm || comm->destroyed || !asyncError) return ncclInvalidArgument;
+  *asyncError = ncclSuccess;
+  return ncclSuccess;
+}
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
   if (!comm || comm->destroyed || !count) return ncclInvalidArgument;

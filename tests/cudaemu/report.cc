@@ -78,6 +78,15 @@ settings read_settings() {
     else if (strcmp(v, "abort"))
       bad_setting("CUDAEMU_FAULTS", v, "abort (the default) or sticky");
   }
+  if (const char *v = getenv("CUDAEMU_NCCL_HANG"); v && *v) {
+    char *end = nullptr;
+    s.nccl_hang_rank = (int)strtol(v, &end, 10);
+    if (end == v || *end != ':' || s.nccl_hang_rank < 0 ||
+        (s.nccl_hang_op = strtol(end + 1, &end, 10)) < 1 || *end)
+      bad_setting("CUDAEMU_NCCL_HANG", v, "RANK:N (world rank, N-th NCCL operation from 1)");
+    if (s.defer == defer_kind::immediate)
+      bad_setting("CUDAEMU_NCCL_HANG", v, "deferred streams as well (CUDAEMU_DEFER=1)");
+  }
   if (const char *v = getenv("CUDAEMU_PAGEABLE"); v && *v) {
     if (!strcmp(v, "pinned"))
       s.pinned_all = true;

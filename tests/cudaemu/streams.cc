@@ -26,6 +26,7 @@ struct task {
   std::string what;
   std::function<void()> work;
   std::vector<dependency> deps;
+  const void *hang = nullptr;  // submit_hang: never runs until release_hangs(hang)
 };
 
 }  // namespace
@@ -76,18 +77,32 @@ void run_task(task &t) {
   device_exit();
 }
 
-// Run s's queued tasks up to sequence number `upto`, first what each of them waits for.
-void drain_to(CUstream_st *s, uint64_t upto) {
+// Run s's queued tasks up to sequence number `upto`, first what each of them waits for; whether
+// it got there. A task that never completes (submit_hang) stops the drain: a query (wait false)
+// leaves the rest queued, a wait ends the run, as the GPU's would never return.
+bool drain_to(CUstream_st *s, uint64_t upto, bool wait = true) {
+  bool reached = true;
   device_enter();  // once for the whole drain, not per task
-  while (!s->queue.empty() && s->queue.front().seq <= upto) {
+  while (reached && !s->queue.empty() && s->queue.front().seq <= upto) {
+    const task &next = s->queue.front();
+    if (next.hang) {
+      if (wait)
+        fatal("a wait for the device met %s, which never completes (CUDAEMU_NCCL_HANG): on a GPU "
+              "this call would never return",
+              next.what.c_str());
+      reached = false;
+      break;
+    }
+    for (const dependency &d : next.deps)
+      if (d.stream->done < d.seq && !drain_to(d.stream, d.seq, wait)) reached = false;
+    if (!reached) break;
     task t = std::move(s->queue.front());
     s->queue.pop_front();
-    for (const dependency &d : t.deps)
-      if (d.stream->done < d.seq) drain_to(d.stream, d.seq);
     run_task(t);
     s->done = t.seq;
   }
   device_exit();
+  return reached;
 }
 
 uint64_t splitmix(uint64_t *x) {
@@ -127,6 +142,22 @@ void submit(cudaStream_t handle, const char *what, std::function<void()> work) {
   task t{++next_seq, what, std::move(work), implicit_deps(s)};
   s->last = t.seq;
   s->queue.push_back(std::move(t));
+}
+
+void submit_hang(cudaStream_t handle, const char *what, const void *owner) {
+  CUstream_st *s = resolve(handle);
+  trace("%s on stream %p never completes (CUDAEMU_NCCL_HANG)", what, (void *)s);
+  task t{++next_seq, what, [] {}, implicit_deps(s), owner};
+  s->last = t.seq;
+  s->queue.push_back(std::move(t));
+}
+
+void release_hangs(const void *owner) {
+  std::vector<CUstream_st *> all(streams);
+  all.push_back(&legacy);
+  for (CUstream_st *s : all)
+    for (task &t : s->queue)
+      if (t.hang == owner) t.hang = nullptr;  // its work does nothing
 }
 
 void drain_stream(cudaStream_t s) {
@@ -208,7 +239,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
                 (void *)stream);
   CUstream_st *s = resolve(stream);
   if (s->done >= s->last) return cudaSuccess;
-  drain_to(s, s->last);  // not ready now; it will be when asked again
+  drain_to(s, s->last, false);  // not ready now; it will be when asked again (unless it hangs)
   return cudaErrorNotReady;
 }
 
@@ -278,7 +309,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event || event->destroyed)
     return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: no such event");
   if (!event->recorded || event->done) return cudaSuccess;
-  drain_to(event->stream, event->seq);  // not ready now; it will be when asked again
+  drain_to(event->stream, event->seq, false);  // not ready now; it will be when asked again
   return cudaErrorNotReady;
 }
 

@@ -89,6 +89,13 @@ expect_fail "NCCL on the CPU is refused" "parallel.backend = nccl moves device b
 expect_fail "bf16 on the CPU is refused" "parallel.precision = bf16 is for the GPU" "$G" "$DECK" --set run.name=c_bf16 --set parallel.device=cpu --set parallel.precision=bf16
 expect_fail "2 ranks on one GPU are refused before NCCL starts" "2 ranks on this node share 1 GPU" sh -c "CUDAEMU_DEVICES=1 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_share --set parallel.device=gpu"
 expect_fail "MPI with GPUs on 2 ranks is refused" "use parallel.backend = nccl" sh -c "CUDAEMU_DEVICES=2 '$MPI_RUN' 2 '$G' '$DECK' --set run.name=g_mpi --set parallel.device=gpu --set parallel.backend=mpi"
+# a peer that never joins an NCCL operation (CUDAEMU_NCCL_HANG: rank 1's third, the first
+# gradient allreduce after the two start-up ones): the watchdog aborts the communicators and ends
+# the job with one message; without it (timeout 0) the emulation meets the wait a GPU never ends
+hang="CUDAEMU_DEFER=1 CUDAEMU_NCCL_HANG=1:3 CUDAEMU_DEVICES=2 timeout 300 '$MPI_RUN' 2 '$G' '$DECK' --set parallel.device=gpu"
+expect_fail "an NCCL operation that never completes ends the job (gpu.nccl_timeout = 2)" "did not complete within 2 s of starting" sh -c "$hang --set run.name=g_hang --set gpu.nccl_timeout=2 > g_hang.log 2>&1; rc=\$?; cat g_hang.log; exit \$rc"
+check "with one error message, naming the operation and the key" sh -c "test \$(grep -c 'error:' g_hang.log) -eq 1 && grep -q 'an allreduce of .*gpu.nccl_timeout sets the limit); its NCCL communicators were aborted' g_hang.log"
+expect_fail "without the watchdog the rank would wait for ever (the emulation ends it)" "on a GPU this call would never return" sh -c "$hang --set run.name=g_hang0 --set gpu.nccl_timeout=0"
 expect_fail "fma.open on the GPU is refused (no opening pass there yet)" "runs on the CPU only" "$G" "$DECK" --set run.name=g_open --set parallel.device=gpu --set attention.variant=fma --set attention.fma.open=2
 check "nothing was written for the refused runs" sh -c "! ls out/g_linear out/c_nccl out/c_bf16 out/g_share out/g_mpi out/g_open 2>/dev/null | grep -q ."
 tap_done
