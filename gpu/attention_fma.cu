@@ -95,7 +95,7 @@ void prepare(struct attn_ctx *ctx, gfma *g, inputs *in, const float *q, const fl
     gfma_weights_get(g, params, (enum fma_set)s, &in->w[s]);
     in->X[s] = static_cast<float *>(
         gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (g->d * g->BH * g->st->rows + 1)));
-    gfma_upward(g, in->X[s], src[s], &in->w[s]);
+    gfma_upward_pass(g, in->X[s], src[s], &in->w[s]);
   }
   in->k = k;
   in->v = v;
@@ -171,7 +171,8 @@ void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *
   const float *src[FMA_NSETS] = {k, v, q};
   float *dsrc[FMA_NSETS] = {dk, dv, dq};
   for (int s = 0; s < nsets(g); s++) {
-    gfma_upward_backward(g, (enum fma_set)s, dsrc[s], dX[s], in.X[s], src[s], &in.w[s], dparams);
+    gfma_upward_pass_backward(g, dsrc[s], dX[s], &in.w[s]);
+    gfma_upward_param_grads(g, (enum fma_set)s, dparams, dX[s], in.X[s], src[s]);
     gpu_free(dX[s]);
   }
   release(g, &in);

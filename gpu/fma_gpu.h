@@ -103,15 +103,19 @@ struct gfma_weights {
 };
 void gfma_weights_get(const gfma *g, const float *params, enum fma_set set, gfma_weights *w);
 void gfma_weights_release(gfma_weights *w);
-/* Xt (d·BH·rows, zeroed by the caller) ← the upward pass of x (BH, T, d) over the slab. */
-void gfma_upward(const gfma *g, float *Xt, const float *x, const gfma_weights *w);
+/* Xt (d·BH·rows, zeroed by the caller) ← the upward pass of x (BH, T, d) over the slab
+ * (fma_upward_pass). */
+void gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w);
 /* The spanning parent window cp of level l from its children (M2M, every head), for the LET. */
 void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w);
 void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const gfma_weights *w);
-/* dx (BH, T, d) += the transpose of the upward pass for dXt (consumed: m2m pushes coarse levels
- * into fine ones); dparams (may be null) += the weight and bias gradients of set `set`. */
-void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt, const float *Xt,
-                          const float *x, const gfma_weights *w, float *dparams);
+/* dx (BH, T, d) += the transpose of the upward pass for dXt, whose coarse levels are pushed into
+ * the fine ones in place (each level final once done; fma_upward_pass_backward). */
+void gfma_upward_pass_backward(const gfma *g, float *dx, float *dXt, const gfma_weights *w);
+/* dparams += the weight and bias gradients of set `set`, from dXt as the pass backward left it
+ * and the inputs Xt, x (fma_upward_param_grads); nothing for avg or without dparams. */
+void gfma_upward_param_grads(const gfma *g, enum fma_set set, float *dparams, const float *dXt,
+                             const float *Xt, const float *x);
 
 /* ---- fma_evaluate.cu: P2P and M2P in chunks of query blocks */
 

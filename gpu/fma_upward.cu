@@ -271,12 +271,9 @@ void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, lo
   gpu_free(cx);
 }
 
-// The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) += dXt·W per channel; with
-// dparams, the gradients of its weights (this slab's taps) and of its bias (on the window's first
-// rank), summed over the group's heads onto those of earlier groups: fma_P2M_backward and
-// fma_upward_param_grads.
-void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const float *dXt,
-                  const float *xt, const gfma_weights *w, float *dparams, const float *ones,
+// The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) += dXt·W per channel
+// (fma_P2M_backward).
+void p2m_backward(const gfma *g, int l, float *dxt, const float *dXt, const gfma_weights *w,
                   long h0, long hn) {
   const gpu_op_time t(TIMER_P2M);
   const fma_state *st = g->st;
@@ -292,7 +289,22 @@ void p2m_backward(const gfma *g, enum fma_set set, int l, float *dxt, const floa
              gpu_gemm2(false, false, M, b - a, P, 1.0f, y0 + oy, ly, g->BH * nr, hy, w->w[l] + a,
                        span, w->stride[l], 0, 1.0f, dxt + off + ox, lx, hn * T, hx, g->d, heads);
            });
-  if (!dparams || st->down == FMA_DOWN_AVG) return;
+}
+
+// The gradients of level l's P2M weights (this slab's taps) and bias (on the window's first
+// rank) for heads [h0, h0 + hn), whose tokens xt holds as (d, hn·T), summed onto those of earlier
+// head groups: fma_upward_param_grads' P2M branch.
+void p2m_grads(const gfma *g, enum fma_set set, int l, const float *dXt, const float *xt,
+               float *dparams, const float *ones, long h0, long hn) {
+  const gpu_op_time t(TIMER_P2M);
+  const fma_state *st = g->st;
+  long c0, c1, a, b;
+  bool bias;
+  fma_slab_windows(st, l, &c0, &c1);
+  slab_taps(st, l, c0, &a, &b, &bias);
+  const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
+  const long span = st->layout.span[l], off = c0 * win + a - st->t0;
+  const float *y0 = dXt + gfma_at(g->lv, l, 0, h0, c0 * P);
   float *dW = grad_begin(g, set, l, dparams);
   param_grads(g, hn, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, hn * T}, b - a,
               dW + a, span, bias ? dparams + st->layout.bias[set][l] : nullptr, ones);
@@ -354,7 +366,7 @@ void gfma_weights_release(gfma_weights *w) {
   *w = gfma_weights{};
 }
 
-void gfma_upward(const gfma *g, float *Xt, const float *x, const gfma_weights *w) {
+void gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w) {
   const fma_state *st = g->st;
   const bool m2m_levels = st->down == FMA_DOWN_M2M;
   const int top = m2m_levels ? (g->L > 0 ? 1 : 0) : g->L;  // the P2M levels
@@ -383,38 +395,50 @@ void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const
   m2m_backward(g, l, cp, cp + 1, dXt, w);
 }
 
-void gfma_upward_backward(const gfma *g, enum fma_set set, float *dx, float *dXt, const float *Xt,
-                          const float *x, const gfma_weights *w, float *dparams) {
+void gfma_upward_pass_backward(const gfma *g, float *dx, float *dXt, const gfma_weights *w) {
   const fma_state *st = g->st;
   if (g->L == 0) return;
-  const bool grads = dparams && st->down != FMA_DOWN_AVG;
-  const long most = g->BH * (g->T / g->m + 1);  // rows (h, c) of a level, at most
-  float *ones = nullptr;
-  if (grads) {
-    ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
-    fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, gpu_int(most, "rows"));
-    LAUNCH_CHECK(fill_ones);
-  }
   if (st->down == FMA_DOWN_M2M)  // coarse to fine: level l is complete before it is pushed down
     for (int l = g->L; l >= 2; l--) {
+      if (st->tree.window[l] > g->T) continue;  // spanning: the LET's
       long c0, c1;
       fma_slab_windows(st, l, &c0, &c1);
-      if (grads) m2m_grads(g, set, l, c0, c1, dXt, Xt, dparams, ones);
-      if (st->tree.window[l] <= g->T) m2m_backward(g, l, c0, c1, dXt, w);  // else: the LET's
+      m2m_backward(g, l, c0, c1, dXt, w);
     }
   const int top = st->down == FMA_DOWN_M2M ? 1 : g->L;  // the P2M levels
-  const long hc = head_group(g, grads ? 2 : 1);
-  const size_t group = sizeof(float) * (size_t)(hc * g->T * g->d);
-  float *xt = grads ? static_cast<float *>(gpu_alloc(MEM_WORKSPACE, group)) : nullptr;
-  float *dxt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, group));
+  const long hc = head_group(g, 1);
+  float *dxt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (hc * g->T * g->d)));
   for (long h0 = 0; h0 < g->BH; h0 += hc) {
     const long hn = g->BH - h0 < hc ? g->BH - h0 : hc, rows = hn * g->T;
     gpu_memset0(dxt, sizeof(float) * (size_t)(rows * g->d));
-    if (xt) transpose(xt, x + h0 * g->T * g->d, rows, g->d, false);
-    for (int l = 1; l <= top; l++) p2m_backward(g, set, l, dxt, dXt, xt, w, dparams, ones, h0, hn);
+    for (int l = 1; l <= top; l++) p2m_backward(g, l, dxt, dXt, w, h0, hn);
     transpose(dx + h0 * g->T * g->d, dxt, g->d, rows, true);  // dx (hn·T, d) += dxtᵀ
   }
   gpu_free(dxt);
+}
+
+void gfma_upward_param_grads(const gfma *g, enum fma_set set, float *dparams, const float *dXt,
+                             const float *Xt, const float *x) {
+  const fma_state *st = g->st;
+  if (g->L == 0 || !dparams || st->down == FMA_DOWN_AVG) return;
+  const long most = g->BH * (g->T / g->m + 1);  // rows (h, c) of a level, at most
+  float *ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
+  fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, gpu_int(most, "rows"));
+  LAUNCH_CHECK(fill_ones);
+  if (st->down == FMA_DOWN_M2M)
+    for (int l = g->L; l >= 2; l--) {
+      long c0, c1;
+      fma_slab_windows(st, l, &c0, &c1);
+      m2m_grads(g, set, l, c0, c1, dXt, Xt, dparams, ones);
+    }
+  const int top = st->down == FMA_DOWN_M2M ? 1 : g->L;  // the P2M levels
+  const long hc = head_group(g, 1);
+  float *xt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (hc * g->T * g->d)));
+  for (long h0 = 0; h0 < g->BH; h0 += hc) {
+    const long hn = g->BH - h0 < hc ? g->BH - h0 : hc;
+    transpose(xt, x + h0 * g->T * g->d, hn * g->T, g->d, false);  // (hn·T, d) → (d, hn·T)
+    for (int l = 1; l <= top; l++) p2m_grads(g, set, l, dXt, xt, dparams, ones, h0, hn);
+  }
   gpu_free(xt);
   gpu_free(ones);
 }

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core.h"
@@ -336,3 +337,22 @@ const char *cudaGetErrorString(cudaError_t e) {
 // Not CUDA: what the emulation's own tests ask of it.
 extern "C" size_t cudaemu_bytes_in_use(void) { return bytes_in_use(); }
 extern "C" size_t cudaemu_bytes_peak(void) { return bytes_peak(); }
+
+// ---- NVTX ranges (include/nvtx3/nvToolsExt.h)
+
+namespace {
+thread_local std::vector<std::string> nvtx_ranges;
+}  // namespace
+
+extern "C" int nvtxRangePushA(const char *message) {
+  nvtx_ranges.emplace_back(message ? message : "");
+  trace("nvtx range %s opened (depth %zu)", nvtx_ranges.back().c_str(), nvtx_ranges.size() - 1);
+  return (int)nvtx_ranges.size() - 1;
+}
+
+extern "C" int nvtxRangePop(void) {
+  if (nvtx_ranges.empty()) return -1;
+  trace("nvtx range %s closed", nvtx_ranges.back().c_str());
+  nvtx_ranges.pop_back();
+  return (int)nvtx_ranges.size();
+}

@@ -34,6 +34,16 @@ for c in ("gemm_calls", "gemm_flops", "gemm_operand_elements", "kernel_launches"
 assert all(g["pool_reserved_peak_bytes"][()] >= g["pool_live_peak_bytes"][()])
 assert list(g["seq_ranks"][()]) == [1, 1, 1] and list(g["n"][()]) == [64, 64, 64]
 PY
+# each FMA operator is an NVTX range named for its timer (gpu_op_begin/end), opened and closed in
+# pairs, the emulation tracing them
+check "the FMA operators are NVTX ranges (P2M, M2P, P2P), each one closed" py - <<'PY'
+import re
+text = open("r1.log").read()
+opened = re.findall(r"^cudaemu: nvtx range (\S+) opened", text, re.M)
+closed = re.findall(r"^cudaemu: nvtx range (\S+) closed", text, re.M)
+assert {"P2M", "M2P", "P2P"} <= set(opened), sorted(set(opened))
+assert sorted(opened) == sorted(closed) and len(opened) > 10, (len(opened), len(closed))
+PY
 # the trace's own count: gpu/'s kernel launches ("cudaemu: kernel NAME ...") and cuBLAS
 # products ("cudaemu: cublasSgemm m=..."); the emulated cuBLAS runs no traced kernel
 check "one repetition of every case: the trace's launches and products equal the counts" py - <<'PY'
