@@ -28,8 +28,7 @@ void *fma_open(const struct attn_ctx *ctx) {
   g->m = st->tree.m;
   g->p = st->tree.p;
   g->L = st->tree.levels;
-  g->ns = st->causal ? 2 : 3;
-  g->nlist = st->causal ? 2 : 4;
+  g->ns = g->nlist = st->causal ? 2 : 3;
   g->b0 = st->t0 / g->m;
   g->nbs = g->T / g->m;
   g->nb = st->tree.nblocks;

@@ -1,12 +1,8 @@
 // FMA evaluation on the GPU, the twin of src/fma/evaluate.c: query blocks in chunks sized to a
-// budget; per chunk the near (P2P) and far (M2P: the listed summaries read where they lie, level by
-// level) scores as batched GEMMs, one fused SIMT softmax over [near | far], then the value GEMMs.
-// Backward recomputes the scores from lse; gradients several blocks touch are summed per target
-// row in a fixed order.
-#include <vector>
-
+// budget; per chunk the near (P2P) and far (M2P, gathered listed summaries) scores as batched
+// GEMMs, one fused SIMT softmax over [near | far], then the value GEMMs. Backward recomputes the
+// scores from lse; gradients several blocks touch are summed per target row in a fixed order.
 #include "check.h"
-#include "fma/lists.h"
 #include "fma_gpu.h"
 #include "gpu.h"
 #include "timer.h"
@@ -14,7 +10,9 @@
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr unsigned kSoft = 64;  // threads per score row in the softmax
+constexpr unsigned kSoft = 64;   // threads per score row in the softmax
+constexpr unsigned kRow = 32;    // threads per summary row in the gathers
+constexpr unsigned kGather = 8;  // summary rows per block in gather_far
 
 size_t budget_bytes = 0;  // 0: kDefaultBudget
 constexpr size_t kDefaultBudget = size_t(1) << 30;
@@ -125,26 +123,67 @@ __global__ void rowdot(float *D, const float *a, const float *b, int rows, int d
   }
 }
 
-// grid-stride over (slice, chunk block) pairs: the pointer tables of the far field's products, one
-// per slice s = (l − 1)·nlist + k (level l's k-th listed window), at table + 3·nc·s laid out as
-// gpu_gemm_table takes them. Block e of the chunk (flattened g0 + e) reads as B its window of X
-// where it lies: the p rows of that window in channel f are contiguous and the channels
-// BH·nr[l] apart, a row-major (d × p) matrix of that leading dimension. A slot with no window
-// (−1) reads window 0 of its level, whose columns the softmax masks (its P and dS are 0). A and C
-// are the chunk's arrays, block e at e·sA (e·sC), plus the slice's first score column where they
-// are scores (a_slot, c_slot). CPU twin: the gather of block_keys, then fma_M2P_*.
-__global__ void far_pointers(float **table, const float *X, gfma_levels lv, const int *far_row,
-                             int nbs, int nfmax, int nlist, int g0, int nc, const float *A, long sA,
-                             bool a_slot, float *C, long sC, bool c_slot) {
-  const int slices = lv.L * nlist, p = lv.p;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < slices * nc;
-       i += gridDim.x * blockDim.x) {
-    const int sl = i / nc, e = i % nc, l = sl / nlist + 1, g = g0 + e, slot0 = sl * p;
-    const int R0 = far_row[(g % nbs) * nfmax + slot0];
-    float **t = table + (size_t)3 * nc * sl;
-    t[e] = const_cast<float *>(X + gfma_at(lv, l, 0, g / nbs, R0 < 0 ? 0 : R0 - lv.row[l]));
-    t[nc + e] = const_cast<float *>(A + e * sA + (a_slot ? slot0 : 0));
-    t[2 * nc + e] = C + e * sC + (c_slot ? slot0 : 0);
+// grid-stride over the chunk's (block, slot) pairs, kGather per block of kRow threads along f:
+// Kf, Vf (blocks, nfmax, d) = the listed summary rows of XK, XV (0 where a slot is empty). CPU
+// twin: gather in block_keys.
+__global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *XV,
+                           const int *far_row, gfma_levels lv, int nbs, int nfmax, int g0,
+                           int pairs) {
+  const int d = lv.d;
+  for (int bs = blockIdx.x * blockDim.y + threadIdx.y; bs < pairs; bs += gridDim.x * blockDim.y) {
+    const int gl = g0 + bs / nfmax, R = far_row[(gl % nbs) * nfmax + bs % nfmax];
+    float *kf = Kf + (size_t)bs * d, *vf = Vf + (size_t)bs * d;
+    if (R < 0) {
+      for (int f = threadIdx.x; f < d; f += kRow) kf[f] = vf[f] = 0.0f;
+      continue;
+    }
+    const int l = gfma_level_of(lv, R);
+    for (int f = threadIdx.x; f < d; f += kRow) {
+      const size_t at = gfma_at(lv, l, f, gl / nbs, R - lv.row[l]);
+      kf[f] = XK[at];
+      vf[f] = XV[at];
+    }
+  }
+}
+
+// The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref.
+__device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s1, int *a, int *b) {
+  int lo = refs.off[k], hi = refs.off[k + 1];
+  while (lo < hi) {  // the first reference whose source is ≥ s0
+    const int mid = (lo + hi) / 2;
+    if (refs.ref[mid] / slots < s0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  *a = lo;
+  for (hi = lo; hi < refs.off[k + 1] && refs.ref[hi] / slots < s1; hi++) {
+  }
+  *b = hi;
+}
+
+// grid (referenced summary rows, heads of the chunk), block kRow: dXK, dXV += the far gradients
+// dKf, dVf (chunk blocks, nfmax, d) of every reference to the row from the chunk's blocks, in
+// block order: the transpose of the gather, per target row. CPU twin: scatter_add.
+__global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const float *dVf,
+                            gfma_refs refs, gfma_levels lv, int nbs, int nfmax, int g0, int g1) {
+  const int k = blockIdx.x, h = g0 / nbs + blockIdx.y, R = refs.row[k];
+  const int s0 = g0 - h * nbs > 0 ? g0 - h * nbs : 0, s1 = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
+  int a, b;
+  ref_range(refs, k, nfmax, s0, s1, &a, &b);
+  if (a == b) return;
+  const int l = gfma_level_of(lv, R);
+  for (int f = threadIdx.x; f < lv.d; f += kRow) {
+    float ak = 0.0f, av = 0.0f;
+    for (int e = a; e < b; e++) {
+      const size_t src =
+          ((size_t)(h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * lv.d;
+      ak += dKf[src + f];
+      av += dVf[src + f];
+    }
+    const size_t at = gfma_at(lv, l, f, h, R - lv.row[l]);
+    dXK[at] += ak;
+    dXV[at] += av;
   }
 }
 
@@ -292,51 +331,9 @@ struct chunk {
   long g0, g1;
   const float *q, *k, *v;  // q from flattened block 0, k and v from their array's row 0
   long klo, kstride;
-  float *S;  // (blocks, m, ld)
+  float *S, *Kf, *Vf;  // (blocks, m, ld), (blocks, nfmax, d)
   long ld;
-  const float *XK, *XV;  // the summaries, read where they lie
 };
-
-// The far field's products of a chunk, slice by slice (far_pointers): one table kernel and one
-// batched product per slice. X: the summaries B reads; A, C as far_pointers takes them; the
-// product (M, N, K, alpha, lda, beta, ldc, tb) as gpu_gemm_table's, B's leading dimension the
-// level's BH·nr[l]. The distinct summary windows a slice reads are counted on the host: the
-// chunk's (head, level-l window) pairs.
-struct far_product {
-  bool tb;
-  long M, N, K;
-  float alpha;
-  long lda;
-  float beta;
-  long ldc;
-};
-
-void far_products(const gfma *g, const chunk &c, const float *X, const float *A, long sA,
-                  bool a_slot, float *C, long sC, bool c_slot, far_product f) {
-  const long nc = c.g1 - c.g0, slices = (long)g->L * g->nlist;
-  if (g->nfmax == 0 || nc == 0) return;
-  auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * nc * slices));
-  const size_t blocks = gpu_blocks((size_t)(nc * slices), kThreads);
-  far_pointers<<<(unsigned)(blocks < 1024 ? blocks : 1024), kThreads, 0, gpu_stream()>>>(
-      table, X, g->lv, g->far_row, (int)g->nbs, g->nfmax, g->nlist, (int)c.g0,
-      gpu_int(nc, "chunk blocks"), A, sA, a_slot, C, sC, c_slot);
-  LAUNCH_CHECK(far_pointers);
-  for (int l = 1; l <= g->L; l++) {
-    long windows = 0;  // distinct (head, window of level l) among the chunk's blocks
-    for (long e = 0, last = -1; e < nc; e++) {
-      const long gl = c.g0 + e, w = gl / g->nbs * g->lv.nr[l] +
-                                    (g->b0 + gl % g->nbs) * g->m / g->st->tree.window[l];
-      windows += w != last;
-      last = w;
-    }
-    for (int k = 0; k < g->nlist; k++) {
-      float *const *t = table + (size_t)3 * nc * ((l - 1) * g->nlist + k);
-      gpu_gemm_table(false, f.tb, f.M, f.N, f.K, f.alpha, f.lda, g->BH * g->lv.nr[l], f.beta, f.ldc,
-                     t, nc, a_slot ? nc : (sA ? nc : 1), windows);
-    }
-  }
-  gpu_free(table);
-}
 
 // S = the chunk's scores, P2P then M2P (block_scores): unmasked, unweighted.
 void scores(const gfma *g, const chunk &c) {
@@ -353,10 +350,10 @@ void scores(const gfma *g, const chunk &c) {
     const gpu_op_time t(TIMER_P2P);
     near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
   }
-  if (g->nfmax) {  // level by level, q against the listed windows' key summaries
+  if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
-    far_products(g, c, c.XK, c.q + c.g0 * m * d, m * d, false, c.S + g->ns * m, m * ld, true,
-                 far_product{false, m, g->p, d, scale, d, 0.0f, ld});
+    gpu_gemm(false, true, m, g->nfmax, d, scale, c.q + c.g0 * m * d, d, m * d, c.Kf, d,
+             g->nfmax * d, 0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
   }
 }
 
@@ -373,10 +370,10 @@ void values(const gfma *g, const chunk &c, float *o) {
     const gpu_op_time t(TIMER_P2P);
     near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
   }
-  if (g->nfmax) {  // o += P_far · the listed windows' value summaries, level by level
+  if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
-    far_products(g, c, c.XV, c.S + g->ns * m, m * ld, true, o, m * d, false,
-                 far_product{true, m, d, g->p, 1.0f, ld, 1.0f, d});
+    gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d, g->nfmax * d,
+             1.0f, o, d, m * d, c.g1 - c.g0);
   }
 }
 
@@ -388,25 +385,41 @@ void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   LAUNCH_CHECK(softmax_forward);
 }
 
-// The chunk's workspace: scores (and in backward their gradients).
+void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
+  const long pairs = (c.g1 - c.g0) * g->nfmax;
+  if (pairs == 0) return;
+  const gpu_op_time t(TIMER_M2P);
+  const size_t blocks = gpu_blocks((size_t)pairs, kGather);
+  gather_far<<<(unsigned)(blocks < 65535 ? blocks : 65535), dim3(kRow, kGather), 0, gpu_stream()>>>(
+      c.Kf, c.Vf, XK, XV, g->far_row, g->lv, (int)g->nbs, g->nfmax, (int)c.g0,
+      gpu_int(pairs, "far pairs"));
+  LAUNCH_CHECK(gather_far);
+}
+
+// The chunk's workspace: scores (and in backward their gradients), the gathered summaries (and
+// the gradients of their rows).
 struct workspace {
   long blocks;  // query blocks per chunk
-  float *S, *dP, *o, *D;
+  float *S, *dP, *Kf, *Vf, *dKf, *dVf, *o, *D;
 };
 
 workspace workspace_open(const gfma *g, bool backward) {
-  const long m = g->m, d = g->d, ld = g->ns * m + g->nfmax;
-  // per query block: S (m·ld); backward: dP too, and for fma_linear the near field's own output
-  // and D (m·d + m)
-  const size_t per = sizeof(float) * (backward ? 2 * m * ld + m * d + m : m * ld);
+  const long m = g->m, d = g->d, ld = g->ns * m + g->nfmax, nf = g->nfmax * d;
+  // per query block: S (m·ld) and Kf, Vf (nfmax·d each); backward: dP, dKf, dVf too, and for
+  // fma_linear the near field's own output and D (m·d + m)
+  const size_t per = sizeof(float) * (backward ? 2 * m * ld + 4 * nf + m * d + m : m * ld + 2 * nf);
   workspace w = {};
   w.blocks = chunk_size(g, per);
   auto get = [&](long floats) {
     return static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (w.blocks * floats + 1)));
   };
   w.S = get(m * ld);
+  w.Kf = get(nf);
+  w.Vf = get(nf);
   if (!backward) return w;
   w.dP = get(m * ld);
+  w.dKf = get(nf);
+  w.dVf = get(nf);
   if (g->linear) {
     w.o = get(m * d);
     w.D = get(m);
@@ -415,13 +428,13 @@ workspace workspace_open(const gfma *g, bool backward) {
 }
 
 void workspace_close(workspace *w) {
-  for (float *p : {w->S, w->dP, w->o, w->D}) gpu_free(p);
+  for (float *p : {w->S, w->dP, w->Kf, w->Vf, w->dKf, w->dVf, w->o, w->D}) gpu_free(p);
 }
 
 chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const float *k,
-               const float *v, long klo, long kstride, const float *XK, const float *XV) {
+               const float *v, long klo, long kstride) {
   const long g1 = g0 + w.blocks < total_blocks(g) ? g0 + w.blocks : total_blocks(g);
-  return chunk{g0, g1, q, k, v, klo, kstride, w.S, g->ns * g->m + g->nfmax, XK, XV};
+  return chunk{g0, g1, q, k, v, klo, kstride, w.S, w.Kf, w.Vf, g->ns * g->m + g->nfmax};
 }
 
 void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
@@ -431,89 +444,11 @@ void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) 
   LAUNCH_CHECK(rowdot);
 }
 
-// The gradients of the listed summaries, where they lie (the transposes of far_products for the
-// keys and values): the chunk's blocks in runs of one (head, level-l window c) — their rows
-// consecutive in q, dout and the scores — and for each offset k whose window t = c + off_k level l
-// lists for c, dXK[t] += scale·q_runᵀ·dS_run and dXV[t] += dout_runᵀ·P_run over the run's rows and
-// group k's columns, window t being a row-major (d × p) matrix of leading dimension BH·nr[l]. For
-// one k the windows of different runs differ (gfma_far_offset), so one batched product per
-// (level, k, run length) writes each once: no scatter, no atomics, a fixed order (levels, offsets,
-// run lengths, chunks). The pointer tables are built on the host and uploaded once per chunk.
-// CPU twin: fma_M2P_scores_backward and fma_M2P_values_backward, then scatter_add.
-void far_grads(const gfma *g, const chunk &c, const workspace &w, float *dXK, float *dXV,
-               const float *dout0, float scale) {
-  const long m = g->m, d = g->d, p = g->p, ld = c.ld, nc = c.g1 - c.g0;
-  const fma_tree *tr = &g->st->tree;
-  struct group {
-    int l, k;
-    long rows;                   // the runs' rows: the products' K
-    std::vector<long> e0, t, h;  // each run's first chunk block, its window t, its head
-  };
-  std::vector<group> groups;
-  for (int l = 1; l <= g->L; l++) {
-    const size_t first = groups.size();
-    for (long e0 = 0, e1; e0 < nc; e0 = e1) {
-      const long g0 = c.g0 + e0, h = g0 / g->nbs;
-      const long cw = (g->b0 + g0 % g->nbs) * m / tr->window[l];
-      for (e1 = e0 + 1; e1 < nc && (c.g0 + e1) / g->nbs == h &&
-                        (g->b0 + (c.g0 + e1) % g->nbs) * m / tr->window[l] == cw;
-           e1++) {
-      }
-      long listed[FMA_LIST_MAX];
-      const int nw = fma_lists_level(tr, g->st->causal, l, cw, listed);
-      for (int k = 0; k < g->nlist; k++) {
-        const long t = cw + gfma_far_offset(g->st->causal, k);
-        bool found = false;
-        for (int i = 0; i < nw; i++) found = found || listed[i] == t;
-        if (!found) continue;
-        size_t gi = first;
-        while (gi < groups.size() && (groups[gi].k != k || groups[gi].rows != (e1 - e0) * m)) gi++;
-        if (gi == groups.size()) groups.push_back(group{l, k, (e1 - e0) * m, {}, {}, {}});
-        groups[gi].e0.push_back(e0);
-        groups[gi].t.push_back(t);
-        groups[gi].h.push_back(h);
-      }
-    }
-  }
-  size_t total = 0;
-  for (const group &gr : groups) total += gr.e0.size();
-  if (total == 0) return;
-  // per group: the dK table then the dV table, each [B | A | C] as gpu_gemm_table takes them
-  std::vector<float *> host(6 * total);
-  size_t at = 0;
-  for (const group &gr : groups) {
-    const size_t n = gr.e0.size();
-    const long col = g->ns * m + ((gr.l - 1) * g->nlist + gr.k) * p;
-    for (size_t i = 0; i < n; i++) {
-      const long e0 = gr.e0[i];
-      const size_t win = gfma_at(g->lv, gr.l, 0, gr.h[i], gr.t[i] * p);
-      host[at + i] = w.dP + e0 * m * ld + col;                            // B: dS
-      host[at + n + i] = const_cast<float *>(c.q + (c.g0 + e0) * m * d);  // A: q
-      host[at + 2 * n + i] = dXK + win;                                   // C
-      host[at + 3 * n + i] = c.S + e0 * m * ld + col;                     // B: P
-      host[at + 4 * n + i] = const_cast<float *>(dout0 + e0 * m * d);     // A: dout
-      host[at + 5 * n + i] = dXV + win;                                   // C
-    }
-    at += 6 * n;
-  }
-  auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, sizeof(float *) * host.size()));
-  gpu_upload(table, host.data(), sizeof(float *) * host.size());
-  at = 0;
-  for (const group &gr : groups) {
-    const long n = (long)gr.e0.size(), ldw = g->BH * g->lv.nr[gr.l];
-    gpu_gemm_table(true, false, d, p, gr.rows, scale, d, ld, 1.0f, ldw, table + at, n, n, n);
-    gpu_gemm_table(true, false, d, p, gr.rows, 1.0f, d, ld, 1.0f, ldw, table + at + 3 * n, n, n, n);
-    at += 6 * n;
-  }
-  gpu_free(table);
-}
-
 // The chunk's transposes after its scores are in c.S (fma_evaluate_backward's block loop): P from
-// lse, dP = dout·[v_near | V_far]ᵀ, dv += P_nᵀ·dout, dS from D (the chunk's rows),
-// dq += dS·[k_near | K_far]/√d, dk += dS_nᵀ·q/√d, and the listed summaries' dXK, dXV (far_grads).
+// lse, dP = dout·[v_near | V_far]ᵀ, dv += P_nᵀ·dout, dVf = P_fᵀ·dout, dS from D (the chunk's
+// rows), dq += dS·[k_near | K_far]/√d, dk += dS_nᵀ·q/√d, dKf = dS_fᵀ·q/√d.
 void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq, float *dk,
-                    float *dv, float *dXK, float *dXV, const float *dout, const float *lse,
-                    const float *D) {
+                    float *dv, const float *dout, const float *lse, const float *D) {
   const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax;
   const float scale = 1.0f / sqrtf((float)d);
   const unsigned rows = gpu_int(nc * m, "score rows");
@@ -523,7 +458,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   probabilities<<<rows, kSoft, 0, gpu_stream()>>>(c.S, lse, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(probabilities);
   gpu_op_end(span);
-  const float *dout0 = dout + c.g0 * m * d;
+  const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
     values(g, c, w.o);
     launch_rowdot(w.D, dout0, w.o, nc * m, d);
@@ -543,10 +478,12 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
                 dout + ga * m * d, d, m * d, hq, 1.0f, dv + ko, d, m * d, hk, gb - ga, heads);
     });
   gpu_op_end(span);
-  if (nf) {  // dP_far = dout · the listed value summaries, where they lie
+  if (nf) {
     const gpu_op_time t(TIMER_M2P);
-    far_products(g, c, c.XV, dout0, m * d, false, w.dP + g->ns * m, m * ld, true,
-                 far_product{false, m, g->p, d, 1.0f, d, 0.0f, ld});
+    gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m,
+             ld, m * ld, nc);
+    gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf,
+             d, nf * d, nc);
   }
   span = gpu_op_begin(TIMER_P2P);
   softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
@@ -563,11 +500,12 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
                 c.q + ga * m * d, d, m * d, hq, 1.0f, dk + ko, d, m * d, hk, gb - ga, heads);
     });
   gpu_op_end(span);
-  if (nf) {  // dq += dS_far · the listed key summaries; their gradients, where they lie
+  if (nf) {
     const gpu_op_time t(TIMER_M2P);
-    far_products(g, c, c.XK, w.dP + g->ns * m, m * ld, true, dq + c.g0 * m * d, m * d, false,
-                 far_product{true, m, d, g->p, scale, ld, 1.0f, d});
-    far_grads(g, c, w, dXK, dXV, dout0, scale);
+    gpu_gemm(false, false, m, d, nf, scale, w.dP + g->ns * m, ld, m * ld, c.Kf, d, nf * d, 1.0f,
+             dq + c.g0 * m * d, d, m * d, nc);
+    gpu_gemm(true, false, nf, d, m, scale, w.dP + g->ns * m, ld, m * ld, q0, d, m * d, 0.0f, w.dKf,
+             d, nf * d, nc);
   }
 }
 
@@ -589,7 +527,8 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
   check_heads(g);
   workspace w = workspace_open(g, false);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride, XK, XV);
+    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    launch_gather(g, c, XK, XV);
     scores(g, c);
     launch_softmax(g, c, lse);
     values(g, c, out + g0 * g->m * g->d);
@@ -610,9 +549,18 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
   }
   workspace w = workspace_open(g, true);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride, XK, XV);
+    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    launch_gather(g, c, XK, XV);
     scores(g, c);
-    chunk_backward(g, c, w, dq, dk, dv, dXK, dXV, dout, lse, D ? D + g0 * g->m : nullptr);
+    chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
+    if (g->far_refs.nrows && g->nfmax) {
+      const gpu_op_time t(TIMER_M2P);
+      const dim3 grid(gpu_int(g->far_refs.nrows, "summary rows"),
+                      (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
+      scatter_far<<<grid, kRow, 0, gpu_stream()>>>(dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv,
+                                                   (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
+      LAUNCH_CHECK(scatter_far);
+    }
   }
   workspace_close(&w);
   gpu_free(D);

@@ -60,17 +60,16 @@ struct gfma {
   bool linear, causal;
   long B, H, BH, T, d, m, p;
   int L;
-  int ns;    /* near blocks a query block reads: 2 causal (b − 1, b), 3 bidirectional */
-  int nlist; /* slot groups of a level: one per offset gfma_far_offset (2 causal, 4 bidirectional)
-              */
+  int ns;           /* near blocks a query block reads: 2 causal (b − 1, b), 3 bidirectional */
+  int nlist;        /* windows a level lists at most: 2 causal, 3 bidirectional */
   long b0, nbs, nb; /* the slab's first fine block, its blocks, the sequence's blocks */
   gfma_levels lv;
-  /* fma: per slab query block lb, its nfmax far slots (level l's group k at
-   * ((l − 1)·nlist + k)·p: the p rows of window c + gfma_far_offset(causal, k) where level l lists
-   * it for the block's window c, else −1) and their log-weights */
+  /* fma: per slab query block lb, its nfmax far slots (level l's at (l − 1)·nlist·p, p rows per
+   * listed window, unused slots −1) and their log-weights; the slots' transposes */
   int nfmax;
   int *far_row;    /* (nbs, nfmax) global summary row, or −1 */
   float *far_logw; /* (nfmax) log(w_l/p) with fma.multiplicity, else 0 */
+  gfma_refs far_refs;
   /* fma_linear: the items, each one's query row and its 3p key rows (−1: none), transposes */
   gfma_items items;
   int *item_qrow; /* (items) global row of the query summary, or −1 */
@@ -82,15 +81,6 @@ struct gfma {
   struct gfma_let *let;
   float *avg_w[FMA_MAX_LEVELS + 1]; /* avg: the fixed (p, w_l) weights, shared by channels */
 };
-
-/* The windows a level may list for a query window c are c + these offsets (fma_lists_level:
- * causal c − 3 (c odd), c − 2; bidirectional c − 3 or c − 2 and c + 2 or c + 3 by parity); slot
- * group k of a level holds offset k's, so that one group's windows differ from query window to
- * query window (the far field's gradients write each one once per product). */
-inline int gfma_far_offset(bool causal, int k) {
-  static const int causal_offsets[] = {-3, -2}, both_offsets[] = {-3, -2, 2, 3};
-  return causal ? causal_offsets[k] : both_offsets[k];
-}
 
 /* ---- fma_lists.cu: the tables, from src/fma/lists.c on the host */
 void gfma_tables_build(gfma *g);

@@ -55,8 +55,8 @@ void free_refs(gfma_refs *r) {
 }
 
 // fma: the far slots of every slab query block — level l's windows from fma_lists_level, p rows
-// each, in the slot group of their offset from the block's window (gfma_far_offset); the rest −1
-// — and each slot's log-weight (fma_block_keys' log(w_l/p) when fma.multiplicity is on).
+// each, in the level's nlist·p slots; the rest −1 — and each slot's log-weight (fma_block_keys'
+// log(w_l/p) when fma.multiplicity is on).
 void build_far(gfma *g) {
   const fma_state *st = g->st;
   const fma_tree *tr = &st->tree;
@@ -72,23 +72,15 @@ void build_far(gfma *g) {
     for (int l = 1; l <= g->L; l++) {
       long windows[FMA_LIST_MAX];
       const int nw = fma_lists_level(tr, st->causal, l, qb * tr->m / tr->window[l], windows);
-      const long c = qb * tr->m / tr->window[l];
       int *slot = far.data() + lb * g->nfmax + (l - 1) * g->nlist * g->p;
-      for (int i = 0; i < nw; i++) {
-        int k = 0;
-        while (k < g->nlist && c + gfma_far_offset(st->causal, k) != windows[i]) k++;
-        if (k == g->nlist)
-          error_at(__FILE__, __func__, __LINE__,
-                   "fma on the GPU: level %d lists window %ld for window %ld, at no offset of "
-                   "gfma_far_offset",
-                   l, windows[i], c);
+      for (int k = 0; k < nw; k++)
         for (long r = 0; r < g->p; r++)
-          slot[k * g->p + r] = (int)(st->level_row[l] + windows[i] * g->p + r);
-      }
+          slot[k * g->p + r] = (int)(st->level_row[l] + windows[k] * g->p + r);
     }
   }
   g->far_row = upload_vector(far);
   g->far_logw = upload_vector(logw);
+  g->far_refs = build_refs(far, g->nbs, g->nfmax, st->rows);
 }
 
 // fma_linear: every level's query sub-segments that have a query in the slab (evaluate.c's
@@ -160,5 +152,8 @@ void gfma_tables_free(gfma *g) {
   gpu_free(g->item_key);
   gpu_free(g->item_span);
   gpu_free(g->item_row);
-  if (g->linear) free_refs(&g->lin_refs);
+  if (g->linear)
+    free_refs(&g->lin_refs);
+  else
+    free_refs(&g->far_refs);
 }

@@ -115,13 +115,6 @@ double gpu_gemm_gflops(bool bf16);
 void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
                long sA1, long sA2, const float *B, long ldb, long sB1, long sB2, float beta,
                float *C, long ldc, long sC1, long sC2, long b1, long b2);
-/* gpu_gemm over a device table of `count` products' pointers the caller built, laid out as
- * [B (count) | A (count) | C (count)] (cuBLAS's column-major order: B first); the products' C
- * must differ. distinct_A and distinct_B: how many different A and B matrices the table names
- * (the counts of operand elements read, backend.h struct device_counts). */
-void gpu_gemm_table(bool ta, bool tb, long M, long N, long K, float alpha, long lda, long ldb,
-                    float beta, long ldc, float *const *table, long count, long distinct_A,
-                    long distinct_B);
 
 /* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */
 
