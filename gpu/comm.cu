@@ -30,9 +30,9 @@ struct inflight {
 };
 
 double timeout_s = kDefaultNcclTimeout;
-std::vector<inflight> flight;      // in stream order
-std::vector<cudaEvent_t> spare;    // events to reuse
-std::vector<ncclComm_t> live;      // every communicator open, for the abort
+std::vector<inflight> flight;    // in stream order
+std::vector<cudaEvent_t> spare;  // events to reuse
+std::vector<ncclComm_t> live;    // every communicator open, for the abort
 
 double now_s() {
   timespec t;
@@ -195,9 +195,9 @@ void sendrecv_float(struct comm *c, const float *send, size_t count, int dest, f
   int size;
   ncclComm_t nc = nccl_of(c, COMM_SEQ, &size);
   (void)tag;  // NCCL orders messages between a pair of ranks; there are no tags
-  const watched w("a send and receive", COMM_SEQ,
-                  sizeof(float) * ((dest != MPI_PROC_NULL ? count : 0) +
-                                   (src != MPI_PROC_NULL ? rcount : 0)));
+  const watched w(
+      "a send and receive", COMM_SEQ,
+      sizeof(float) * ((dest != MPI_PROC_NULL ? count : 0) + (src != MPI_PROC_NULL ? rcount : 0)));
   NCCL_CHECK(ncclGroupStart());
   if (dest != MPI_PROC_NULL && count)
     NCCL_CHECK(ncclSend(send, count, ncclFloat32, dest, nc, gpu_stream()));

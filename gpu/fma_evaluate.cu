@@ -12,7 +12,8 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr unsigned kSoft = 64;   // threads per score row in the softmax
 constexpr unsigned kRow = 32;    // threads per summary row in the gathers
-constexpr unsigned kGather = 8;  // summary rows per block in gather_far
+constexpr unsigned kWarps = 8;   // warps per summary row in scatter_far, each a share of its refs
+constexpr unsigned kGather = 8;  // listed windows per block in gather_far
 
 size_t budget_bytes = 0;  // 0: kDefaultBudget
 constexpr size_t kDefaultBudget = size_t(1) << 30;
@@ -123,30 +124,37 @@ __global__ void rowdot(float *D, const float *a, const float *b, int rows, int d
   }
 }
 
-// grid-stride over the chunk's (block, slot) pairs, kGather per block of kRow threads along f:
-// Kf, Vf (blocks, nfmax, d) = the listed summary rows of XK, XV (0 where a slot is empty). CPU
-// twin: gather in block_keys.
+// grid-stride over the chunk's (block, listed window) pairs, kGather per block, one warp each:
+// Kf, Vf (blocks, nfmax, d) = the window's p summary rows of XK, XV (0 where its slots are
+// empty). A window's rows are contiguous within a channel (the channels B·H·nr_l apart), so the
+// lanes run along its rows first (element t: row t % p, channel t / p): each channel's p floats
+// are read together, each row's channels written together. CPU twin: gather in block_keys.
 __global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *XV,
                            const int *far_row, gfma_levels lv, int nbs, int nfmax, int g0,
                            int pairs) {
-  const int d = lv.d;
-  for (int bs = blockIdx.x * blockDim.y + threadIdx.y; bs < pairs; bs += gridDim.x * blockDim.y) {
-    const int gl = g0 + bs / nfmax, R = far_row[(gl % nbs) * nfmax + bs % nfmax];
-    float *kf = Kf + (size_t)bs * d, *vf = Vf + (size_t)bs * d;
-    if (R < 0) {
-      for (int f = threadIdx.x; f < d; f += kRow) kf[f] = vf[f] = 0.0f;
+  const int d = lv.d, p = lv.p, groups = nfmax / p;
+  for (int bw = blockIdx.x * blockDim.y + threadIdx.y; bw < pairs; bw += gridDim.x * blockDim.y) {
+    const int gl = g0 + bw / groups, slot0 = bw % groups * p;
+    const int R0 = far_row[(gl % nbs) * nfmax + slot0];
+    float *kf = Kf + ((size_t)(bw / groups) * nfmax + slot0) * d;
+    float *vf = Vf + ((size_t)(bw / groups) * nfmax + slot0) * d;
+    if (R0 < 0) {
+      for (int t = threadIdx.x; t < p * d; t += kRow) kf[t] = vf[t] = 0.0f;
       continue;
     }
-    const int l = gfma_level_of(lv, R);
-    for (int f = threadIdx.x; f < d; f += kRow) {
-      const size_t at = gfma_at(lv, l, f, gl / nbs, R - lv.row[l]);
-      kf[f] = XK[at];
-      vf[f] = XV[at];
+    const int l = gfma_level_of(lv, R0);
+    const size_t base = gfma_at(lv, l, 0, gl / nbs, R0 - lv.row[l]);
+    const size_t channel = (size_t)lv.BH * lv.nr[l];
+    for (int t = threadIdx.x; t < p * d; t += kRow) {
+      const int r = t % p, f = t / p;
+      kf[r * d + f] = XK[base + f * channel + r];
+      vf[r * d + f] = XV[base + f * channel + r];
     }
   }
 }
 
-// The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref.
+// The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref
+// (two binary searches: a coarse row has thousands).
 __device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s1, int *a, int *b) {
   int lo = refs.off[k], hi = refs.off[k + 1];
   while (lo < hi) {  // the first reference whose source is ≥ s0
@@ -157,33 +165,55 @@ __device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s
       hi = mid;
   }
   *a = lo;
-  for (hi = lo; hi < refs.off[k + 1] && refs.ref[hi] / slots < s1; hi++) {
+  hi = refs.off[k + 1];
+  while (lo < hi) {  // the first reference whose source is ≥ s1
+    const int mid = (lo + hi) / 2;
+    if (refs.ref[mid] / slots < s1)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
-  *b = hi;
+  *b = lo;
 }
 
-// grid (referenced summary rows, heads of the chunk), block kRow: dXK, dXV += the far gradients
-// dKf, dVf (chunk blocks, nfmax, d) of every reference to the row from the chunk's blocks, in
-// block order: the transpose of the gather, per target row. CPU twin: scatter_add.
+// grid (referenced summary rows, heads of the chunk), block (kRow, kWarps): dXK, dXV += the far
+// gradients dKf, dVf (chunk blocks, nfmax, d) of every reference to the row from the chunk's
+// blocks: the transpose of the gather, per target row. The references are cut into kWarps
+// consecutive shares, one per warp (lanes along f), and the shares' sums are added in warp
+// order: a fixed order, so no atomics and no dependence on scheduling. CPU twin: scatter_add.
 __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const float *dVf,
                             gfma_refs refs, gfma_levels lv, int nbs, int nfmax, int g0, int g1) {
+  __shared__ float part[2][kWarps][kRow];
   const int k = blockIdx.x, h = g0 / nbs + blockIdx.y, R = refs.row[k];
   const int s0 = g0 - h * nbs > 0 ? g0 - h * nbs : 0, s1 = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
   int a, b;
   ref_range(refs, k, nfmax, s0, s1, &a, &b);
-  if (a == b) return;
-  const int l = gfma_level_of(lv, R);
-  for (int f = threadIdx.x; f < lv.d; f += kRow) {
+  if (a == b) return;  // the whole block: a and b are the same for every thread
+  const int l = gfma_level_of(lv, R), share = (b - a + kWarps - 1) / kWarps;
+  const int e0 = a + threadIdx.y * share, e1 = e0 + share < b ? e0 + share : b;
+  for (int f0 = 0; f0 < lv.d; f0 += kRow) {
+    const int f = f0 + threadIdx.x;
     float ak = 0.0f, av = 0.0f;
-    for (int e = a; e < b; e++) {
+    for (int e = e0; e < e1 && f < lv.d; e++) {
       const size_t src =
           ((size_t)(h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * lv.d;
       ak += dKf[src + f];
       av += dVf[src + f];
     }
-    const size_t at = gfma_at(lv, l, f, h, R - lv.row[l]);
-    dXK[at] += ak;
-    dXV[at] += av;
+    part[0][threadIdx.y][threadIdx.x] = ak;
+    part[1][threadIdx.y][threadIdx.x] = av;
+    __syncthreads();
+    if (threadIdx.y == 0 && f < lv.d) {
+      float sk = 0.0f, sv = 0.0f;
+      for (int w = 0; w < (int)kWarps; w++) {
+        sk += part[0][w][threadIdx.x];
+        sv += part[1][w][threadIdx.x];
+      }
+      const size_t at = gfma_at(lv, l, f, h, R - lv.row[l]);
+      dXK[at] += sk;
+      dXV[at] += sv;
+    }
+    __syncthreads();  // part is written again for the next channels
   }
 }
 
@@ -386,7 +416,7 @@ void launch_softmax(const gfma *g, const chunk &c, float *lse) {
 }
 
 void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
-  const long pairs = (c.g1 - c.g0) * g->nfmax;
+  const long pairs = (c.g1 - c.g0) * (g->nfmax / g->p);  // (block, listed window)
   if (pairs == 0) return;
   const gpu_op_time t(TIMER_M2P);
   const size_t blocks = gpu_blocks((size_t)pairs, kGather);
@@ -557,8 +587,8 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
       const gpu_op_time t(TIMER_M2P);
       const dim3 grid(gpu_int(g->far_refs.nrows, "summary rows"),
                       (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
-      scatter_far<<<grid, kRow, 0, gpu_stream()>>>(dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv,
-                                                   (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
+      scatter_far<<<grid, dim3(kRow, kWarps), 0, gpu_stream()>>>(
+          dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv, (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
       LAUNCH_CHECK(scatter_far);
     }
   }

@@ -87,9 +87,10 @@ bool drain_to(CUstream_st *s, uint64_t upto, bool wait = true) {
     const task &next = s->queue.front();
     if (next.hang) {
       if (wait)
-        fatal("a wait for the device met %s, which never completes (CUDAEMU_NCCL_HANG): on a GPU "
-              "this call would never return",
-              next.what.c_str());
+        fatal(
+            "a wait for the device met %s, which never completes (CUDAEMU_NCCL_HANG): on a GPU "
+            "this call would never return",
+            next.what.c_str());
       reached = false;
       break;
     }
