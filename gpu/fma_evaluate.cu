@@ -153,27 +153,23 @@ __global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *X
   }
 }
 
+// The first of the references [lo, hi) (sorted by source) whose source is ≥ s.
+__device__ int first_source(const gfma_refs &refs, int lo, int hi, int slots, int s) {
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (refs.ref[mid] / slots < s)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 // The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref
-// (two binary searches: a coarse row has thousands).
+// (binary searches: a coarse row has thousands).
 __device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s1, int *a, int *b) {
-  int lo = refs.off[k], hi = refs.off[k + 1];
-  while (lo < hi) {  // the first reference whose source is ≥ s0
-    const int mid = (lo + hi) / 2;
-    if (refs.ref[mid] / slots < s0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  *a = lo;
-  hi = refs.off[k + 1];
-  while (lo < hi) {  // the first reference whose source is ≥ s1
-    const int mid = (lo + hi) / 2;
-    if (refs.ref[mid] / slots < s1)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  *b = lo;
+  *a = first_source(refs, refs.off[k], refs.off[k + 1], slots, s0);
+  *b = first_source(refs, *a, refs.off[k + 1], slots, s1);
 }
 
 // grid (referenced summary rows, heads of the chunk), block (kRow, kWarps): dXK, dXV += the far

@@ -148,24 +148,43 @@ long head_group(const gfma *g, int copies) {
   return hc < 1 ? 1 : hc < g->BH ? hc : g->BH;
 }
 
-// P2M of level l, windows [c0, c1) of the slab, heads [h0, h0 + hn) whose tokens xt holds as
-// (d, hn·T): Xt rows = bias + x·Wᵀ per channel (fma_P2M).
+// Level l's P2M on this slab: windows [c0, c0 + nwin), taps [a, b) of each (bias: whether this
+// rank adds the windows' bias), the first token they read (off, from the slab's start) and head
+// h0's first summary row of them in the channel-outermost layout (at, gfma_at).
+struct p2m_slab {
+  long c0, nwin, a, b, win, span, off;
+  bool bias;
+  size_t at;
+};
+
+p2m_slab slab_of(const gfma *g, int l, long h0) {
+  const fma_state *st = g->st;
+  p2m_slab s;
+  long c1;
+  fma_slab_windows(st, l, &s.c0, &c1);
+  slab_taps(st, l, s.c0, &s.a, &s.b, &s.bias);
+  s.nwin = c1 - s.c0;
+  s.win = st->tree.window[l];
+  s.span = st->layout.span[l];
+  s.off = s.c0 * s.win + s.a - st->t0;
+  s.at = gfma_at(g->lv, l, 0, h0, s.c0 * g->p);
+  return s;
+}
+
+// P2M of level l, the slab's windows, heads [h0, h0 + hn) whose tokens xt holds as (d, hn·T):
+// Xt rows = bias + x·Wᵀ per channel (fma_P2M).
 void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w, long h0,
          long hn) {
   const gpu_op_time t(TIMER_P2M);
-  const fma_state *st = g->st;
-  long c0, c1, a, b;
-  bool bias;
-  fma_slab_windows(st, l, &c0, &c1);
-  slab_taps(st, l, c0, &a, &b, &bias);
-  const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
-  set_rows(g, Xt, l, c0, nwin, h0, hn, bias ? w->b[l] : nullptr);
-  const float *x0 = xt + (c0 * win + a - st->t0);
-  float *y0 = Xt + gfma_at(g->lv, l, 0, h0, c0 * P);
-  for_rows(hn, nwin, T, win, nr, P,
+  const p2m_slab sl = slab_of(g, l, h0);
+  const long P = g->p, T = g->T, nr = g->lv.nr[l];
+  set_rows(g, Xt, l, sl.c0, sl.nwin, h0, hn, sl.bias ? w->b[l] : nullptr);
+  const float *x0 = xt + sl.off;
+  float *y0 = Xt + sl.at;
+  for_rows(hn, sl.nwin, T, sl.win, nr, P,
            [&](long ox, long oy, long M, long ldx, long ldy, long heads, long hx, long hy) {
-             gpu_gemm2(false, true, M, P, b - a, 1.0f, x0 + ox, ldx, hn * T, hx, w->w[l] + a,
-                       st->layout.span[l], w->stride[l], 0, 1.0f, y0 + oy, ldy, g->BH * nr, hy,
+             gpu_gemm2(false, true, M, P, sl.b - sl.a, 1.0f, x0 + ox, ldx, hn * T, hx,
+                       w->w[l] + sl.a, sl.span, w->stride[l], 0, 1.0f, y0 + oy, ldy, g->BH * nr, hy,
                        g->d, heads);
            });
 }
@@ -276,18 +295,14 @@ void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, lo
 void p2m_backward(const gfma *g, int l, float *dxt, const float *dXt, const gfma_weights *w,
                   long h0, long hn) {
   const gpu_op_time t(TIMER_P2M);
-  const fma_state *st = g->st;
-  long c0, c1, a, b;
-  bool bias;
-  fma_slab_windows(st, l, &c0, &c1);
-  slab_taps(st, l, c0, &a, &b, &bias);
-  const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
-  const long span = st->layout.span[l], off = c0 * win + a - st->t0;
-  const float *y0 = dXt + gfma_at(g->lv, l, 0, h0, c0 * P);
-  for_rows(hn, nwin, nr, P, T, win,
+  const p2m_slab sl = slab_of(g, l, h0);
+  const long P = g->p, T = g->T, nr = g->lv.nr[l];
+  const float *y0 = dXt + sl.at;
+  for_rows(hn, sl.nwin, nr, P, T, sl.win,
            [&](long oy, long ox, long M, long ly, long lx, long heads, long hy, long hx) {
-             gpu_gemm2(false, false, M, b - a, P, 1.0f, y0 + oy, ly, g->BH * nr, hy, w->w[l] + a,
-                       span, w->stride[l], 0, 1.0f, dxt + off + ox, lx, hn * T, hx, g->d, heads);
+             gpu_gemm2(false, false, M, sl.b - sl.a, P, 1.0f, y0 + oy, ly, g->BH * nr, hy,
+                       w->w[l] + sl.a, sl.span, w->stride[l], 0, 1.0f, dxt + sl.off + ox, lx,
+                       hn * T, hx, g->d, heads);
            });
 }
 
@@ -297,17 +312,12 @@ void p2m_backward(const gfma *g, int l, float *dxt, const float *dXt, const gfma
 void p2m_grads(const gfma *g, enum fma_set set, int l, const float *dXt, const float *xt,
                float *dparams, const float *ones, long h0, long hn) {
   const gpu_op_time t(TIMER_P2M);
-  const fma_state *st = g->st;
-  long c0, c1, a, b;
-  bool bias;
-  fma_slab_windows(st, l, &c0, &c1);
-  slab_taps(st, l, c0, &a, &b, &bias);
-  const long win = st->tree.window[l], nwin = c1 - c0, P = g->p, T = g->T, nr = g->lv.nr[l];
-  const long span = st->layout.span[l], off = c0 * win + a - st->t0;
-  const float *y0 = dXt + gfma_at(g->lv, l, 0, h0, c0 * P);
+  const p2m_slab sl = slab_of(g, l, h0);
+  const long P = g->p, T = g->T, nr = g->lv.nr[l];
   float *dW = grad_begin(g, set, l, dparams);
-  param_grads(g, hn, nwin, rows_of{y0, nr, P, g->BH * nr}, rows_of{xt + off, T, win, hn * T}, b - a,
-              dW + a, span, bias ? dparams + st->layout.bias[set][l] : nullptr, ones);
+  param_grads(g, hn, sl.nwin, rows_of{dXt + sl.at, nr, P, g->BH * nr},
+              rows_of{xt + sl.off, T, sl.win, hn * T}, sl.b - sl.a, dW + sl.a, sl.span,
+              sl.bias ? dparams + g->st->layout.bias[set][l] : nullptr, ones);
   grad_end(g, set, l, dparams, dW);
 }
 

@@ -201,7 +201,7 @@ MUTANTS = [
      "transpose_tiles: the barrier between loading and storing a tile removed",
      "test_gpu_fma_m2m", {}, 1, FMA),
     ("fma-scatter-chunk-edge", "fma_evaluate.cu", "void ref_range(",
-     "refs.ref[mid] / slots < s1", "refs.ref[mid] / slots <= s1",
+     "refs.off[k + 1], slots, s1)", "refs.off[k + 1], slots, s1 + 1)",
      "ref_range: a summary row also gathers the first block after the chunk (twice in all)",
      "test_gpu_fma_chunks", {}, 1, FMA),
     ("fma-linear-barrier-before-D", "fma_linear.cu", "void level_backward(",
