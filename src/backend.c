@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "adamw.h"
 #include "blascore.h"
-#include "optimizer.h"
 #include "threads.h"
 
 #ifdef FMATTN_GPU /* built --with-cuda, or --enable-cuda-emulation (FMATTN_GPU_EMULATED too) */
@@ -58,8 +58,8 @@ static const struct backend cpu = {
     .heads_merge_forward = heads_merge_forward,
     .heads_merge_backward = heads_merge_backward,
     .softmax_xent_forward_backward = softmax_xent_rows_forward_backward,
-    .sum_squares = optimizer_cpu_sum_squares,
-    .adamw = optimizer_cpu_adamw,
+    .sum_squares = adamw_cpu_sum_squares,
+    .adamw = adamw_cpu,
 };
 
 const struct backend *backend_cpu(void) { return &cpu; }

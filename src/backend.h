@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "adamw.h"
 #include "comm.h"
 #include "config.h"
 #include "layers.h"
@@ -18,12 +19,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* One AdamW step's scalars (optimizer.c): lr already times the tensor's lr_scale; bc1, bc2 the
- * bias corrections 1 − β1ᵗ, 1 − β2ᵗ; grad_scale the clipping factor. */
-struct adamw_step {
-  float lr, wd, beta1, beta2, eps, bc1, bc2, grad_scale;
-};
 
 /* What a device back end asked of its device (gpu/counts.cu counts it as it asks): bench.h5 /gpu,
  * and scripts/roofline.py's lower bound on the time. */

@@ -6,7 +6,6 @@
 #ifndef FMATTN_OPTIMIZER_H
 #define FMATTN_OPTIMIZER_H
 
-#include "backend.h"
 #include "config.h"
 #include "model.h"
 
@@ -17,11 +16,5 @@ double optimizer_grad_norm(const struct model *model);
 /* One AdamW step t (1-based, for bias correction) with learning rate lr; gradients are first
  * multiplied by grad_scale (the clipping factor, 1 when not clipping). */
 void optimizer_step(struct model *model, long t, double lr, float grad_scale);
-
-/* The CPU back end's element-wise work (backend.h): Σ x² over total floats in double (256 fixed
- * chunks, so the sum does not depend on the thread count), and AdamW on one tensor. */
-double optimizer_cpu_sum_squares(const float *x, size_t total);
-void optimizer_cpu_adamw(float *w, const float *g, float *m, float *v, size_t n,
-                         const struct adamw_step *s);
 
 #endif
