@@ -6,11 +6,11 @@
 #include <cstring>
 
 #include "attention/attention.h"
-#include "attention/ring.h"
+#include "parallel/ring.h"
 #include "attention_full.cuh"
 #include "check.h"
 #include "gpu.h"
-#include "halo.h"
+#include "parallel/halo.h"
 
 namespace {
 

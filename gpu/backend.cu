@@ -1,4 +1,4 @@
-// The CUDA back end's device and table, the twin of src/backend.c: the device this rank uses
+// The CUDA back end's device and table, the twin of src/model/backend.c: the device this rank uses
 // (its local rank on the node, mod the devices it sees), the one stream and cuBLAS handle every
 // operation is queued on, the precision of the products, and struct backend filled with the
 // gpu_* operations; opening it registers the attention implementations that exist on the GPU.
@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "backend.h"
+#include "model/backend.h"
 #include "check.h"
 #include "gpu.h"
 

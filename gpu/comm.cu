@@ -1,7 +1,7 @@
-// The NCCL transport of the communicator, the twin of src/comm.c's MPI one: the bulk float traffic
-// of a run on GPUs (the gradient allreduce, halos, the ring, the locally essential tree) on device
-// buffers, one NCCL communicator per scope (unique ids broadcast over MPI), queued on the back
-// end's stream, bytes counted as comm.c counts MPI's. Host scalars stay on MPI (comm.c).
+// The NCCL transport of the communicator, the twin of src/parallel/comm.c's MPI one: the bulk float
+// traffic of a run on GPUs (the gradient allreduce, halos, the ring, the locally essential tree) on
+// device buffers, one NCCL communicator per scope (unique ids broadcast over MPI), queued on the
+// back end's stream, bytes counted as comm.c counts MPI's. Host scalars stay on MPI (comm.c).
 #include <time.h>
 
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include <mpi.h>
 
 #include "check.h"
-#include "comm.h"
+#include "parallel/comm.h"
 #include "gpu.h"
 
 namespace {

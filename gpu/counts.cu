@@ -8,10 +8,10 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-#include "backend.h"
+#include "model/backend.h"
 #include "check.h"
 #include "gpu.h"
-#include "timer.h"
+#include "core/timer.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"
-#include "timer.h"
+#include "core/timer.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "memory.h"
+#include "core/memory.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,8 +57,8 @@ void gpu_set_bf16(bool on);
  * the SIMT reference. Under sequence parallelism (the ring, the halo) only the blocked form
  * runs. */
 enum gpu_exact_kernels { GPU_EXACT_BLOCKED, GPU_EXACT_REFERENCE };
-/* The back end's options: the deck's [gpu] section and parallel.precision (src/backend.c reads
- * them; nothing below it sees the deck). */
+/* The back end's options: the deck's [gpu] section and parallel.precision (src/model/backend.c
+ * reads them; nothing below it sees the deck). */
 struct gpu_options {
   bool bf16;                    /* parallel.precision = bf16 */
   bool debug;                   /* gpu.debug: wait after every launch, name a faulting kernel */

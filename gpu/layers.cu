@@ -1,13 +1,13 @@
-// The per-token layers on the device, the twin of src/layers.c op for op: the same contracts, fp32
-// data, backward accumulating. GEMMs through gpu_gemm (cuBLAS); rows reduced by one warp each;
+// The per-token layers on the device, the twin of src/model/layers.c op for op: the same contracts,
+// fp32 data, backward accumulating. GEMMs through gpu_gemm (cuBLAS); rows reduced by one warp each;
 // sums over many rows (bias, layer-norm and embedding gradients) in two stages — fixed chunks of
 // rows in parallel, then the chunks in order — so they are deterministic and never one thread's
 // walk over every row. Every launcher returns before an empty launch.
 #include <climits>
 #include <vector>
 
-#include "layers.h"
-#include "rng.h"
+#include "model/layers.h"
+#include "core/rng.h"
 
 #include "check.h"
 #include "gpu.h"

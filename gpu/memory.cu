@@ -1,4 +1,4 @@
-// Device memory of the CUDA back end, the twin of src/memory.c: a pool, so that a step's
+// Device memory of the CUDA back end, the twin of src/core/memory.c: a pool, so that a step's
 // workspace is reused and cudaMalloc/cudaFree (which synchronises the device) run only while the
 // pool grows; every block in use is counted by label in memory.c. Small blocks (up to 1 MiB) are
 // kept by size class; large ones are cut from segments (what cudaMalloc gave), best fit, split

@@ -1,9 +1,10 @@
-// AdamW and the gradient norm on the device, the twin of src/optimizer.c's element work: the same
-// update element for element (fp32), and the sum of squares in double in a fixed order (partial
-// sums of fixed slices, added on the host in order), so the norm does not depend on the launch.
+// AdamW and the gradient norm on the device, the twin of src/model/optimizer.c's element work: the
+// same update element for element (fp32), and the sum of squares in double in a fixed order
+// (partial sums of fixed slices, added on the host in order), so the norm does not depend on the
+// launch.
 #include <vector>
 
-#include "backend.h"
+#include "model/backend.h"
 #include "check.h"
 #include "gpu.h"
 

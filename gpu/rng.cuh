@@ -1,6 +1,6 @@
-/* The counter-based random bits of src/rng.c on the device, the same function bit for bit (64-bit
- * integer arithmetic only), so a dropout mask drawn on the GPU equals the CPU's for the same key.
- * Header of device functions, included by the .cu files that draw. */
+/* The counter-based random bits of src/core/rng.c on the device, the same function bit for bit
+ * (64-bit integer arithmetic only), so a dropout mask drawn on the GPU equals the CPU's for the
+ * same key. Header of device functions, included by the .cu files that draw. */
 #ifndef FMATTN_GPU_RNG_CUH
 #define FMATTN_GPU_RNG_CUH
 
@@ -13,7 +13,7 @@ __device__ __forceinline__ uint64_t gpu_mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-/* rng_bits of src/rng.c: 64 random bits from the key (seed, stream, a, b, c). */
+/* rng_bits of src/core/rng.c: 64 random bits from the key (seed, stream, a, b, c). */
 __device__ __forceinline__ uint64_t gpu_rng_bits(uint64_t seed, uint64_t stream, uint64_t a,
                                                  uint64_t b, uint64_t c) {
   uint64_t h = gpu_mix64(seed ^ 0x5851F42D4C957F2Dull);

@@ -7,15 +7,15 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "backend.h"
-#include "bench.h"
-#include "blascore.h"
-#include "comm.h"
-#include "config.h"
-#include "error.h"
-#include "kernel.h"
-#include "threads.h"
-#include "train.h"
+#include "model/backend.h"
+#include "run/bench.h"
+#include "core/blascore.h"
+#include "parallel/comm.h"
+#include "deck/config.h"
+#include "core/error.h"
+#include "run/kernel_file.h"
+#include "core/threads.h"
+#include "run/train.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -137,7 +137,7 @@ int main(int argc, char **argv) {
       error_collective("usage: fmattn kernel IN.h5 OUT.h5");
     }
     threads_setup(MPI_COMM_WORLD);
-    int rc = kernel_run(argv[2], argv[3]);
+    int rc = kernel_file_run(argv[2], argv[3]);
     MPI_Finalize();
     return rc;
   }

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "deck/config.h"
 
 static char deck_path[64], again_path[64];
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 
 #include "../src/attention/nystrom.h"
-#include "../src/error.h"
-#include "../src/h5io.h"
+#include "../src/core/error.h"
+#include "../src/io/h5io.h"
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);

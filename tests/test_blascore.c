@@ -1,11 +1,11 @@
-/* The BLAS core check's decision (src/blascore.h, docs/perf.md): for every generic core name
+/* The BLAS core check's decision (src/core/blascore.h, docs/perf.md): for every generic core name
  * OpenBLAS reports, on CPUs with AVX-512, with AVX2 (Intel and AMD) and with neither, with and
  * without the user's OPENBLAS_CORETYPE: keep, correct (to which core) or warn. */
 #include "testutil.h"
 
 #include <string.h>
 
-#include "../src/blascore.h"
+#include "../src/core/blascore.h"
 
 static const char *const generic[] = {
     "Katmai", "Coppermine",  "Northwood", "Prescott",  "Banias",    "Atom",         "Core2",

@@ -1,4 +1,4 @@
-/* Unit tests of the deck module (src/config.c): defaults as documented in SPEC §3, the
+/* Unit tests of the deck module (src/deck/config.c): defaults as documented in SPEC §3, the
  * --print-defaults round trip, one test per error class with its file:line, key and expected
  * text, overrides, the resolved deck round trip, byte splits and the rank-layout checks.
  * Decks are written to a private directory under /tmp, removed at the end; no test needs MPI
@@ -20,7 +20,7 @@
 #include <mpi.h>
 
 #include "attention/attention.h"
-#include "config.h"
+#include "deck/config.h"
 
 #define ERR_LEN 4096
 

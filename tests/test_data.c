@@ -5,7 +5,7 @@
 
 #include "testutil.h"
 
-#include "../src/data.h"
+#include "../src/io/data.h"
 
 /* A byte file whose byte at offset o is a known function of o. */
 static char *make_file(size_t size) {

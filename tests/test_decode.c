@@ -6,7 +6,7 @@
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
-#include "../src/config.h"
+#include "../src/deck/config.h"
 
 static void check_decode(const char *variant, long n, const char *extra[]) {
   const long H = 2, d = 8, X = H * n * d;

@@ -6,7 +6,7 @@
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
-#include "../src/config.h"
+#include "../src/deck/config.h"
 
 struct fcase {
   const char *variant, *mix;

@@ -6,8 +6,8 @@
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
-#include "../src/config.h"
-#include "../src/params.h"
+#include "../src/deck/config.h"
+#include "../src/model/params.h"
 #include "fma_cases.h"
 #include "fma_oracle.h"
 

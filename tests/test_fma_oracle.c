@@ -7,10 +7,10 @@
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
-#include "../src/config.h"
+#include "../src/deck/config.h"
 #include "../src/fma/lists.h"
 #include "../src/fma/tree.h"
-#include "../src/params.h"
+#include "../src/model/params.h"
 #include "fma_cases.h"
 #include "fma_oracle.h"
 

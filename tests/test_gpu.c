@@ -1,6 +1,6 @@
 /* The CUDA back end's operations against the CPU's on the same inputs: every layer of
- * src/layers.c (forward and every gradient, accumulated onto non-zero buffers), the products of
- * gpu_gemm (fp32 and bf16), AdamW and the norm, exact attention and its causality, the device
+ * src/model/layers.c (forward and every gradient, accumulated onto non-zero buffers), the products
+ * of gpu_gemm (fp32 and bf16), AdamW and the norm, exact attention and its causality, the device
  * memory pool and row packing, and the NCCL transport against MPI. Natively on a GPU (--with-cuda),
  * or through tests/cudaemu; with no GPU the whole program is one TAP skip, never a pass. */
 #include "testutil.h"
@@ -9,10 +9,10 @@
 
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
-#include "../src/backend.h"
-#include "../src/comm.h"
-#include "../src/config.h"
-#include "../src/layers.h"
+#include "../src/model/backend.h"
+#include "../src/parallel/comm.h"
+#include "../src/deck/config.h"
+#include "../src/model/layers.h"
 
 /* fp32 on both sides, different summation orders: relative to the largest entry */
 #define TOL 2e-5

@@ -5,8 +5,8 @@
  * layers are wired together correctly. */
 #include "testutil.h"
 
-#include "../src/model.h"
-#include "../src/optimizer.h"
+#include "../src/model/model.h"
+#include "../src/model/optimizer.h"
 
 /* Two layers of width 16 (2 heads of 8) over 32 tokens. */
 static void make_config(struct config *cfg, const char *variant, const char *position,

@@ -18,8 +18,8 @@
 #include <mpi.h>
 
 #include "../src/attention/attention.h"
-#include "../src/config.h"
-#include "../src/rng.h"
+#include "../src/deck/config.h"
+#include "../src/core/rng.h"
 
 /* x[i] = scale · N(0, 1), keyed by `key`. */
 static inline void tu_randn(float *x, size_t n, uint64_t key, float scale) {
@@ -86,7 +86,7 @@ static inline double tu_rel_err_dd(const double *a, const double *b, size_t n) {
 
 /* ---------------------------------------------------------------------------------------------
  * Configurations (testutil.c): through config_load with --set overrides, as `fmattn kernel` makes
- * one (src/kernel.c) */
+ * one (src/run/kernel_file.c) */
 
 /* A NULL-terminated list of overrides in place: TU_SETS("attention.local.band=9", ...). */
 #define TU_SETS(...) ((const char *const[]){__VA_ARGS__, NULL})

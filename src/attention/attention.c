@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "attention/registry.h"
-#include "error.h"
+#include "core/error.h"
 #include "fma/lists.h"
-#include "memory.h"
+#include "core/memory.h"
 
 #define DECLARE(name) extern struct attn_variant attention_##name;
 ATTENTION_REGISTRY(DECLARE)

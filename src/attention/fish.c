@@ -10,9 +10,9 @@
 
 #include "attention/attention.h"
 #include "attention/exact.h"
-#include "error.h"
-#include "memory.h"
-#include "rng.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/rng.h"
 
 /* G = fish.global_heads query/key heads give global scores s_k(i, j) = q_k,i·k_k,j, k < G; each of
  * the H value heads takes its logits as a mixture of them — fish.mix = linear (hard FiSH):

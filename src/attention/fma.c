@@ -9,13 +9,13 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "error.h"
+#include "core/error.h"
 #include "fma/fma.h"
 #include "fma/let.h"
 #include "fma/open.h"
-#include "halo.h"
-#include "memory.h"
-#include "timer.h"
+#include "parallel/halo.h"
+#include "core/memory.h"
+#include "core/timer.h"
 
 #ifdef _OPENMP
 #include <omp.h>

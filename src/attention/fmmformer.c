@@ -10,8 +10,8 @@
 #include "attention/exact.h"
 #include "attention/kernelized.h"
 #include "attention/linear.h"
-#include "error.h"
-#include "memory.h"
+#include "core/error.h"
+#include "core/memory.h"
 
 struct fmm_state {
   long band;

@@ -10,11 +10,11 @@
 
 #include "attention/attention.h"
 #include "attention/exact.h"
-#include "attention/ring.h"
-#include "error.h"
-#include "halo.h"
-#include "memory.h"
-#include "vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
+#include "parallel/ring.h"
+#include "core/error.h"
+#include "parallel/halo.h"
+#include "core/memory.h"
+#include "model/vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
 
 /* ---------------------------------------------------------------------------------------------
  * the tile loops: one unit (exact.h), a tile of queries against the live tiles of a key range */

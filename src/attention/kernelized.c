@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "memory.h"
+#include "core/error.h"
+#include "core/memory.h"
 
 /* Per-thread workspace of the row functions. Features are made KZ_BLOCK rows at a time (larger
  * GEMMs in the maps); the running sums advance KZ_CHUNK rows at a time within a block. */

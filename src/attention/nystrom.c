@@ -12,10 +12,10 @@
 
 #include "attention/attention.h"
 #include "attention/nystrom.h"
-#include "error.h"
-#include "halo.h"
-#include "memory.h"
-#include "vecmath.h"
+#include "core/error.h"
+#include "parallel/halo.h"
+#include "core/memory.h"
+#include "model/vecmath.h"
 
 #define NY_CHUNK 64 /* query or key rows per streamed chunk */
 

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "memory.h"
-#include "rng.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/rng.h"
 
 #define PPSBN_EPS 1e-12
 

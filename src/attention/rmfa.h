@@ -7,7 +7,7 @@
 #include <stdbool.h>
 
 #include "attention/kernelized.h"
-#include "config.h"
+#include "deck/config.h"
 
 #define RMFA_MAX_DEGREE 20
 

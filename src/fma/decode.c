@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/fma.h"
 #include "fma/open.h"
-#include "memory.h"
+#include "core/memory.h"
 
 struct fma_decoder {
   const struct fma_state *st;

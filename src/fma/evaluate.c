@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/fma.h"
-#include "memory.h"
-#include "timer.h"
-#include "vecmath.h"
+#include "core/memory.h"
+#include "core/timer.h"
+#include "model/vecmath.h"
 
 void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk) {
   const struct fma_tree *tree = &st->tree;

@@ -7,11 +7,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/open.h"
-#include "memory.h"
-#include "timer.h"
-#include "vecmath.h"
+#include "core/memory.h"
+#include "core/timer.h"
+#include "model/vecmath.h"
 
 /* Where the gradients of a level-l slot source's rows go (fma_open_source_rows' rows): the
  * summaries' dK or dV rows, or fine block c's dk or dv rows (local, or the fetched block's). */

@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "memory.h"
-#include "timer.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/timer.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the plan */

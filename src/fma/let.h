@@ -5,9 +5,9 @@
 #ifndef FMATTN_FMA_LET_H
 #define FMATTN_FMA_LET_H
 
-#include "comm.h"
+#include "parallel/comm.h"
 #include "fma/fma.h"
-#include "halo.h"
+#include "parallel/halo.h"
 
 #ifdef __cplusplus
 extern "C" {

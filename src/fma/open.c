@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/open.h"
-#include "memory.h"
-#include "timer.h"
-#include "vecmath.h"
+#include "core/memory.h"
+#include "core/timer.h"
+#include "model/vecmath.h"
 
 /* ---------------------------------------------------------------------------------------------
  * buffers */

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "comm.h"
+#include "parallel/comm.h"
 #include "fma/fma.h"
 
 #ifdef _OPENMP

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/let.h"
 #include "fma/open.h"
-#include "memory.h"
+#include "core/memory.h"
 
 /* Item codes (longs) of one kind, per rank. */
 struct item_list {

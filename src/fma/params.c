@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/fma.h"
-#include "memory.h"
-#include "rng.h"
+#include "core/memory.h"
+#include "core/rng.h"
 
 static const char *set_names[FMA_NSETS] = {"k_down", "v_down", "q_down"};
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "fma/fma.h"
 #include "fma/let.h"
 #include "fma/open.h"

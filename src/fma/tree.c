@@ -1,7 +1,7 @@
 /* Level and window counts of the FMA tree (fma/tree.h). */
 #include "fma/tree.h"
 
-#include "error.h"
+#include "core/error.h"
 
 bool fma_tree_exact(long n, int m, int p) {
   if (m < 1 || p < 1 || m % p != 0 || n % m != 0) return false;

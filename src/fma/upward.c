@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "fma/fma.h"
-#include "timer.h"
+#include "core/timer.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the slab: under sequence parallelism this rank holds tokens [t0, t0 + T) of x. A level whose

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "h5io.h"
+#include "core/error.h"
+#include "io/h5io.h"
 #include "tasks/tasks.h"
 
 /* A dataset's shape (ndim ≤ 2) and class; false when absent. */

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "rng.h"
+#include "core/error.h"
+#include "core/rng.h"
 #include "tasks/tasks.h"
 
 /* The draws of one sample, numbered in order. */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "tasks/tasks.h"
 
 int task_bucket(long distance, int buckets) {

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "deck/config.h"
 
 /* The alphabets (bytes). MQAR, two-token form (Zoology): key bytes and value bytes from disjoint
  * ranges, filler between the queries; a query is the key byte, its target the value byte. */

@@ -1,0 +1,445 @@
+/* CPU implementations of the per-token layers declared in layers.h. Matrix products go through
+ * CBLAS; elementwise and row-wise loops through OpenMP with static schedules. Parameter-gradient
+ * reductions over rows use LAYERS_CHUNKS fixed row ranges summed in order, so the result is the
+ * same for any thread count (a restart on another machine size stays bit-for-bit on one rank). */
+#include "model/layers.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/rng.h"
+#include "model/vecmath.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LAYERS_CHUNKS 64
+#define LAYERNORM_EPS 1e-5f
+
+/* ---------------------------------------------------------------------------------------------
+ * linear */
+
+void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
+                    int IC, int OC) {
+  if (N == 0) return;
+  float beta = 0.0f;
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) memcpy(out + i * OC, bias, sizeof(float) * (size_t)OC);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, OC, IC, 1.0f, inp, IC, weight, IC,
+              beta, out, OC);
+}
+
+void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, long N, int IC, int OC) {
+  if (N == 0) return;
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, IC, OC, 1.0f, dout, OC, weight,
+                IC, 0.0f, dinp, IC);
+  if (dweight)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)N, 1.0f, dout, OC, inp, IC,
+                1.0f, dweight, IC);
+  if (dbias) {
+    /* Column sums in fixed chunks of rows, then the chunks in order. */
+    float *part = mem_alloc(MEM_WORKSPACE, sizeof(float) * LAYERS_CHUNKS * (size_t)OC);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < LAYERS_CHUNKS; c++) {
+      float *p = part + (size_t)c * OC;
+      long r0 = N * c / LAYERS_CHUNKS, r1 = N * (c + 1) / LAYERS_CHUNKS;
+      for (long r = r0; r < r1; r++) {
+        const float *g = dout + r * OC;
+#pragma omp simd
+        for (int o = 0; o < OC; o++) p[o] += g[o];
+      }
+    }
+    for (int c = 0; c < LAYERS_CHUNKS; c++) {
+      const float *p = part + (size_t)c * OC;
+      for (int o = 0; o < OC; o++) dbias[o] += p[o];
+    }
+    mem_free(part);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * layernorm */
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                       const float *bias, long N, int C) {
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < N; i++) {
+    const float *x = inp + i * C;
+    float *y = out + i * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; c++) s += x[c];
+    float m = s / (float)C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    float r = 1.0f / sqrtf(v / (float)C + LAYERNORM_EPS);
+#pragma omp simd
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = r;
+  }
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean, const float *rstd,
+                        long N, int C) {
+  float *part = mem_alloc(MEM_WORKSPACE, sizeof(float) * LAYERS_CHUNKS * 2 * (size_t)C);
+#pragma omp parallel for schedule(static)
+  for (int ch = 0; ch < LAYERS_CHUNKS; ch++) {
+    float *pw = part + (size_t)ch * 2 * C, *pb = pw + C;
+    long r0 = N * ch / LAYERS_CHUNKS, r1 = N * (ch + 1) / LAYERS_CHUNKS;
+    for (long i = r0; i < r1; i++) {
+      const float *x = inp + i * C, *g = dout + i * C;
+      float *dx = dinp + i * C;
+      float m = mean[i], r = rstd[i];
+      /* dnorm = g·w; dx = (dnorm − mean(dnorm) − xhat·mean(dnorm·xhat))·rstd */
+      float sum_dn = 0.0f, sum_dnx = 0.0f;
+#pragma omp simd reduction(+ : sum_dn, sum_dnx)
+      for (int c = 0; c < C; c++) {
+        float xh = (x[c] - m) * r;
+        float dn = g[c] * weight[c];
+        sum_dn += dn;
+        sum_dnx += dn * xh;
+      }
+      float mdn = sum_dn / (float)C, mdnx = sum_dnx / (float)C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        float xh = (x[c] - m) * r;
+        float dn = g[c] * weight[c];
+        dx[c] += (dn - mdn - xh * mdnx) * r;
+        pw[c] += g[c] * xh;
+        pb[c] += g[c];
+      }
+    }
+  }
+  for (int ch = 0; ch < LAYERS_CHUNKS; ch++) {
+    const float *pw = part + (size_t)ch * 2 * C, *pb = pw + C;
+    for (int c = 0; c < C; c++) {
+      dweight[c] += pw[c];
+      dbias[c] += pb[c];
+    }
+  }
+  mem_free(part);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GELU (tanh form) */
+
+#define GELU_K 0.7978845608028654f /* √(2/π) */
+#define GELU_A 0.044715f
+
+void gelu_forward(float *out, const float *inp, size_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < count; i++) {
+    float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x)));
+  }
+}
+
+void gelu_backward(float *dinp, const float *dout, const float *inp, size_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < count; i++) {
+    float x = inp[i];
+    float u = GELU_K * (x + GELU_A * x * x * x);
+    float t = tanhf(u);
+    float sech2 = 1.0f - t * t;
+    float grad = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+    dinp[i] = grad * dout[i];
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * embeddings */
+
+void embedding_forward(float *out, const int *tokens, const float *token, const float *position,
+                       long B, long T, int C, long t0) {
+#pragma omp parallel for schedule(static)
+  for (long bt = 0; bt < B * T; bt++) {
+    const float *e = token + (size_t)tokens[bt] * C;
+    float *y = out + bt * C;
+    if (position) {
+      const float *p = position + (size_t)(t0 + bt % T) * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) y[c] = e[c] + p[c];
+    } else {
+      memcpy(y, e, sizeof(float) * (size_t)C);
+    }
+  }
+}
+
+void embedding_backward(float *dtoken, float *dposition, const float *dout, const int *tokens,
+                        long B, long T, int C, int V, long t0) {
+  /* Token rows are scattered (several positions share a token), so this loop is serial in the
+   * token table but parallel over channels: each thread owns a channel range. */
+#pragma omp parallel
+  {
+#ifdef _OPENMP
+    int nth = omp_get_num_threads(), th = omp_get_thread_num();
+#else
+    int nth = 1, th = 0;
+#endif
+    int c0 = C * th / nth, c1 = C * (th + 1) / nth;
+    for (long bt = 0; bt < B * T; bt++) {
+      const float *g = dout + bt * C;
+      float *e = dtoken + (size_t)tokens[bt] * C;
+      for (int c = c0; c < c1; c++) e[c] += g[c];
+    }
+    if (dposition) {
+      for (long t = 0; t < T; t++) {
+        float *p = dposition + (size_t)(t0 + t) * C;
+        for (long b = 0; b < B; b++) {
+          const float *g = dout + (b * T + t) * C;
+          for (int c = c0; c < c1; c++) p[c] += g[c];
+        }
+      }
+    }
+  }
+}
+
+void sinusoidal_forward(float *x, long B, long T, int C, long t0, float scale) {
+  int half = C / 2;
+#pragma omp parallel for schedule(static)
+  for (long t = 0; t < T; t++) {
+    double pos = (double)(t0 + t);
+    for (int i = 0; i < half; i++) {
+      double freq = pow(10000.0, -2.0 * i / (double)C);
+      float s = scale * (float)sin(pos * freq), co = scale * (float)cos(pos * freq);
+      for (long b = 0; b < B; b++) {
+        float *row = x + (b * T + t) * C;
+        row[2 * i] += s;
+        row[2 * i + 1] += co;
+      }
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rotary position embedding */
+
+static void rope_apply(float *x, long BH, long T, int d, long t0, float sign) {
+  int half = d / 2;
+  float *cs = mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)T * half); /* (T, half, 2) */
+#pragma omp parallel for schedule(static)
+  for (long t = 0; t < T; t++) {
+    for (int i = 0; i < half; i++) {
+      double ang = (double)(t0 + t) * pow(10000.0, -2.0 * i / (double)d);
+      cs[(t * half + i) * 2] = (float)cos(ang);
+      cs[(t * half + i) * 2 + 1] = sign * (float)sin(ang);
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (long bh = 0; bh < BH; bh++) {
+    for (long t = 0; t < T; t++) {
+      float *row = x + (bh * T + t) * d;
+      const float *c = cs + t * half * 2;
+      for (int i = 0; i < half; i++) {
+        float a = row[2 * i], b = row[2 * i + 1];
+        row[2 * i] = a * c[2 * i] - b * c[2 * i + 1];
+        row[2 * i + 1] = a * c[2 * i + 1] + b * c[2 * i];
+      }
+    }
+  }
+  mem_free(cs);
+}
+
+void rope_forward(float *x, long BH, long T, int d, long t0) { rope_apply(x, BH, T, d, t0, 1.0f); }
+
+/* The rotation is orthogonal: its transpose (the inverse rotation) maps dy to dx. Used on a
+ * gradient buffer that holds only this op's contribution. */
+void rope_backward(float *dx, long BH, long T, int d, long t0) {
+  rope_apply(dx, BH, T, d, t0, -1.0f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * dropout */
+
+/* mask row (C) of 0 or 1/(1−p) for element (b, t, ·): 16 random bits per element, 4 elements per
+ * rng_bits(seed, RNG_DROPOUT, step, site << 40 ^ sample, token · C4 + c4). The key's fold is shared
+ * by the row (rng_prefix) and each group of 4 costs one finaliser, vectorised: the same bits. */
+static void dropout_row(float *mask, const struct dropout_key *key, long b, long t, int C) {
+  const int C4 = (C + 3) / 4;
+  const uint32_t thresh = (uint32_t)(key->p * 65536.0f);
+  const float scale = 1.0f / (1.0f - key->p);
+  const uint64_t prefix = rng_prefix(key->seed, RNG_DROPOUT, (uint64_t)key->step,
+                                     ((uint64_t)key->site << 40) ^ (uint64_t)(key->sample0 + b));
+  const uint64_t c0 = (uint64_t)(key->t0 + t) * (uint64_t)C4;
+  uint64_t r[C4];
+#pragma omp simd
+  for (int c4 = 0; c4 < C4; c4++) r[c4] = rng_bits_last(prefix, c0 + (uint64_t)c4);
+#pragma omp simd
+  for (int c = 0; c < C; c++) {
+    const uint32_t u = (uint32_t)(r[c / 4] >> (16 * (c % 4))) & 0xFFFFu;
+    mask[c] = u >= thresh ? scale : 0.0f;
+  }
+}
+
+void dropout_forward(float *x, const struct dropout_key *key, long B, long T, int C) {
+  if (key->p <= 0.0f) return;
+#pragma omp parallel
+  {
+    float mask[C];
+#pragma omp for schedule(static)
+    for (long bt = 0; bt < B * T; bt++) {
+      dropout_row(mask, key, bt / T, bt % T, C);
+      float *row = x + bt * C;
+      for (int c = 0; c < C; c++) row[c] *= mask[c];
+    }
+  }
+}
+
+void dropout_backward(float *dx, const struct dropout_key *key, long B, long T, int C) {
+  dropout_forward(dx, key, B, T, C); /* the same mask scales the gradient */
+}
+
+void residual_dropout_forward(float *out, const float *res, const float *y,
+                              const struct dropout_key *key, long B, long T, int C) {
+  if (key->p <= 0.0f) {
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < B * T * C; i++) out[i] = res[i] + y[i];
+    return;
+  }
+#pragma omp parallel
+  {
+    float mask[C];
+#pragma omp for schedule(static)
+    for (long bt = 0; bt < B * T; bt++) {
+      dropout_row(mask, key, bt / T, bt % T, C);
+      for (int c = 0; c < C; c++) out[bt * C + c] = res[bt * C + c] + y[bt * C + c] * mask[c];
+    }
+  }
+}
+
+void residual_dropout_backward(float *dres, float *dy, const float *dout,
+                               const struct dropout_key *key, long B, long T, int C) {
+  if (key->p <= 0.0f) {
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < B * T * C; i++) {
+      dres[i] = dout[i];
+      dy[i] = dout[i];
+    }
+    return;
+  }
+#pragma omp parallel
+  {
+    float mask[C];
+#pragma omp for schedule(static)
+    for (long bt = 0; bt < B * T; bt++) {
+      dropout_row(mask, key, bt / T, bt % T, C);
+      for (int c = 0; c < C; c++) {
+        float g = dout[bt * C + c];
+        dres[bt * C + c] = g;
+        dy[bt * C + c] = g * mask[c];
+      }
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * head layout */
+
+void heads_split_forward(float *q, float *k, float *v, const float *qkv, long B, long T, int Hqk,
+                         int H, int d) {
+  const int Cqk = Hqk * d, W = (2 * Hqk + H) * d; /* a row of qkv: q (Cqk) | k (Cqk) | v (H·d) */
+#pragma omp parallel for collapse(2) schedule(static)
+  for (long b = 0; b < B; b++)
+    for (long t = 0; t < T; t++) {
+      const float *src = qkv + (b * T + t) * W;
+      for (int h = 0; h < Hqk; h++) {
+        const size_t dst = (((size_t)b * Hqk + h) * T + t) * d;
+        memcpy(q + dst, src + h * d, sizeof(float) * d);
+        memcpy(k + dst, src + Cqk + h * d, sizeof(float) * d);
+      }
+      for (int h = 0; h < H; h++)
+        memcpy(v + (((size_t)b * H + h) * T + t) * d, src + 2 * Cqk + h * d, sizeof(float) * d);
+    }
+}
+
+void heads_split_backward(float *dqkv, const float *dq, const float *dk, const float *dv, long B,
+                          long T, int Hqk, int H, int d) {
+  const int Cqk = Hqk * d, W = (2 * Hqk + H) * d;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (long b = 0; b < B; b++)
+    for (long t = 0; t < T; t++) {
+      float *dst = dqkv + (b * T + t) * W;
+      for (int h = 0; h < Hqk; h++) {
+        const size_t src = (((size_t)b * Hqk + h) * T + t) * d;
+        memcpy(dst + h * d, dq + src, sizeof(float) * d);
+        memcpy(dst + Cqk + h * d, dk + src, sizeof(float) * d);
+      }
+      for (int h = 0; h < H; h++)
+        memcpy(dst + 2 * Cqk + h * d, dv + (((size_t)b * H + h) * T + t) * d, sizeof(float) * d);
+    }
+}
+
+void heads_merge_forward(float *y, const float *att, long B, long T, int H, int d) {
+  int C = H * d;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (long b = 0; b < B; b++)
+    for (long t = 0; t < T; t++)
+      for (int h = 0; h < H; h++)
+        memcpy(y + (b * T + t) * C + h * d, att + (((size_t)b * H + h) * T + t) * d,
+               sizeof(float) * d);
+}
+
+void heads_merge_backward(float *datt, const float *dy, long B, long T, int H, int d) {
+  int C = H * d;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (long b = 0; b < B; b++)
+    for (long t = 0; t < T; t++)
+      for (int h = 0; h < H; h++)
+        memcpy(datt + (((size_t)b * H + h) * T + t) * d, dy + (b * T + t) * C + h * d,
+               sizeof(float) * d);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * softmax cross-entropy */
+
+double softmax_xent_rows_forward_backward(float *logits, const int *targets, long N, int V,
+                                          float grad_scale, float *row_loss, int *row_pred) {
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (long i = 0; i < N; i++) {
+    float *z = logits + i * V;
+    int tgt = targets[i];
+    if (tgt < 0) {
+      memset(z, 0, sizeof(float) * (size_t)V);
+      if (row_loss) row_loss[i] = 0.0f;
+      if (row_pred) row_pred[i] = -1;
+      continue;
+    }
+    float mx = z[0], zt = z[tgt];
+    int arg = 0;
+    for (int j = 1; j < V; j++)
+      if (z[j] > mx) mx = z[j], arg = j;
+    if (row_pred) row_pred[i] = arg;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < V; j++) {
+      z[j] = expf(z[j] - mx);
+      s += z[j];
+    }
+    float inv = 1.0f / s;
+    const double loss = log((double)s) - (double)(zt - mx);
+    total += loss;
+    if (row_loss) row_loss[i] = (float)loss;
+#pragma omp simd
+    for (int j = 0; j < V; j++) z[j] *= inv * grad_scale;
+    z[tgt] -= grad_scale;
+  }
+  return total;
+}
+
+double softmax_xent_forward_backward(float *logits, const int *targets, long N, int V,
+                                     float grad_scale, float *row_loss) {
+  return softmax_xent_rows_forward_backward(logits, targets, N, V, grad_scale, row_loss, NULL);
+}

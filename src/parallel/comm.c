@@ -1,0 +1,393 @@
+/* The communicator (comm.h): the rank layout, the host collectives, and the MPI transport of the
+ * bulk float traffic behind the table the other transports fill. Large messages are sent in
+ * pieces of at most COMM_PIECE elements so counts never overflow MPI's int arguments. Collective
+ * byte counts use the ring-algorithm volume 2(P−1)/P · bytes, the usual cost model. */
+#include "parallel/comm.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "core/memory.h"
+
+#define COMM_PIECE ((size_t)1 << 28)
+
+void comm_init(struct comm *c, int seq_ranks) {
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world_size));
+  if (seq_ranks < 1 || c->world_size % seq_ranks != 0)
+    error("parallel.seq_ranks = %d does not divide the %d ranks", seq_ranks, c->world_size);
+  c->S = seq_ranks;
+  c->D = c->world_size / seq_ranks;
+  c->seq_rank = c->world_rank % seq_ranks;
+  c->replica = c->world_rank / seq_ranks;
+  c->world = MPI_COMM_WORLD;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->replica, c->seq_rank, &c->seq));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->seq_rank, c->replica, &c->data));
+  c->bytes_sent = 0;
+  c->transport = &comm_mpi_transport;
+  c->overlap = true;
+}
+
+void comm_free(struct comm *c) {
+  MPI_Comm_free(&c->seq);
+  MPI_Comm_free(&c->data);
+}
+
+static MPI_Comm scope_comm(struct comm *c, enum comm_scope scope, int *size) {
+  switch (scope) {
+    case COMM_SEQ:
+      *size = c->S;
+      return c->seq;
+    case COMM_DATA:
+      *size = c->D;
+      return c->data;
+    default:
+      *size = c->world_size;
+      return c->world;
+  }
+}
+
+static void allreduce(struct comm *c, enum comm_scope scope, void *buf, size_t count,
+                      MPI_Datatype type, size_t elem, MPI_Op op) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size == 1) return;
+  for (size_t off = 0; off < count; off += COMM_PIECE) {
+    size_t n = count - off < COMM_PIECE ? count - off : COMM_PIECE;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)n, type, op, comm));
+  }
+  c->bytes_sent += (uint64_t)(2.0 * (size - 1) / size * (double)(count * elem));
+}
+
+static void mpi_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf,
+                                    size_t count) {
+  allreduce(c, scope, buf, count, MPI_FLOAT, sizeof(float), MPI_SUM);
+}
+
+void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_SUM);
+}
+
+void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_INT, sizeof(int), MPI_MAX);
+}
+
+void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *buf, size_t count) {
+  allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_MAX);
+}
+
+static void mpi_allgather_float(struct comm *c, enum comm_scope scope, const float *send,
+                                size_t count, float *recv) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size == 1) {
+    memmove(recv, send, count * sizeof(float));
+    return;
+  }
+  if (count > COMM_PIECE) error("allgather of %zu floats per rank is too large", count);
+  MPI_CHECK(MPI_Allgather(send, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, comm));
+  c->bytes_sent += (uint64_t)(size - 1) * count * sizeof(float); /* ring estimate */
+}
+
+void comm_exscan_sum_float(struct comm *c, const float *mine, size_t count, float *before,
+                           float *after) {
+  const int S = c ? c->S : 1, me = c ? c->seq_rank : 0;
+  if (before) memset(before, 0, sizeof(float) * count);
+  if (after) memset(after, 0, sizeof(float) * count);
+  if (S == 1) return;
+  float *all = xmalloc(sizeof(float) * count * (size_t)S); /* (S, count) */
+  comm_allgather_float(c, COMM_SEQ, mine, count, all);
+  for (int r = 0; r < S; r++) {
+    float *into = r < me ? before : r > me ? after : NULL;
+    if (!into) continue;
+    const float *from = all + (size_t)r * count;
+    for (size_t i = 0; i < count; i++) into[i] += from[i];
+  }
+  free(all);
+}
+
+void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size == 1) return;
+  for (size_t off = 0; off < bytes; off += COMM_PIECE)
+    MPI_CHECK(MPI_Bcast((char *)buf + off,
+                        (int)(bytes - off < COMM_PIECE ? bytes - off : COMM_PIECE), MPI_BYTE, root,
+                        comm));
+}
+
+void comm_barrier(struct comm *c, enum comm_scope scope) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  if (size > 1) MPI_CHECK(MPI_Barrier(comm));
+}
+
+static void mpi_sendrecv_float(struct comm *c, const float *send, size_t count, int dest,
+                               float *recv, size_t rcount, int src, int tag) {
+  if (count > COMM_PIECE || rcount > COMM_PIECE)
+    error("point-to-point message of %zu floats is too large", count > rcount ? count : rcount);
+  MPI_CHECK(MPI_Sendrecv(send, (int)count, MPI_FLOAT, dest, tag, recv, (int)rcount, MPI_FLOAT, src,
+                         tag, c->seq, MPI_STATUS_IGNORE));
+  if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
+}
+
+/* An alltoallv's size_t counts and displacements as MPI's int (4·S: sc, sd, rc, rd; the caller
+ * frees them), each checked to fit; the off-rank bytes (elem each) are counted as sent. */
+static int *int_counts(struct comm *c, const size_t *scount, const size_t *sdispl,
+                       const size_t *rcount, const size_t *rdispl, size_t elem, const char *what) {
+  const int S = c->S;
+  int *sc = xmalloc(sizeof(int) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S, *rd = sc + 3 * S;
+  for (int r = 0; r < S; r++) {
+    if (scount[r] > COMM_PIECE || rcount[r] > COMM_PIECE || sdispl[r] > (size_t)INT_MAX ||
+        rdispl[r] > (size_t)INT_MAX)
+      error("alltoallv of %zu %s is too large for one MPI call", scount[r] + sdispl[r], what);
+    sc[r] = (int)scount[r];
+    sd[r] = (int)sdispl[r];
+    rc[r] = (int)rcount[r];
+    rd[r] = (int)rdispl[r];
+    if (r != c->seq_rank) c->bytes_sent += scount[r] * elem;
+  }
+  return sc;
+}
+
+/* MPI_Alltoallv of elements of `type` (elem bytes, `what` in messages) with size_t counts and
+ * displacements, which must fit MPI's int. */
+static void alltoallv(struct comm *c, const void *send, const size_t *scount, const size_t *sdispl,
+                      void *recv, const size_t *rcount, const size_t *rdispl, MPI_Datatype type,
+                      size_t elem, const char *what) {
+  const int S = c->S;
+  int *sc = int_counts(c, scount, sdispl, rcount, rdispl, elem, what);
+  MPI_CHECK(MPI_Alltoallv(send, sc, sc + S, type, recv, sc + 2 * S, sc + 3 * S, type, c->seq));
+  free(sc);
+}
+
+static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                                const size_t *sdispl, float *recv, const size_t *rcount,
+                                const size_t *rdispl) {
+  alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_FLOAT, sizeof(float), "floats");
+}
+
+void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
+  _Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t travels as uint64_t");
+  timer_start(TIMER_EXCHANGE);
+  MPI_CHECK(MPI_Alltoall(send, 1, MPI_UINT64_T, recv, 1, MPI_UINT64_T, c->seq));
+  timer_stop(TIMER_EXCHANGE);
+  c->bytes_sent += (uint64_t)(c->S - 1) * sizeof(uint64_t);
+}
+
+void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
+                         const size_t *sdispl, long *recv, const size_t *rcount,
+                         const size_t *rdispl) {
+  timer_start(TIMER_EXCHANGE);
+  alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_LONG, sizeof(long), "longs");
+  timer_stop(TIMER_EXCHANGE);
+}
+
+static void mpi_isendrecv_float(struct comm *c, const float *send, size_t count, int dest,
+                                float *recv, size_t rcount, int src, int tag,
+                                struct comm_request *r) {
+  if (count > COMM_PIECE || rcount > COMM_PIECE)
+    error("point-to-point message of %zu floats is too large", count > rcount ? count : rcount);
+  MPI_CHECK(MPI_Irecv(recv, (int)rcount, MPI_FLOAT, src, tag, c->seq, &r->req[0]));
+  MPI_CHECK(MPI_Isend(send, (int)count, MPI_FLOAT, dest, tag, c->seq, &r->req[1]));
+  if (dest != MPI_PROC_NULL) c->bytes_sent += count * sizeof(float);
+}
+
+static void mpi_ialltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                                 const size_t *sdispl, float *recv, const size_t *rcount,
+                                 const size_t *rdispl, struct comm_request *r) {
+  const int S = c->S;
+  int *sc = int_counts(c, scount, sdispl, rcount, rdispl, sizeof(float), "floats");
+  MPI_CHECK(MPI_Ialltoallv(send, sc, sc + S, MPI_FLOAT, recv, sc + 2 * S, sc + 3 * S, MPI_FLOAT,
+                           c->seq, &r->req[0]));
+  r->req[1] = MPI_REQUEST_NULL;
+  r->counts = sc;
+}
+
+static void mpi_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf,
+                                     size_t count, struct comm_request *r) {
+  int size;
+  MPI_Comm comm = scope_comm(c, scope, &size);
+  r->req[0] = r->req[1] = MPI_REQUEST_NULL;
+  if (size <= 1 || count == 0) return;
+  if (count > COMM_PIECE) { /* beyond one MPI call: blocking, in pieces */
+    mpi_allreduce_sum_float(c, scope, buf, count);
+    return;
+  }
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, comm, &r->req[0]));
+  c->bytes_sent += (uint64_t)(2.0 * (size - 1) / size * (double)(count * sizeof(float)));
+}
+
+static void mpi_wait(struct comm_request *r) {
+  MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE));
+}
+
+static float *host_alloc(enum mem_label label, size_t floats) {
+  return mem_alloc(label, sizeof(float) * floats);
+}
+static void host_zero(float *p, size_t floats) { memset(p, 0, sizeof(float) * floats); }
+static void host_free(float *p) { mem_free(p); }
+
+static void host_copy_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
+                           size_t rows, size_t len) {
+  for (size_t r = 0; r < rows; r++)
+    memcpy(dst + r * dst_stride, src + r * src_stride, sizeof(float) * len);
+}
+
+static void host_add_rows(float *dst, size_t dst_stride, const float *src, size_t src_stride,
+                          size_t rows, size_t len) {
+  if (rows == 1) { /* one long row (a ring's accumulators): split over the threads */
+#pragma omp parallel for schedule(static) if (len > 65536)
+    for (size_t i = 0; i < len; i++) dst[i] += src[i];
+    return;
+  }
+  for (size_t r = 0; r < rows; r++) {
+    float *out = dst + r * dst_stride;
+    const float *in = src + r * src_stride;
+    for (size_t i = 0; i < len; i++) out[i] += in[i];
+  }
+}
+
+/* MPI moves host buffers: the transport of the CPU back end. */
+const struct comm_transport comm_mpi_transport = {
+    .name = "mpi",
+    .allreduce_sum_float = mpi_allreduce_sum_float,
+    .allgather_float = mpi_allgather_float,
+    .sendrecv_float = mpi_sendrecv_float,
+    .alltoallv_float = mpi_alltoallv_float,
+    .isendrecv_float = mpi_isendrecv_float,
+    .ialltoallv_float = mpi_ialltoallv_float,
+    .iallreduce_sum_float = mpi_iallreduce_sum_float,
+    .wait = mpi_wait,
+    .alloc = host_alloc,
+    .free = host_free,
+    .zero = host_zero,
+    .copy_rows = host_copy_rows,
+    .add_rows = host_add_rows,
+};
+
+static const struct comm_transport *via(const struct comm *c) {
+  return c ? c->transport : &comm_mpi_transport;
+}
+
+float *comm_alloc(const struct comm *c, enum mem_label label, size_t floats) {
+  return via(c)->alloc(label, floats);
+}
+
+void comm_zero(const struct comm *c, float *p, size_t floats) {
+  if (floats) via(c)->zero(p, floats);
+}
+
+void comm_free_buffer(const struct comm *c, float *p) {
+  if (p) via(c)->free(p);
+}
+
+void comm_copy_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
+                    size_t src_stride, size_t rows, size_t len) {
+  if (rows && len) via(c)->copy_rows(dst, dst_stride, src, src_stride, rows, len);
+}
+
+void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
+                   size_t src_stride, size_t rows, size_t len) {
+  if (rows && len) via(c)->add_rows(dst, dst_stride, src, src_stride, rows, len);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the bulk float traffic, through the transport chosen at comm_init */
+
+void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count) {
+  c->transport->allreduce_sum_float(c, scope, buf, count);
+}
+
+void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
+                          float *recv) {
+  if (scope == COMM_SEQ) timer_start(TIMER_EXCHANGE);
+  c->transport->allgather_float(c, scope, send, count, recv);
+  if (scope == COMM_SEQ) timer_stop(TIMER_EXCHANGE);
+}
+
+const struct comm_transport *comm_host_begin(struct comm *c) {
+  if (!c) return NULL;
+  const struct comm_transport *saved = c->transport;
+  c->transport = &comm_mpi_transport;
+  return saved;
+}
+
+void comm_host_end(struct comm *c, const struct comm_transport *saved) {
+  if (c) c->transport = saved;
+}
+
+void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                         size_t rcount, int src, int tag) {
+  timer_start(TIMER_EXCHANGE);
+  c->transport->sendrecv_float(c, send, count, dest, recv, rcount, src, tag);
+  timer_stop(TIMER_EXCHANGE);
+}
+
+void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                          const size_t *sdispl, float *recv, const size_t *rcount,
+                          const size_t *rdispl) {
+  timer_start(TIMER_EXCHANGE);
+  c->transport->alltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl);
+  timer_stop(TIMER_EXCHANGE);
+}
+
+void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
+                          size_t rcount, int src, int tag, struct comm_request *r) {
+  r->transport = c->transport;
+  r->counts = NULL;
+  r->exchange = true;
+  c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
+}
+
+void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scount,
+                           const size_t *sdispl, float *recv, const size_t *rcount,
+                           const size_t *rdispl, struct comm_request *r) {
+  r->transport = NULL; /* nothing left for comm_wait unless the transport starts it */
+  r->counts = NULL;
+  r->exchange = true;
+  timer_start(TIMER_EXCHANGE);
+  if (c->transport->ialltoallv_float) {
+    r->transport = c->transport;
+    c->transport->ialltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl, r);
+  } else {
+    c->transport->alltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl);
+  }
+  timer_stop(TIMER_EXCHANGE);
+}
+
+void comm_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count,
+                               struct comm_request *r) {
+  r->transport = NULL;
+  r->counts = NULL;
+  r->exchange = false;
+  if (c->transport->iallreduce_sum_float) {
+    r->transport = c->transport;
+    c->transport->iallreduce_sum_float(c, scope, buf, count, r);
+  } else {
+    c->transport->allreduce_sum_float(c, scope, buf, count);
+  }
+}
+
+bool comm_nonblocking(const struct comm *c) {
+  return c && c->transport->iallreduce_sum_float && c->transport->ialltoallv_float;
+}
+
+void comm_test(struct comm_request *r) {
+  if (r->transport != &comm_mpi_transport) return; /* another transport progresses by itself */
+  int done;
+  MPI_CHECK(MPI_Testall(2, r->req, &done, MPI_STATUSES_IGNORE));
+}
+
+void comm_wait(struct comm_request *r) {
+  if (!r->transport) return;
+  if (r->exchange) timer_start(TIMER_EXCHANGE);
+  r->transport->wait(r);
+  if (r->exchange) timer_stop(TIMER_EXCHANGE);
+  free(r->counts);
+  r->counts = NULL;
+  r->transport = NULL;
+}
