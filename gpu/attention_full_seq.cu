@@ -6,11 +6,11 @@
 #include <cstring>
 
 #include "attention/attention.h"
-#include "parallel/ring.h"
 #include "attention_full.cuh"
 #include "check.h"
 #include "gpu.h"
 #include "parallel/halo.h"
+#include "parallel/ring.h"
 
 namespace {
 

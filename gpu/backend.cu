@@ -6,9 +6,9 @@
 
 #include <cstdio>
 
-#include "model/backend.h"
 #include "check.h"
 #include "gpu.h"
+#include "model/backend.h"
 
 // The attention implementations of gpu/ (attention_*.cu), registered when the back end opens.
 extern "C" void gpu_attention_full_register(void);

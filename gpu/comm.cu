@@ -11,8 +11,8 @@
 #include <mpi.h>
 
 #include "check.h"
-#include "parallel/comm.h"
 #include "gpu.h"
+#include "parallel/comm.h"
 
 namespace {
 

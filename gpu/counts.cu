@@ -8,10 +8,10 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-#include "model/backend.h"
 #include "check.h"
-#include "gpu.h"
 #include "core/timer.h"
+#include "gpu.h"
+#include "model/backend.h"
 
 namespace {
 

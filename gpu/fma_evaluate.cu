@@ -3,9 +3,9 @@
 // GEMMs, one fused SIMT softmax over [near | far], then the value GEMMs. Backward recomputes the
 // scores from lse; gradients several blocks touch are summed per target row in a fixed order.
 #include "check.h"
+#include "core/timer.h"
 #include "fma_gpu.h"
 #include "gpu.h"
-#include "core/timer.h"
 
 namespace {
 

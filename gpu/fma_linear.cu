@@ -3,9 +3,9 @@
 // against the ≤ 3p key rows its window lists, added to every query of the sub-segment. Backward
 // gathers key and value gradients per target row in item order (no float atomics). Plain SIMT.
 #include "check.h"
+#include "core/timer.h"
 #include "fma_gpu.h"
 #include "gpu.h"
-#include "core/timer.h"
 
 namespace {
 

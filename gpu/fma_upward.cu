@@ -4,9 +4,9 @@
 // first; their transposes and the summary-parameter gradients (the GEMM over channels sums over
 // heads and windows in its k dimension). Hand-written kernels here move data only (plain SIMT).
 #include "check.h"
+#include "core/timer.h"
 #include "fma_gpu.h"
 #include "gpu.h"
-#include "core/timer.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <climits>
 #include <vector>
 
-#include "model/layers.h"
 #include "core/rng.h"
+#include "model/layers.h"
 
 #include "check.h"
 #include "gpu.h"

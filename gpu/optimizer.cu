@@ -4,9 +4,9 @@
 // launch.
 #include <vector>
 
-#include "model/backend.h"
 #include "check.h"
 #include "gpu.h"
+#include "model/backend.h"
 
 namespace {
 

@@ -7,14 +7,16 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "model/backend.h"
-#include "run/bench.h"
 #include "core/blascore.h"
-#include "parallel/comm.h"
-#include "deck/config.h"
 #include "core/error.h"
-#include "run/kernel_file.h"
 #include "core/threads.h"
+#include "deck/config.h"
+#include "model/backend.h"
+#include "parallel/comm.h"
+#include "run/bench.h"
+#include "run/eval.h"
+#include "run/generate.h"
+#include "run/kernel_file.h"
 #include "run/train.h"
 
 static void usage(FILE *out) {

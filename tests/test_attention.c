@@ -6,9 +6,9 @@
 #include "testutil.h"
 
 #include "../src/attention/attention.h"
+#include "../src/core/memory.h"
 #include "../src/deck/config.h"
 #include "../src/fma/lists.h"
-#include "../src/core/memory.h"
 
 static void dense_attention(double *out, double *dq, double *dk, double *dv, const double *q,
                             const double *k, const double *v, const double *dout, long n, long d,

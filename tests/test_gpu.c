@@ -9,10 +9,10 @@
 
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
-#include "../src/model/backend.h"
-#include "../src/parallel/comm.h"
 #include "../src/deck/config.h"
+#include "../src/model/backend.h"
 #include "../src/model/layers.h"
+#include "../src/parallel/comm.h"
 
 /* fp32 on both sides, different summation orders: relative to the largest entry */
 #define TOL 2e-5

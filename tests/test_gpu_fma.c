@@ -6,8 +6,8 @@
 
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
-#include "../src/parallel/comm.h"
 #include "../src/deck/config.h"
+#include "../src/parallel/comm.h"
 
 /* fp32 on both sides, different summation orders: relative to the largest entry (the brief's) */
 #define TOL 1e-4

@@ -7,9 +7,9 @@
 
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
+#include "../src/deck/config.h"
 #include "../src/model/backend.h"
 #include "../src/parallel/comm.h"
-#include "../src/deck/config.h"
 
 /* fp32 on both sides, other summation orders; relative to the largest entry (tu_rel_err). The
  * emulation measures at most 1.1e-6 (out, lse) and 6e-7 (dq, dk, dv) */

@@ -7,8 +7,8 @@
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
 #include "../src/model/backend.h"
-#include "../src/parallel/comm.h"
 #include "../src/model/model.h"
+#include "../src/parallel/comm.h"
 
 /* fp32 on both sides, the same operations in other orders (cuBLAS, two-stage sums) */
 #define TOL 1e-4

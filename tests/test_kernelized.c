@@ -7,8 +7,8 @@
 
 #include "../src/attention/attention.h"
 #include "../src/attention/rmfa.h"
-#include "../src/deck/config.h"
 #include "../src/core/memory.h"
+#include "../src/deck/config.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the oracle: one head, float64, from the SPEC's formulas */

@@ -3,8 +3,8 @@
  * reference (J = Σ dout · y), so both the float kernels and the formulas are checked. */
 #include "testutil.h"
 
-#include "../src/model/layers.h"
 #include "../src/core/rng.h"
+#include "../src/model/layers.h"
 
 #define FWD_TOL 2e-5
 #define BWD_TOL 1e-4

@@ -5,8 +5,8 @@
  * spanning ranks. Prints TAP from rank 0 (test_seq.sh runs it for S = 1, 2, 4, 8). */
 #include "testutil.h"
 
-#include "../src/parallel/comm.h"
 #include "../src/core/error.h"
+#include "../src/parallel/comm.h"
 
 static int tap_count = 0, tap_failed = 0;
 

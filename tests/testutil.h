@@ -18,8 +18,8 @@
 #include <mpi.h>
 
 #include "../src/attention/attention.h"
-#include "../src/deck/config.h"
 #include "../src/core/rng.h"
+#include "../src/deck/config.h"
 
 /* x[i] = scale · N(0, 1), keyed by `key`. */
 static inline void tu_randn(float *x, size_t n, uint64_t key, float scale) {

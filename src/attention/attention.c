@@ -10,8 +10,8 @@
 
 #include "attention/registry.h"
 #include "core/error.h"
-#include "fma/lists.h"
 #include "core/memory.h"
+#include "fma/lists.h"
 
 #define DECLARE(name) extern struct attn_variant attention_##name;
 ATTENTION_REGISTRY(DECLARE)

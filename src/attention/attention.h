@@ -9,9 +9,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "parallel/comm.h"
 #include "deck/config.h"
 #include "model/params.h"
+#include "parallel/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,12 +10,12 @@
 
 #include "attention/attention.h"
 #include "core/error.h"
+#include "core/memory.h"
+#include "core/timer.h"
 #include "fma/fma.h"
 #include "fma/let.h"
 #include "fma/open.h"
 #include "parallel/halo.h"
-#include "core/memory.h"
-#include "core/timer.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -10,11 +10,11 @@
 
 #include "attention/attention.h"
 #include "attention/exact.h"
-#include "parallel/ring.h"
 #include "core/error.h"
-#include "parallel/halo.h"
 #include "core/memory.h"
 #include "model/vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
+#include "parallel/halo.h"
+#include "parallel/ring.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the tile loops: one unit (exact.h), a tile of queries against the live tiles of a key range */

@@ -13,9 +13,9 @@
 #include "attention/attention.h"
 #include "attention/nystrom.h"
 #include "core/error.h"
-#include "parallel/halo.h"
 #include "core/memory.h"
 #include "model/vecmath.h"
+#include "parallel/halo.h"
 
 #define NY_CHUNK 64 /* query or key rows per streamed chunk */
 

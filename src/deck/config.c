@@ -17,8 +17,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "deck/config_keys.h"
 #include "core/error.h"
+#include "deck/config_keys.h"
 #include "tasks/tasks.h"
 
 /* Debian's libinih exposes its line limit as a variable; upstream fixes it at build time (200

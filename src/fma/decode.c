@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "fma/fma.h"
 #include "fma/open.h"
-#include "core/memory.h"
 
 struct fma_decoder {
   const struct fma_state *st;

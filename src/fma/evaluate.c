@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "fma/fma.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "fma/fma.h"
 #include "model/vecmath.h"
 
 void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk) {

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "fma/open.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "fma/open.h"
 #include "model/vecmath.h"
 
 /* Where the gradients of a level-l slot source's rows go (fma_open_source_rows' rows): the

@@ -5,8 +5,8 @@
 #ifndef FMATTN_FMA_LET_H
 #define FMATTN_FMA_LET_H
 
-#include "parallel/comm.h"
 #include "fma/fma.h"
+#include "parallel/comm.h"
 #include "parallel/halo.h"
 
 #ifdef __cplusplus

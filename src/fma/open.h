@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "parallel/comm.h"
 #include "fma/fma.h"
+#include "parallel/comm.h"
 
 #ifdef _OPENMP
 #include <omp.h>

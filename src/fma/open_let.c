@@ -7,9 +7,9 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "fma/let.h"
 #include "fma/open.h"
-#include "core/memory.h"
 
 /* Item codes (longs) of one kind, per rank. */
 struct item_list {

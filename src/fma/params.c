@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "fma/fma.h"
 #include "core/memory.h"
 #include "core/rng.h"
+#include "fma/fma.h"
 
 static const char *set_names[FMA_NSETS] = {"k_down", "v_down", "q_down"};
 

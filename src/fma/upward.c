@@ -6,8 +6,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "fma/fma.h"
 #include "core/timer.h"
+#include "fma/fma.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the slab: under sequence parallelism this rank holds tokens [t0, t0 + T) of x. A level whose

@@ -9,9 +9,9 @@
 
 #include <stddef.h>
 
-#include "parallel/comm.h"
 #include "deck/config.h"
 #include "model/model.h"
+#include "parallel/comm.h"
 
 /* Write ckpt_<step>.h5 in dir (collective over the world). Returns the seconds it took. */
 double checkpoint_write(struct model *model, struct comm *comm, long step, const char *dir);

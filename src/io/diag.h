@@ -7,9 +7,9 @@
 
 #include <stdbool.h>
 
-#include "parallel/comm.h"
-#include "deck/config.h"
 #include "core/timer.h"
+#include "deck/config.h"
+#include "parallel/comm.h"
 
 struct diag {
   char path[1024];

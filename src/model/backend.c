@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/adamw.h"
 #include "core/blascore.h"
 #include "core/threads.h"
+#include "model/adamw.h"
 
 #ifdef FMATTN_GPU /* built --with-cuda, or --enable-cuda-emulation (FMATTN_GPU_EMULATED too) */
 #include "../../gpu/gpu.h"

@@ -10,11 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/adamw.h"
-#include "parallel/comm.h"
-#include "deck/config.h"
-#include "model/layers.h"
 #include "core/memory.h"
+#include "deck/config.h"
+#include "model/adamw.h"
+#include "model/layers.h"
+#include "parallel/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "model/layers.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "model/layers.h"
 
 #include "model/backend.h"
 

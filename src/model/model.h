@@ -9,10 +9,10 @@
 #include <stdbool.h>
 
 #include "attention/attention.h"
-#include "model/backend.h"
-#include "parallel/comm.h"
 #include "deck/config.h"
+#include "model/backend.h"
 #include "model/params.h"
+#include "parallel/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

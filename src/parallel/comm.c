@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/timer.h"
 #include "core/memory.h"
+#include "core/timer.h"
 
 #define COMM_PIECE ((size_t)1 << 28)
 

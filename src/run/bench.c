@@ -12,18 +12,18 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "model/backend.h"
 #include "core/blascore.h"
-#include "core/peak.h"
-#include "io/data.h"
 #include "core/error.h"
-#include "io/h5io.h"
 #include "core/memory.h"
-#include "model/model.h"
-#include "model/optimizer.h"
+#include "core/peak.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "io/data.h"
+#include "io/h5io.h"
+#include "model/backend.h"
+#include "model/model.h"
+#include "model/optimizer.h"
 #include "run/train.h"
 
 #define BENCH_ROWS 256

@@ -3,8 +3,8 @@
 #ifndef FMATTN_BENCH_H
 #define FMATTN_BENCH_H
 
-#include "parallel/comm.h"
 #include "deck/config.h"
+#include "parallel/comm.h"
 
 int bench_run(const struct config *cfg, struct comm *comm);
 /* This rank's SGEMM rate with its threads, GFLOP/s. */

@@ -4,6 +4,8 @@
  * position buckets: the curve of how much the model gains from more context), the attention
  * diagnostics (level mass and entropy) of the first validation batch, and on a task the accuracy
  * on its scored targets, per sample and by distance (docs/tasks.md). */
+#include "run/eval.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +13,11 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "io/h5io.h"
 #include "core/memory.h"
-#include "tasks/tasks.h"
 #include "core/timer.h"
+#include "io/h5io.h"
 #include "run/train.h"
+#include "tasks/tasks.h"
 
 #define EVAL_BUCKETS 32 /* position buckets over the context, at most */
 

@@ -3,6 +3,8 @@
  * context; a full window moves on by half a context and the caches are rebuilt, so both paths
  * give the same bytes (docs/generate.md). Writes stdout, generate.txt and, with generate.record,
  * every step's logits to generate.h5. */
+#include "run/generate.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,10 +12,10 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "io/h5io.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "io/h5io.h"
 #include "run/train.h"
 
 /* The prompt: the bytes of generate.prompt_file, or generate.prompt, or a newline. The file is

@@ -12,16 +12,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "io/checkpoint.h"
-#include "io/diag.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/memory.h"
-#include "model/optimizer.h"
 #include "core/rng.h"
-#include "tasks/tasks.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "io/checkpoint.h"
+#include "io/diag.h"
+#include "model/optimizer.h"
+#include "tasks/tasks.h"
 
 static volatile sig_atomic_t stop_signal = 0;
 

@@ -1,18 +1,17 @@
-/* The run modes that use a model on data: train (with periodic validation, diagnostics,
- * checkpoints and a final test), eval (valid and test of a checkpoint) and generate (sample bytes
- * from a checkpoint). Each returns the process exit status; errors end the job on every rank. */
+/* `run.mode = train` (with periodic validation, diagnostics, checkpoints and a final test), and
+ * what the modes that run a model on data share (eval.h, generate.h): the run's directory, data
+ * and model opened and closed, evaluation over a split, the start-up and summary lines. The modes
+ * return the process exit status; errors end the job on every rank. */
 #ifndef FMATTN_TRAIN_H
 #define FMATTN_TRAIN_H
 
-#include "parallel/comm.h"
 #include "deck/config.h"
 #include "io/data.h"
 #include "io/diag.h"
 #include "model/model.h"
+#include "parallel/comm.h"
 
 int train_run(const struct config *cfg, struct comm *comm);
-int eval_run(const struct config *cfg, struct comm *comm);
-int generate_run(const struct config *cfg, struct comm *comm);
 
 /* What a mode that runs a model on data holds: its directory, data, model and diagnostics file. */
 struct run_state {
