@@ -20,7 +20,8 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 from fmattn_h5 import group_columns  # noqa: E402
 from fmattn_plot import byte_unit, plt, save  # noqa: E402
-from fmattn_runs import check_decks, deck_sets, deck_value, die, note, run_one  # noqa: E402
+from fmattn_deck import deck_values  # noqa: E402
+from fmattn_runs import check_decks, deck_sets, die, note, run_one  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -226,8 +227,9 @@ def main():
         if not os.path.exists(path):
             die(f"no deck {path} (choose among {', '.join(TABLE1 if a.table1 else VARIANTS)})")
         sets = deck_sets(path)
+        deck = deck_values(sets=sets)
         for c in contexts:
-            ctx = c or int(deck_value(sets, "model.context", "1024"))
+            ctx = c or int(deck.get("model.context", "1024"))
             tokens = 4096 if a.table1 else a.tokens_per_step
             if tokens % ctx:
                 die(f"{tokens} tokens per step is not a whole number of contexts of {ctx}")
@@ -240,7 +242,7 @@ def main():
             cmd = [a.fmattn, base] + [w for s in sets + runtime for w in ("--set", s)]
             meta = {"name": run, "variant": name, "context": ctx, "steps": steps,
                     "tokens": steps * tokens,
-                    "objective": deck_value(sets, "model.objective", "clm")}
+                    "objective": deck.get("model.objective", "clm")}
             run_dir = os.path.join(runs_dir, run)
             runs.append((meta, run_dir))
             checks.append((run, cmd))

@@ -1,5 +1,6 @@
 # Helpers shared by fmattn's Python scripts (imported from the scripts' own folder): reading the
-# column tables of fmattn's HDF5 outputs and the resolved deck text stored in their attributes.
+# column tables and attributes of fmattn's HDF5 outputs (the deck text of their `deck` attribute
+# is read by fmattn_deck.py).
 import os
 
 # fmattn opens its files for each append; a reader's shared lock would make that open fail and stop
@@ -37,20 +38,6 @@ def group_columns(f, group):
             cols[name] = np.asarray(a, dtype=float).ravel()
     k = min((len(c) for c in cols.values()), default=0)
     return {name: c[:k] for name, c in cols.items()}
-
-
-def deck_values(deck):
-    """{"section.key": "value"} of a deck's text (the resolved deck of `fmattn --check` or of a
-    file's `deck` attribute); the last setting of a key wins, as in fmattn."""
-    out, section = {}, ""
-    for line in str(deck).splitlines():
-        line = line.split(";")[0].split("#")[0].strip()
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1].strip()
-        elif "=" in line:
-            k, v = line.split("=", 1)
-            out[f"{section}.{k.strip()}"] = v.strip()
-    return out
 
 
 def run_file(path, name):

@@ -1,12 +1,15 @@
 # Helpers shared by the scripts that drive fmattn runs (compare.py, tasks.py; imported from the
 # scripts' own folder): messages under the calling script's name, a small deck as fmattn --set
-# options, and one run launched with its log. Reads and writes no HDF5 (fmattn_h5.py does).
+# options (read by fmattn_deck.py), and one run launched with its log. Reads and writes no HDF5
+# (fmattn_h5.py does).
 import configparser
 import os
 import shlex
 import subprocess
 import sys
 import time
+
+from fmattn_deck import read_deck
 
 
 def prog():
@@ -24,22 +27,13 @@ def die(msg):
 
 
 def deck_sets(path):
-    """The settings of a small deck as fmattn --set options (section.key=value)."""
-    cp = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), comment_prefixes=(";", "#"))
+    """The settings of a small deck as fmattn --set options (section.key=value); an error where
+    the file cannot be read or is not a deck."""
     try:
-        with open(path) as f:
-            cp.read_file(f)
+        values = read_deck(path)
     except (OSError, configparser.Error) as e:
         die(f"cannot read {path}: {e}")
-    return [f"{s}.{k}={v}" for s in cp.sections() for k, v in cp[s].items()]
-
-
-def deck_value(sets, key, default):
-    """The last value --set options give key, or default."""
-    for s in reversed(sets):
-        if s.startswith(key + "="):
-            return s.split("=", 1)[1]
-    return default
+    return [f"{k}={v}" for k, v in values.items()]
 
 
 def run_one(job):

@@ -16,6 +16,7 @@ import re
 
 import h5py
 import numpy as np
+from fmattn_deck import deck_values
 
 COLUMNS = ["device", "variant", "n", "precision", "heads", "head_dim", "fwd_ms", "bwd_ms",
            "step_ms", "tokens_per_s", "tflops", "mfu", "workspace_bytes", "peak_bytes", "software",
@@ -24,12 +25,6 @@ COLUMNS = ["device", "variant", "n", "precision", "heads", "head_dim", "fwd_ms",
 
 def text(x):
     return x.decode() if isinstance(x, bytes) else str(x)
-
-
-def deck_value(deck, section, key):
-    m = re.search(r"\[%s\](.*?)(?:\n\[|\Z)" % section, deck, re.S)
-    v = re.search(r"^%s\s*=\s*(\S*)" % re.escape(key), m.group(1), re.M) if m else None
-    return v.group(1) if v else ""
 
 
 def device_name(described):
@@ -42,7 +37,7 @@ def bench_rows(path, gemm):
     with h5py.File(path, "r") as f:
         device, deck = device_name(text(f.attrs["device"])), text(f.attrs["deck"])
         precision = text(f.attrs.get("precision", "fp32"))
-        variant = deck_value(deck, "attention", "variant")
+        variant = deck_values(deck).get("attention.variant", "")
         for p, name in (("fp32_gemm_gflops", "fp32"), ("bf16_gemm_gflops", "bf16")):
             if gemm and p in f.attrs:
                 rows.append({"device": device, "variant": "gemm", "precision": name,

@@ -17,7 +17,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import deck_values, group_columns, root_attrs, run_file  # noqa: E402
+from fmattn_deck import deck_values  # noqa: E402
+from fmattn_h5 import group_columns, root_attrs, run_file  # noqa: E402
 from fmattn_plot import byte_unit, log_ticks, save  # noqa: E402
 
 PROG = "plot_bench.py"

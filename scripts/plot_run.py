@@ -25,7 +25,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import deck_values, run_file  # noqa: E402
+from fmattn_deck import deck_values  # noqa: E402
+from fmattn_h5 import run_file  # noqa: E402
 from fmattn_plot import save  # noqa: E402
 
 PROG = "plot_run.py"
@@ -166,7 +167,7 @@ def plot_timing(data, attrs, title, out_dir, written):
     x = step[:k] if step is not None else np.arange(k)
     z = np.zeros(k)
     g = {p: ph.get(p, z)[:k] for p in PHASES}
-    # The timers are inclusive (src/timer.h): attention time is also forward or backward time, so
+    # The timers are inclusive (src/core/timer.h): attention time is also forward or backward time, so
     # it is carved out of them here to make the stack add up to the step.
     layers = np.maximum(g["forward"] + g["backward"] - g["attention"], 0.0)
     bands = [

@@ -22,6 +22,7 @@ import argparse
 import sys
 
 import h5py
+from fmattn_deck import deck_values
 
 # Published peaks, dense (no sparsity): bf16 tensor-core and fp32 CUDA-core FLOP/s, HBM bytes/s.
 DEVICES = {
@@ -49,10 +50,9 @@ def measured_ms(f):
             out[("attention", v, int(n))] = float(fw + bw)
     if "train" in f:
         t = f["train"]
-        variant = f.attrs.get("deck", b"")
-        variant = variant.decode() if isinstance(variant, bytes) else str(variant)
-        name = next((line.split("=", 1)[1].strip() for line in variant.splitlines()
-                     if line.strip().startswith("variant =")), "")
+        deck = f.attrs.get("deck", b"")
+        name = deck_values(deck.decode() if isinstance(deck, bytes) else str(deck)).get(
+            "attention.variant", "")
         for n, ms in zip(t["n"][()], t["step_ms"][()]):
             out[("train", name, int(n))] = float(ms)
     return out

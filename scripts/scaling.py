@@ -7,6 +7,7 @@
 # ./configure --enable-smpi) on a simulated cluster of scripts/simgrid/, and marks the results
 # simulated.
 import argparse
+import configparser
 import datetime
 import os
 import shlex
@@ -19,7 +20,8 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
-from fmattn_h5 import deck_values, text  # noqa: E402
+from fmattn_deck import deck_values, read_deck  # noqa: E402
+from fmattn_h5 import text  # noqa: E402
 
 PROG = "scaling.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -108,12 +110,11 @@ def resolve_deck(args, extra):
     if not args.dry_run:
         die(f"fmattn binary '{args.fmattn}' not found: build it (./bootstrap && ./configure && make)"
             " or give --fmattn")
-    with open(args.deck) as f:
-        variant = deck_values(f.read()).get("attention.variant") or "fma"  # the default
-    for i in range(1, len(extra), 2):
-        k, v = extra[i].split("=", 1)
-        if k.strip() == "attention.variant":
-            variant = v.strip()
+    try:
+        variant = read_deck(args.deck).get("attention.variant") or "fma"  # the default
+    except (OSError, configparser.Error) as e:
+        die(f"cannot read {args.deck}: {e}")
+    variant = deck_values(sets=extra[1::2]).get("attention.variant", variant)  # --extra's --set
     note(f"dry run without {args.fmattn}: variant '{variant}' read from the deck, not checked")
     return None, variant
 

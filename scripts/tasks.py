@@ -22,7 +22,8 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 from fmattn_h5 import group_columns  # noqa: E402
 from fmattn_plot import plt, save  # noqa: E402
-from fmattn_runs import check_decks, deck_sets, deck_value, die, log_wall, note, run_one  # noqa: E402
+from fmattn_deck import deck_values  # noqa: E402
+from fmattn_runs import check_decks, deck_sets, die, log_wall, note, run_one  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -44,12 +45,13 @@ TASKS = ["mqar", "passkey", "copy", "majority"]
 
 
 
-def chance(sets):
-    """Accuracy of a guess that knows the answer's alphabet but not the sample: 1 / its size."""
-    source = deck_value(sets, "data.source", "file")
-    symbols = int(deck_value(sets, "data.symbols", "16"))
+def chance(deck):
+    """Accuracy of a guess that knows the answer's alphabet but not the sample (deck: a run's
+    settings as deck_values gives them): 1 / its size."""
+    source = deck.get("data.source", "file")
+    symbols = int(deck.get("data.symbols", "16"))
     if source == "mqar":
-        return 1 / 8 if deck_value(sets, "data.mqar.one_hop", "true") == "true" else 1 / 64
+        return 1 / 8 if deck.get("data.mqar.one_hop", "true") == "true" else 1 / 64
     return {"passkey": 0.1, "listops": 0.1, "copy": 1 / symbols, "majority": 1 / symbols}.get(
         source, float("nan"))
 
@@ -122,7 +124,7 @@ def plan(a):
         if not os.path.exists(path):
             die(f"no deck {path}")
         sets = base_sets + deck_sets(path)
-        steps = a.steps or int(deck_value(sets, "train.steps", "300"))
+        steps = a.steps or int(deck_values(sets=sets).get("train.steps", "300"))
         for n in a.lengths:
             if a.tokens_per_step % n:
                 die(f"{a.tokens_per_step} tokens per step is not a whole number of contexts of {n}")
@@ -138,11 +140,11 @@ def plan(a):
                 runtime += a.extra.split()
                 cmd = [a.fmattn, base] + [w for s in deck_sets(path) + runtime
                                           for w in ("--set", s)]
-                every = sets + runtime
+                every = deck_values(sets=sets + runtime)
                 meta = {"name": name, "variant": v, "task": task, "context": n, "steps": steps,
                         "batch": a.tokens_per_step // n, "chance": chance(every),
-                        "band": int(deck_value(every, "attention.local.band", "128")),
-                        "fma_m": int(deck_value(every, "attention.fma.m", "64"))}
+                        "band": int(every.get("attention.local.band", "128")),
+                        "fma_m": int(every.get("attention.fma.m", "64"))}
                 runs.append((meta, cmd))
     return runs
 

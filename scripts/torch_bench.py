@@ -16,7 +16,6 @@ asking the OpenBLAS libraries loaded in this process), so a comparison on differ
 OPENBLAS_CORETYPE, when set, reaches both.
 """
 import argparse
-import configparser
 import ctypes
 import json
 import os
@@ -27,6 +26,7 @@ import tempfile
 import time
 
 import h5py
+from fmattn_deck import deck_values
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,15 +37,12 @@ def die(msg):
 
 
 def resolved_deck(fmattn, deck, sets):
-    """The deck as fmattn resolves it (fmattn --check), as a ConfigParser."""
+    """The deck as fmattn resolves it (fmattn --check): {"section.key": "value"}."""
     cmd = [fmattn, "--check", deck] + [x for s in sets for x in ("--set", s)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         die(f"fmattn rejected the deck: {r.stderr.strip()}")
-    cp = configparser.ConfigParser(inline_comment_prefixes=(";",), comment_prefixes=(";",),
-                                   interpolation=None)
-    cp.read_string(r.stdout)
-    return cp
+    return deck_values(r.stdout)
 
 
 def torch_cores():
@@ -66,15 +63,15 @@ def torch_cores():
 
 def build_model(torch, cfg):
     nn, F = torch.nn, torch.nn.functional
-    C, H, L = cfg.getint("model", "dim"), cfg.getint("model", "heads"), cfg.getint("model", "layers")
-    n, p = cfg.getint("model", "context"), cfg.getfloat("model", "dropout")
-    tied = cfg.getboolean("model", "tie_embeddings")
-    R = cfg.getint("model", "mlp_ratio") * C
+    C, H, L = int(cfg["model.dim"]), int(cfg["model.heads"]), int(cfg["model.layers"])
+    n, p = int(cfg["model.context"]), float(cfg["model.dropout"])
+    tied = cfg["model.tie_embeddings"] == "true"  # fmattn resolves a switch to true or false
+    R = int(cfg["model.mlp_ratio"]) * C
     V = 256  # bytes
     for key, want in (("position", "learned"), ("objective", "clm")):
-        if cfg.get("model", key) != want:
-            die(f"model.{key} = {cfg.get('model', key)}: this comparison builds {key} {want} only")
-    if cfg.get("attention", "heads_mode") != "standard":
+        if cfg[f"model.{key}"] != want:
+            die(f"model.{key} = {cfg[f'model.{key}']}: this comparison builds {key} {want} only")
+    if cfg["attention.heads_mode"] != "standard":
         die("attention.heads_mode must be standard for this comparison")
 
     class Block(nn.Module):
@@ -167,7 +164,7 @@ def main():
     sets = [f"model.context={a.n}", "bench.n_list=%d" % a.n, f"bench.repeats={a.steps}",
             "attention.variant=full", "run.mode=bench", "run.name=bench"]
     cfg = resolved_deck(a.fmattn, a.deck, sets)
-    batch = cfg.getint("train", "batch")
+    batch = int(cfg["train.batch"])
     import torch  # after OMP_NUM_THREADS is set
 
     torch.set_num_threads(a.threads)
