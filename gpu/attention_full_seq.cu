@@ -17,7 +17,7 @@ namespace {
 int kernels = GPU_EXACT_BLOCKED;  // enum gpu_exact_kernels: the deck's gpu.exact
 
 long band_of(const attn_ctx *ctx) {
-  return ctx->variant == attention_find("local") ? ctx->cfg->attention.local_band : 0;
+  return ctx->variant == attention_find("local") ? ctx->opt.local_band : 0;
 }
 
 exact_job job_of(const attn_ctx *ctx) {

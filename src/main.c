@@ -149,7 +149,8 @@ int main(int argc, char **argv) {
   const char *deck = parse_deck_args(argc, argv, &check_only, &ov);
 
   struct config cfg;
-  config_set_rule(attention_deck_rule); /* the variants' own rules, reported at their keys */
+  config_add_rule(task_deck_rule); /* the tasks' rules, then the variants', at their keys */
+  config_add_rule(attention_deck_rule);
   config_load_collective(&cfg, deck, &ov);
   check_runnable(&cfg, world, check_only);
   if (check_only) {

@@ -21,6 +21,7 @@
 
 #include "attention/attention.h"
 #include "deck/config.h"
+#include "tasks/tasks.h"
 
 #define ERR_LEN 4096
 
@@ -830,8 +831,9 @@ static int setup(void **state) {
   (void)state;
   snprintf(dir, sizeof dir, "/tmp/fmattn_test_config_XXXXXX");
   if (!mkdtemp(dir)) return -1;
-  write_file("deck.in", "", 0);         /* files[0]: the deck load_deck writes */
-  config_set_rule(attention_deck_rule); /* as fmattn's main sets it: the variants' own rules */
+  write_file("deck.in", "", 0);    /* files[0]: the deck load_deck writes */
+  config_add_rule(task_deck_rule); /* as fmattn's main adds them: the tasks' rules, the variants' */
+  config_add_rule(attention_deck_rule);
   return 0;
 }
 

@@ -496,7 +496,8 @@ static double feature_error(int D, int kernel_index, uint64_t seed) {
   struct attn_params ap;
   attention_params_make(&ap, &cfg, attention_find("rmfa"), 64);
   struct rmfa_features rf;
-  rmfa_features_open(&rf, &cfg, ap.params, d);
+  const struct rmfa_options ro = rmfa_options_read(&cfg);
+  rmfa_features_open(&rf, &ro, ap.params, d);
   struct kz_map map = rmfa_map(&rf);
   float *rows = malloc(sizeof(float) * 2 * pairs * d), *phi = malloc(sizeof(float) * 2 * pairs * D);
   float *scratch = malloc(sizeof(float) * (map.scratch_floats + 1));

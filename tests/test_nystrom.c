@@ -199,7 +199,7 @@ static void test_refusals(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   cmocka_set_message_output(CM_OUTPUT_TAP);
-  config_set_rule(attention_deck_rule); /* as main does: the variants refuse at their keys */
+  config_add_rule(attention_deck_rule); /* as main does: the variants refuse at their keys */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matches_oracle),
       cmocka_unit_test(test_refusals),

@@ -133,6 +133,13 @@ static void test_layouts(void **state) {
   unlink(text);
 }
 
+/* The generators' options of cfg, as data_open reads them. */
+static const struct task_options *opts(const struct config *cfg) {
+  static struct task_options o;
+  task_options_read(&o, cfg);
+  return &o;
+}
+
 /* Every scored target of a retrieval task: distance d points at the token that holds it. */
 static void check_retrieval(const struct task_sample *s, const struct config *cfg, int expect) {
   int scored = 0;
@@ -164,7 +171,7 @@ static void test_generators(void **state) {
   load_case(&cfg, mqar);
   task_sample_alloc(&s, N);
   for (uint64_t b = 0; b < 50; b++) {
-    task_mqar(&cfg, 3, b, &s);
+    task_mqar(opts(&cfg), 3, b, &s);
     check_retrieval(&s, &cfg, 10);
     for (int i = 0; i < 16; i++) /* distinct keys */
       for (int j = 0; j < i; j++)
@@ -174,7 +181,7 @@ static void test_generators(void **state) {
   const char *const mqar2[] = {"data.source=mqar", "data.mqar.one_hop=false", NULL};
   load_case(&cfg, mqar2);
   for (uint64_t b = 0; b < 50; b++) {
-    task_mqar(&cfg, 3, b, &s);
+    task_mqar(opts(&cfg), 3, b, &s);
     check_retrieval(&s, &cfg, 8);
     for (int i = 0; i < 8; i++) {
       assert_true(s.tokens[2 * i] >= MQAR_KEY0 && s.tokens[2 * i] < MQAR_KEY0 + MQAR_KEYS);
@@ -188,7 +195,7 @@ static void test_generators(void **state) {
     snprintf(set, sizeof set, "data.passkey.depth=%d", depth);
     const char *const pk[] = {"data.source=passkey", set, NULL};
     load_case(&cfg, pk);
-    task_passkey(&cfg, NULL, 0, 1, 2, &s);
+    task_passkey(opts(&cfg), NULL, 0, 1, 2, &s);
     check_retrieval(&s, &cfg, 5);
     /* the question at Q = n − 2k, query i at Q + 1 + 2i; the needle at 0 or at F = Q − k − 1 */
     const long Q = N - 10, F = Q - 6;
@@ -206,7 +213,7 @@ static void test_generators(void **state) {
     const char *const pk[] = {"data.source=passkey", "data.passkey.one_hop=false",
                               "data.passkey.depth=0.5", NULL};
     load_case(&cfg, pk);
-    task_passkey(&cfg, NULL, 0, 1, 2, &s);
+    task_passkey(opts(&cfg), NULL, 0, 1, 2, &s);
     check_retrieval(&s, &cfg, 5);
     assert_int_equal(s.tokens[N - 5], PASSKEY_QUESTION);
     for (int i = 0; i < 5; i++)
@@ -217,7 +224,7 @@ static void test_generators(void **state) {
   const char *const lo[] = {"data.source=listops", "data.listops.min_length=30", NULL};
   load_case(&cfg, lo);
   for (uint64_t b = 0; b < 20; b++) {
-    task_listops(&cfg, 0, b, &s);
+    task_listops(opts(&cfg), 0, b, &s);
     long E = -1;
     for (long t = 0; t < N; t++)
       if (s.scored[t]) {
@@ -468,6 +475,7 @@ static void expect_deck_error(const char *const *sets, const char *needle) {
 
 static void test_deck_rules(void **state) {
   (void)state;
+  config_add_rule(task_deck_rule); /* as fmattn's main adds it */
   const char *const a[] = {"data.source=mqar", "data.mqar.pairs=17", NULL};
   expect_deck_error(a, "--set data.mqar.pairs=17: data.mqar.pairs = 17: the one-hop form has 16");
   const char *const b[] = {"data.source=mqar", "data.mqar.pairs=4", "data.mqar.queries=5", NULL};

@@ -64,7 +64,7 @@ struct tu_run tu_attn_run(struct attn_ctx *ctx, const float *params, float *dpar
                           const float *k, const float *v, const float *dout) {
   const struct attn_dims *D = &ctx->dims;
   const size_t count = (size_t)(D->B * D->H * D->T * D->d);
-  const size_t qcount = (size_t)(D->B * attention_qk_heads(ctx->cfg) * D->T * D->d);
+  const size_t qcount = (size_t)(D->B * ctx->opt.qk_heads * D->T * D->d);
   struct tu_run r = {calloc(count, 4), calloc(qcount, 4), calloc(qcount, 4), calloc(count, 4)};
   float *saved = calloc(attention_saved_floats(ctx) + 1, sizeof(float));
   attention_forward(ctx, r.out, saved, q, k, v, params);
@@ -233,8 +233,8 @@ int tu_causality(struct attn_ctx *ctx, const float *params, const float *q, cons
                  const float *v, const struct tu_probe *probe, const char *what) {
   if (!ctx->dims.causal) fail_msg("%s: the causality probe needs a causal context", what);
   struct ctx_forward f = {ctx, params, calloc(attention_saved_floats(ctx) + 1, sizeof(float))};
-  const struct tu_heads shape = {ctx->dims.B, attention_qk_heads(ctx->cfg), ctx->dims.H,
-                                 ctx->dims.T, ctx->dims.d};
+  const struct tu_heads shape = {ctx->dims.B, ctx->opt.qk_heads, ctx->dims.H, ctx->dims.T,
+                                 ctx->dims.d};
   const int failed = tu_causality_fn(ctx_forward, &f, &shape, q, k, v, probe, what);
   free(f.saved);
   return failed;

@@ -189,7 +189,14 @@ void attention_init_param(const struct config *cfg, const struct attn_variant *v
 struct attn_ctx attention_open(const struct config *cfg, const struct attn_variant *v,
                                enum device_kind dev, struct comm *comm, int layer,
                                struct attn_dims dims) {
-  struct attn_ctx ctx = {.cfg = cfg, .variant = v, .dims = dims, .comm = comm, .layer = layer};
+  struct attn_ctx ctx = {.variant = v, .dims = dims, .comm = comm, .layer = layer};
+  ctx.opt = (struct attn_options){.diag_m = cfg->attention.fma_m,
+                                  .diag_p = cfg->attention.fma_p,
+                                  .diag_bands = attention_diag_bands(cfg, dims.n),
+                                  .full_block = cfg->attention.full_block,
+                                  .local_band = cfg->attention.local_band,
+                                  .qk_heads = attention_qk_heads(cfg),
+                                  .opens = v->opens && v->opens(cfg)};
   ctx.impl = attention_impl(v, dev);
   if (!ctx.impl) error("attention variant %s has no implementation on this device", v->name);
   ctx.state = v->setup ? v->setup(cfg, &ctx.dims) : NULL;
@@ -274,7 +281,7 @@ long attention_diag_rows(struct attn_ctx *ctx, double *mass, double *entropy, co
   struct comm *cm = ctx->comm;
   const int S = cm ? cm->S : 1, me = cm ? cm->seq_rank : 0;
   struct fma_tree tree;
-  fma_tree_build(&tree, dm->n, ctx->cfg->attention.fma_m, ctx->cfg->attention.fma_p);
+  fma_tree_build(&tree, dm->n, ctx->opt.diag_m, ctx->opt.diag_p);
   const int bands = tree.levels + 1;
   const long T = dm->T, nq = T < max_queries ? T : max_queries;
   const long nall = S * nq, w = ROW_BAND0 + bands; /* sampled queries of the group; stats each */

@@ -39,8 +39,20 @@ struct attn_open_diag {
   double *opened;
 };
 
+/* What a context's implementations read of the deck, once, when it is opened (attention_open, the
+ * set-up): below it nothing sees struct config. A variant's own options beyond these live in its
+ * state (setup: fma's struct fma_options, rmfa's struct rmfa_options, ...). */
+struct attn_options {
+  int diag_m, diag_p; /* attention.fma.m, fma.p: the tree every variant's diagnostics band by */
+  int diag_bands;     /* that tree's levels + 1 at dims.n */
+  int full_block;     /* attention.full.block: the exact loops' tile (full, local, FiSH) */
+  int local_band;     /* attention.local.band (local, FiSH-local) */
+  int qk_heads;       /* heads of q and k: model.heads, or FiSH's global heads */
+  bool opens;         /* the variant opens far windows by content (fma.open) */
+};
+
 struct attn_ctx {
-  const struct config *cfg;
+  struct attn_options opt;
   const struct attn_variant *variant;
   const struct attn_impl *impl; /* the implementation for the device the context was opened on */
   struct attn_dims dims;
@@ -156,7 +168,7 @@ int attention_qk_heads(const struct config *cfg);
 bool attention_refuses(const struct config *cfg, long n, int seq_ranks, struct attn_refusal *r);
 /* attention_refuses as a status: 0 when runnable, else 1 with the reason in err. */
 int attention_check(const struct config *cfg, long n, int seq_ranks, char *err, size_t len);
-/* The deck's variant rules, for config_set_rule: the configured variant at model.context on
+/* The deck's variant rules, for config_add_rule: the configured variant at model.context on
  * one rank, and in bench mode every variant of bench.variants at every n of bench.n_list (after
  * its fallback) where the refusal is about the length. Layout rules wait for the rank count
  * (attention_check at start). */

@@ -377,7 +377,7 @@ static long fish_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy
   const struct attn_dims *dm = &ctx->dims;
   const struct fish_params fp = params_view(st, params);
   const long T = dm->T, d = dm->d, G = st->G;
-  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  const int bands = ctx->opt.diag_bands;
   float *qc = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * G * d));
   float *kc = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * G * d));
   for (long t = 0; t < T; t++) /* batch element 0: rows of the G heads side by side */

@@ -159,7 +159,7 @@ static long fmm_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy,
   const struct fmm_state *st = ctx->state;
   const struct attn_dims *dm = &ctx->dims;
   const long H = dm->H, T = dm->T, d = dm->d;
-  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  const int bands = ctx->opt.diag_bands;
   const float *w1 = params, *w2 = params + param_aligned(H);
   double *pm = xcalloc((size_t)(H * bands), sizeof(double)),
          *pe = xcalloc((size_t)H, sizeof(double));

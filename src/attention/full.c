@@ -175,8 +175,7 @@ static const struct exact_hook full_hook = {.heads = 1,
  * tile then reads (tile + band − 1) keys rounded up to whole tiles, and a smaller tile wastes fewer
  * masked entries (band 64: 96 keys per query with tiles of 32, 128 with tiles of 64), which pays
  * for the smaller GEMMs (measured in bench, docs/kernelized.md). */
-static int exact_tile(const struct config *cfg, long band) {
-  const int block = cfg->attention.full_block;
+static int exact_tile(int block, long band) {
   if (band <= 0) return block;
   int tile = 16;
   while (tile < block && 2 * tile < band) tile *= 2;
@@ -200,16 +199,16 @@ struct exact_op {
 static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct exact_hook *hk,
                                      long band, const float *head_scale) {
   const struct attn_dims *dm = &ctx->dims;
-  return (struct exact_op){
-      .hk = hk,
-      .mk = {dm->causal, band},
-      .d = (int)dm->d,
-      .tile = exact_tile(ctx->cfg, band),
-      .ktile = exact_tile(ctx->cfg, band) * (band > 0 || hk->key_tiles < 1 ? 1 : hk->key_tiles),
-      .units = dm->B * dm->H / hk->heads,
-      .T = dm->T,
-      .H = dm->H,
-      .head_scale = head_scale};
+  return (struct exact_op){.hk = hk,
+                           .mk = {dm->causal, band},
+                           .d = (int)dm->d,
+                           .tile = exact_tile(ctx->opt.full_block, band),
+                           .ktile = exact_tile(ctx->opt.full_block, band) *
+                                    (band > 0 || hk->key_tiles < 1 ? 1 : hk->key_tiles),
+                           .units = dm->B * dm->H / hk->heads,
+                           .T = dm->T,
+                           .H = dm->H,
+                           .head_scale = head_scale};
 }
 
 /* Where a step's query or key rows lie: `pieces` pieces of `len` tokens in rows of `stride`
@@ -552,7 +551,7 @@ extern struct attn_variant attention_fish_full, attention_fish_local;
 
 /* The band of the two variants of this file: local.band for `local`, none for `full`. */
 static long variant_band(const struct attn_ctx *ctx) {
-  return ctx->variant == &attention_local ? ctx->cfg->attention.local_band : 0;
+  return ctx->variant == &attention_local ? ctx->opt.local_band : 0;
 }
 
 static size_t exact_saved_floats(const struct attn_ctx *ctx) {
@@ -596,7 +595,7 @@ static double exact_score(const struct attn_ctx *ctx, const float *qi, long i, c
 static long exact_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                               const float *k, const float *v, const float *params) {
   const struct attn_dims *dm = &ctx->dims;
-  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  const int bands = ctx->opt.diag_bands;
   long nq = 0;
   for (long h = 0; h < dm->H; h++) /* batch element 0 */
     nq = attention_diag_rows(ctx, mass + h * bands, entropy + h, q + h * dm->T * dm->d,

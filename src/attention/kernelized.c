@@ -432,7 +432,7 @@ static double score_magnitude(const struct attn_ctx *ctx, const float *qi, long 
 long kz_diagnostics(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm norm, double *mass,
                     double *entropy, const float *q, const float *k) {
   const struct attn_dims *dm = &ctx->dims;
-  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  const int bands = ctx->opt.diag_bands;
   const long T = dm->T, d = dm->d, F = map->F;
   float *fq = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * F));
   float *fk = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * F));

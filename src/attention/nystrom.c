@@ -629,7 +629,7 @@ static long ny_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, 
   const struct ny_state *st = ctx->state;
   const struct attn_dims *dm = &ctx->dims;
   const long T = dm->T, d = dm->d;
-  const int bands = attention_diag_bands(ctx->cfg, dm->n);
+  const int bands = ctx->opt.diag_bands;
   float *kc = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(T * d));
   long nq = 0;
   for (long h = 0; h < dm->H; h++) { /* batch element 0: each segment centre carries its mean key */

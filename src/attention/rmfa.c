@@ -65,22 +65,30 @@ static int draw_degree(uint64_t seed, int j) {
   return RMFA_MAX_DEGREE;
 }
 
-static int omega_rows(const struct config *cfg) {
-  if (cfg->attention.rmfa_omega_rows > 0) return cfg->attention.rmfa_omega_rows;
-  int rows = 0;
-  for (int j = 1; j < cfg->attention.rmfa_features; j++) rows += draw_degree(cfg->run.seed, j);
-  return rows;
+struct rmfa_options rmfa_options_read(const struct config *cfg) {
+  const struct config_attention *at = &cfg->attention;
+  struct rmfa_options o = {.features = at->rmfa_features,
+                           .kernel = rmfa_kernel_parse(at->rmfa_kernel),
+                           .ppsbn = at->rmfa_ppsbn,
+                           .omega_rows = at->rmfa_omega_rows,
+                           .seed = cfg->run.seed};
+  if (o.omega_rows <= 0) {
+    o.omega_rows = 0;
+    for (int j = 1; j < o.features; j++) o.omega_rows += draw_degree(o.seed, j);
+  }
+  return o;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * parameters: degree [D] and omega [Σ N_j, d] (frozen), gamma [H, d] with ppSBN */
 
 static void rmfa_describe(const struct config *cfg, long n, struct param_list *list) {
-  const long D = cfg->attention.rmfa_features, d = cfg->model.dim / cfg->model.heads;
-  const long omega[2] = {omega_rows(cfg), d}, gamma[2] = {cfg->model.heads, d};
+  const struct rmfa_options o = rmfa_options_read(cfg);
+  const long D = o.features, d = cfg->model.dim / cfg->model.heads;
+  const long omega[2] = {o.omega_rows, d}, gamma[2] = {cfg->model.heads, d};
   param_list_freeze(list, param_list_add(list, "degree", 1, &D, false, INIT_CUSTOM, 0.0f));
   param_list_freeze(list, param_list_add(list, "omega", 2, omega, false, INIT_CUSTOM, 0.0f));
-  if (cfg->attention.rmfa_ppsbn) param_list_add(list, "gamma", 2, gamma, false, INIT_ONE, 0.0f);
+  if (o.ppsbn) param_list_add(list, "gamma", 2, gamma, false, INIT_ONE, 0.0f);
 }
 
 /* Another draw than the seed's: omega [Σ N_j, d] with as many rows as its degrees ask for (1 to
@@ -95,37 +103,37 @@ static bool rmfa_adopt_shape(struct config *cfg, const char *name, int ndim, con
 }
 
 static void rmfa_init_param(const struct config *cfg, const struct param_desc *p, float *data) {
+  const uint64_t seed = rmfa_options_read(cfg).seed;
   if (strcmp(p->name, "degree") == 0) {
     data[0] = 0.0f;
-    for (long j = 1; j < p->shape[0]; j++) data[j] = (float)draw_degree(cfg->run.seed, (int)j);
+    for (long j = 1; j < p->shape[0]; j++) data[j] = (float)draw_degree(seed, (int)j);
   } else if (strcmp(p->name, "omega") == 0) {
     const long rows = p->shape[0], d = p->shape[1];
     for (long r = 0; r < rows; r++)
       for (long c = 0; c < d; c++)
-        data[r * d + c] = rng_bits(cfg->run.seed, RNG_FEATURES, 1 + (uint64_t)p->layer, (uint64_t)r,
-                                   (uint64_t)c) &
-                                  1
-                              ? 1.0f
-                              : -1.0f;
+        data[r * d + c] =
+            rng_bits(seed, RNG_FEATURES, 1 + (uint64_t)p->layer, (uint64_t)r, (uint64_t)c) & 1
+                ? 1.0f
+                : -1.0f;
   } else {
     error("rmfa has no custom initialisation for %s", p->name);
   }
 }
 
-void rmfa_features_open(struct rmfa_features *rf, const struct config *cfg, const float *params,
+void rmfa_features_open(struct rmfa_features *rf, const struct rmfa_options *o, const float *params,
                         int d) {
   memset(rf, 0, sizeof *rf);
-  const int D = cfg->attention.rmfa_features;
-  const enum rmfa_kernel kernel = rmfa_kernel_parse(cfg->attention.rmfa_kernel);
+  const int D = o->features;
+  const enum rmfa_kernel kernel = o->kernel;
   rf->D = D;
   rf->d = d;
-  rf->ppsbn = cfg->attention.rmfa_ppsbn;
+  rf->ppsbn = o->ppsbn;
   rf->scale = (float)pow((double)d, -0.25);
   rf->degree = xcalloc((size_t)D, sizeof(int));
   rf->offset = xcalloc((size_t)D, sizeof(int));
   rf->coef = xcalloc((size_t)D, sizeof(float));
   rf->coef[0] = (float)sqrt(rmfa_coefficient(kernel, 0));
-  const int expected = omega_rows(cfg);
+  const int expected = o->omega_rows;
   for (int j = 1; j < D; j++) {
     const float g = params[j];
     const int N = (int)g;
@@ -306,21 +314,34 @@ struct kz_map rmfa_map(const struct rmfa_features *rf) {
 /* ---------------------------------------------------------------------------------------------
  * the ops table */
 
-static size_t gamma_offset(const struct config *cfg) {
-  const size_t d = (size_t)(cfg->model.dim / cfg->model.heads);
-  return param_aligned((size_t)cfg->attention.rmfa_features) +
-         param_aligned((size_t)omega_rows(cfg) * d);
+/* The options of a context (setup): rmfa_options_read's, once per context. */
+static void *rmfa_setup(const struct config *cfg, const struct attn_dims *dims) {
+  (void)dims;
+  struct rmfa_options *o = xmalloc(sizeof *o);
+  *o = rmfa_options_read(cfg);
+  return o;
+}
+
+static void rmfa_teardown(void *state) { free(state); }
+
+static const struct rmfa_options *options_of(const struct attn_ctx *ctx) { return ctx->state; }
+
+/* Where gamma starts in a layer's parameters: after degree (D) and omega (rows, d). */
+static size_t gamma_offset(const struct attn_ctx *ctx) {
+  const struct rmfa_options *o = options_of(ctx);
+  return param_aligned((size_t)o->features) +
+         param_aligned((size_t)o->omega_rows * (size_t)ctx->dims.d);
 }
 
 /* The map's size does not depend on the features' values: for saved_floats and FLOPs. */
 static struct kz_map shape_map(const struct attn_ctx *ctx) {
-  return (struct kz_map){.F = ctx->cfg->attention.rmfa_features, .d = (int)ctx->dims.d};
+  return (struct kz_map){.F = options_of(ctx)->features, .d = (int)ctx->dims.d};
 }
 
 static size_t rmfa_saved_floats(const struct attn_ctx *ctx) {
   const struct kz_map map = shape_map(ctx);
   const size_t X = (size_t)(ctx->dims.B * ctx->dims.H * ctx->dims.T * ctx->dims.d);
-  return kz_saved_floats(ctx, &map) + (ctx->cfg->attention.rmfa_ppsbn ? X : 0);
+  return kz_saved_floats(ctx, &map) + (options_of(ctx)->ppsbn ? X : 0);
 }
 
 /* y (B, H, T, d) = x · γ (H, d): the output from the core's. */
@@ -338,16 +359,15 @@ static void scale_by_gamma(const struct attn_ctx *ctx, float *y, const float *x,
 
 static void rmfa_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                          const float *k, const float *v, const float *params) {
-  const struct config *cfg = ctx->cfg;
   struct rmfa_features rf;
-  rmfa_features_open(&rf, cfg, params, (int)ctx->dims.d);
+  rmfa_features_open(&rf, options_of(ctx), params, (int)ctx->dims.d);
   const struct kz_map map = rmfa_map(&rf);
-  if (!cfg->attention.rmfa_ppsbn) {
+  if (!rf.ppsbn) {
     kz_forward(ctx, &map, KZ_CLAMP1, out, saved, q, k, v);
   } else {
     float *core = saved + kz_saved_floats(ctx, &map);
     kz_forward(ctx, &map, KZ_CLAMP1, core, saved, q, k, v);
-    scale_by_gamma(ctx, out, core, params + gamma_offset(cfg));
+    scale_by_gamma(ctx, out, core, params + gamma_offset(ctx));
   }
   rmfa_features_close(&rf);
 }
@@ -355,18 +375,17 @@ static void rmfa_forward(struct attn_ctx *ctx, float *out, float *saved, const f
 static void rmfa_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                           const float *dout, const float *q, const float *k, const float *v,
                           const float *params, const float *out, const float *saved) {
-  const struct config *cfg = ctx->cfg;
   const struct attn_dims *dm = &ctx->dims;
   struct rmfa_features rf;
-  rmfa_features_open(&rf, cfg, params, (int)dm->d);
+  rmfa_features_open(&rf, options_of(ctx), params, (int)dm->d);
   const struct kz_map map = rmfa_map(&rf);
-  if (!cfg->attention.rmfa_ppsbn) {
+  if (!rf.ppsbn) {
     kz_backward(ctx, &map, KZ_CLAMP1, NULL, dq, dk, dv, dout, q, k, v, out, saved);
   } else {
-    const float *core = saved + kz_saved_floats(ctx, &map), *gamma = params + gamma_offset(cfg);
+    const float *core = saved + kz_saved_floats(ctx, &map), *gamma = params + gamma_offset(ctx);
     const long H = dm->H, T = dm->T, d = dm->d;
     if (dparams) { /* dγ (H, d) += Σ_{b, t} dout · core, row by row in order */
-      float *dgamma = dparams + gamma_offset(cfg);
+      float *dgamma = dparams + gamma_offset(ctx);
       double *acc = xcalloc((size_t)d, sizeof(double));
       for (long bh = 0; bh < dm->B * H; bh++) {
         memset(acc, 0, sizeof(double) * (size_t)d);
@@ -386,7 +405,7 @@ static void rmfa_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv,
 static long rmfa_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy, const float *q,
                              const float *k, const float *v, const float *params) {
   struct rmfa_features rf;
-  rmfa_features_open(&rf, ctx->cfg, params, (int)ctx->dims.d);
+  rmfa_features_open(&rf, options_of(ctx), params, (int)ctx->dims.d);
   const struct kz_map map = rmfa_map(&rf);
   long nq = kz_diagnostics(ctx, &map, KZ_CLAMP1, mass, entropy, q, k);
   rmfa_features_close(&rf);
@@ -394,10 +413,10 @@ static long rmfa_diagnostics(struct attn_ctx *ctx, double *mass, double *entropy
 }
 
 static double rmfa_flops(const struct attn_ctx *ctx, double *p2p_flops) {
-  const struct config *cfg = ctx->cfg;
-  const double d = (double)ctx->dims.d, rows = omega_rows(cfg);
+  const struct rmfa_options *o = options_of(ctx);
+  const double d = (double)ctx->dims.d, rows = o->omega_rows;
   struct kz_map map = shape_map(ctx);
-  map.flops_per_row = 2.0 * d * rows + rows + (cfg->attention.rmfa_ppsbn ? 8.0 * d : d);
+  map.flops_per_row = 2.0 * d * rows + rows + (o->ppsbn ? 8.0 * d : d);
   *p2p_flops = 0.0;
   return kz_flops(ctx, &map);
 }
@@ -411,10 +430,10 @@ struct rmfa_cache {
 
 static void *rmfa_decode_open(const struct attn_ctx *ctx, const float *params) {
   struct rmfa_cache *c = xcalloc(1, sizeof *c);
-  rmfa_features_open(&c->rf, ctx->cfg, params, (int)ctx->dims.d);
+  rmfa_features_open(&c->rf, options_of(ctx), params, (int)ctx->dims.d);
   const struct kz_map map = rmfa_map(&c->rf);
   c->kz = kz_decode_open(ctx, &map);
-  c->gamma = ctx->cfg->attention.rmfa_ppsbn ? params + gamma_offset(ctx->cfg) : NULL;
+  c->gamma = c->rf.ppsbn ? params + gamma_offset(ctx) : NULL;
   return c;
 }
 
@@ -441,6 +460,8 @@ struct attn_variant attention_rmfa = {
     .describe = rmfa_describe,
     .adopt_shape = rmfa_adopt_shape,
     .init_param = rmfa_init_param,
+    .setup = rmfa_setup,
+    .teardown = rmfa_teardown,
     .diagnostics = rmfa_diagnostics,
     .flops = rmfa_flops,
     .decode_open = rmfa_decode_open,

@@ -30,9 +30,20 @@ enum rmfa_kernel rmfa_kernel_parse(const char *name);
 /* Maclaurin coefficient a_N of a kernel (N = 0 .. RMFA_MAX_DEGREE). */
 double rmfa_coefficient(enum rmfa_kernel kernel, int N);
 
+/* What rmfa reads of the deck, once per context (its setup) or per deck-level call: the
+ * attention.rmfa.* keys and run.seed. */
+struct rmfa_options {
+  int features;            /* rmfa.features: D */
+  enum rmfa_kernel kernel; /* rmfa.kernel */
+  bool ppsbn;              /* rmfa.ppsbn: the learned per-channel scale gamma */
+  int omega_rows;          /* rows of omega: rmfa.omega_rows, or Σ N_j of the seed's degrees */
+  uint64_t seed;           /* run.seed: the degrees' and omega's draws */
+};
+struct rmfa_options rmfa_options_read(const struct config *cfg);
+
 /* The features of one layer from its parameter block (as attention_params_make or the model lay
  * it out). Checks the stored degrees (a corrupt checkpoint is an error). */
-void rmfa_features_open(struct rmfa_features *rf, const struct config *cfg, const float *params,
+void rmfa_features_open(struct rmfa_features *rf, const struct rmfa_options *o, const float *params,
                         int d);
 void rmfa_features_close(struct rmfa_features *rf);
 /* The kernelized.c map of these features. */

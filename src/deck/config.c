@@ -19,7 +19,6 @@
 
 #include "core/error.h"
 #include "deck/config_keys.h"
-#include "tasks/tasks.h"
 
 /* Debian's libinih exposes its line limit as a variable; upstream fixes it at build time (200
  * bytes). A weak reference links against either: with the variable we raise the limit while we
@@ -329,59 +328,20 @@ static void deck_stem(const char *deck_path, char *out, size_t len) {
 /* ---------------------------------------------------------------------------------------------
  * Rules across keys, and the data file. */
 
-/* Rules owned by another module (the attention variants'), set by config_set_rule. */
-static config_rule_fn module_rule = NULL;
+/* Rules owned by other modules (the tasks', the attention variants'), added by config_add_rule. */
+#define MAX_MODULE_RULES 8
+static config_rule_fn module_rule[MAX_MODULE_RULES];
+static int module_rules = 0;
 
-void config_set_rule(config_rule_fn rule) { module_rule = rule; }
+void config_add_rule(config_rule_fn rule) {
+  for (int i = 0; i < module_rules; i++)
+    if (module_rule[i] == rule) return;
+  if (module_rules == MAX_MODULE_RULES)
+    error("config_add_rule: more than %d rules", MAX_MODULE_RULES);
+  module_rule[module_rules++] = rule;
+}
 
 bool config_key_exists(const char *qualified) { return config_key_find_qualified(qualified) >= 0; }
-
-/* The in-process tasks must fit one sample of model.context + 1 tokens (docs/tasks.md). */
-static void check_task_rules(struct parse_ctx *c, const struct config *cfg) {
-  const struct config_data *d = &cfg->data;
-  const long room = (long)cfg->model.context + 1;
-  if (d->source == SOURCE_MQAR) {
-    const int q = d->mqar_queries ? d->mqar_queries : d->mqar_pairs;
-    const long span = d->mqar_one_hop ? d->mqar_pairs : 2L * d->mqar_pairs;
-    if (d->mqar_one_hop && d->mqar_pairs > MQAR1_KEYS)
-      fail_keys(c, "data.mqar.pairs data.mqar.one_hop",
-                "data.mqar.pairs = %d: the one-hop form has %d keys (set data.mqar.one_hop = "
-                "false for up to 64)",
-                d->mqar_pairs, MQAR1_KEYS);
-    else if (d->mqar_queries > d->mqar_pairs)
-      fail_keys(c, "data.mqar.pairs data.mqar.queries",
-                "data.mqar.queries = %d is more than data.mqar.pairs = %d: each key is asked for "
-                "once (a second query would find the first one's answer nearer than the pair)",
-                d->mqar_queries, d->mqar_pairs);
-    else if (span + 2L * q > room)
-      fail_keys(c, "data.mqar.pairs data.mqar.queries model.context",
-                "data.mqar.pairs = %d with %d queries needs %s + 2*queries = %ld tokens, but a "
-                "sample has model.context+1 = %ld",
-                d->mqar_pairs, q, d->mqar_one_hop ? "pairs" : "2*pairs", span + 2L * q, room);
-  }
-  if (d->source == SOURCE_PASSKEY && d->passkey_one_hop && d->passkey_digits > PASSKEY_TAGGED)
-    fail_keys(c, "data.passkey.digits data.passkey.one_hop",
-              "data.passkey.digits = %d: the one-hop form tags at most %d digits (set "
-              "data.passkey.one_hop = false for more)",
-              d->passkey_digits, PASSKEY_TAGGED);
-  else if (d->source == SOURCE_PASSKEY) {
-    const long k = d->passkey_digits, need = d->passkey_one_hop ? 3 * k + 2 : 2 * k + 2;
-    if (need > room)
-      fail_keys(c, "data.passkey.digits model.context",
-                "data.passkey.digits = %ld needs %s = %ld tokens (the needle and the question), "
-                "but a sample has model.context+1 = %ld",
-                k, d->passkey_one_hop ? "3*digits+2" : "2*digits+2", need, room);
-  }
-  if (d->source == SOURCE_LISTOPS && d->listops_min_length + 2L > room)
-    fail_keys(c, "data.listops.min_length model.context",
-              "data.listops.min_length = %d does not fit model.context = %d: an expression, '=' "
-              "and its answer need min_length+2 = %ld of the context+1 tokens",
-              d->listops_min_length, cfg->model.context, d->listops_min_length + 2L);
-  if (d->export_path[0] && d->source == SOURCE_TASK && strcmp(d->export_path, d->path) == 0)
-    fail_keys(c, "data.export data.path",
-              "data.export = '%s' is the task file being read (data.path): choose another path",
-              d->export_path);
-}
 
 static void check_rules(struct parse_ctx *c, const struct config *cfg) {
   const struct config_model *mo = &cfg->model;
@@ -402,7 +362,7 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
               lr);
   }
   /* every variant's attention diagnostics band by the tree of fma.m and fma.p, so this pair must
-   * agree whatever the variant; the rules of a variant itself are its own (config_set_rule) */
+   * agree whatever the variant; the rules of a variant itself are its own (config_add_rule) */
   if (at->fma_m % at->fma_p)
     fail_keys(c, "attention.fma.p attention.fma.m",
               "attention.fma.p = %d does not divide attention.fma.m = %d", at->fma_p, at->fma_m);
@@ -424,10 +384,14 @@ static void check_rules(struct parse_ctx *c, const struct config *cfg) {
               "data.copy_len = %d does not fit model.context = %d: a copy sample needs "
               "2*copy_len+1 = %ld of the context+1 tokens",
               cfg->data.copy_len, mo->context, 2L * cfg->data.copy_len + 1);
-  check_task_rules(c, cfg);
+  const struct config_data *d = &cfg->data;
+  if (d->export_path[0] && d->source == SOURCE_TASK && strcmp(d->export_path, d->path) == 0)
+    fail_keys(c, "data.export data.path",
+              "data.export = '%s' is the task file being read (data.path): choose another path",
+              d->export_path);
   char keys[256], msg[MSG_LEN - 600];
-  if (!c->failed && module_rule && module_rule(cfg, keys, sizeof keys, msg, sizeof msg))
-    fail_keys(c, keys, "%s", msg);
+  for (int i = 0; i < module_rules && !c->failed; i++)
+    if (module_rule[i](cfg, keys, sizeof keys, msg, sizeof msg)) fail_keys(c, keys, "%s", msg);
 }
 
 static const char *const fetch_hint = "run scripts/get_kjv.sh (KJV) or scripts/get_enwik8.sh";

@@ -205,13 +205,15 @@ struct config_overrides {
 int config_load(struct config *cfg, const char *deck_path, const struct config_overrides *ov,
                 char *err, size_t err_len);
 
-/* A rule another module owns (an attention variant's, attention_deck_rule): given a configuration
- * that passed the deck's own rules, true when it refuses it, with the deck keys at fault in keys
- * (space separated) and the reason in msg. config_load reports it where the last of those keys
- * was set. One rule at most; set it before loading (main does). */
+/* A rule another module owns (the tasks' task_deck_rule, the attention variants'
+ * attention_deck_rule): given a configuration that passed the deck's own rules, true when it
+ * refuses it, with the deck keys at fault in keys (space separated) and the reason in msg.
+ * config_load reports it where the last of those keys was set. Rules run in the order added, each
+ * while no earlier one has refused (the first refusal is the one reported); add them before
+ * loading (main does). Adding a rule twice adds it once. */
 typedef bool (*config_rule_fn)(const struct config *cfg, char *keys, size_t keys_len, char *msg,
                                size_t msg_len);
-void config_set_rule(config_rule_fn rule);
+void config_add_rule(config_rule_fn rule);
 /* Whether "section.key" is a deck key. */
 bool config_key_exists(const char *qualified);
 /* Parse resolved deck text (as produced by config_load) into cfg; used by the non-root ranks and

@@ -20,8 +20,8 @@
 
 /* Cut `total` (bytes or rows) into the three splits of data.split. */
 static void split_lengths(struct dataset *ds, size_t total) {
-  const double *s = ds->cfg->data.split;
-  if (ds->cfg->data.split_is_bytes) {
+  const double *s = ds->opt.split;
+  if (ds->opt.split_is_bytes) {
     for (int i = 0; i < 3; i++) ds->length[i] = (size_t)s[i];
   } else {
     ds->length[0] = (size_t)(s[0] * (double)total);
@@ -35,43 +35,42 @@ static void split_lengths(struct dataset *ds, size_t total) {
 }
 
 static void map_file(struct dataset *ds) {
-  const struct config *cfg = ds->cfg;
-  int fd = open(cfg->data.path, O_RDONLY);
-  if (fd < 0) error("cannot open data.path '%s': %s", cfg->data.path, strerror(errno));
+  const struct data_options *o = &ds->opt;
+  int fd = open(o->path, O_RDONLY);
+  if (fd < 0) error("cannot open data.path '%s': %s", o->path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0) error("cannot stat '%s': %s", cfg->data.path, strerror(errno));
+  if (fstat(fd, &st) != 0) error("cannot stat '%s': %s", o->path, strerror(errno));
   ds->size = (size_t)st.st_size;
-  if (ds->size == 0) error("data.path '%s' is empty", cfg->data.path);
+  if (ds->size == 0) error("data.path '%s' is empty", o->path);
   void *p = mmap(NULL, ds->size, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) error("cannot map '%s': %s", cfg->data.path, strerror(errno));
+  if (p == MAP_FAILED) error("cannot map '%s': %s", o->path, strerror(errno));
   ds->bytes = p;
   split_lengths(ds, ds->size);
   if (ds->offset[2] + ds->length[2] > ds->size)
-    error("data.split asks for %zu bytes but '%s' has %zu", ds->offset[2] + ds->length[2],
-          cfg->data.path, ds->size);
-  const size_t need = (size_t)cfg->model.context + 1;
+    error("data.split asks for %zu bytes but '%s' has %zu", ds->offset[2] + ds->length[2], o->path,
+          ds->size);
+  const size_t need = (size_t)o->n + 1;
   const char *names[3] = {"train", "valid", "test"};
   for (int i = 0; i < 3; i++)
     if (ds->length[i] < need)
       error("the %s split of '%s' has %zu bytes, fewer than model.context + 1 = %zu", names[i],
-            cfg->data.path, ds->length[i], need);
+            o->path, ds->length[i], need);
 }
 
 /* data.source = task: the file is read whole and checked; every rank reads the same file and
  * comes to the same verdict, so a bad file ends the job with one message. */
 static void read_task_file(struct dataset *ds) {
-  const struct config *cfg = ds->cfg;
+  const struct data_options *o = &ds->opt;
   char err[2048];
   ds->task = xcalloc(1, sizeof *ds->task);
-  if (task_file_read(cfg->data.path, cfg->model.context, ds->task, err, sizeof err))
-    error_collective(err);
+  if (task_file_read(o->path, o->n, ds->task, err, sizeof err)) error_collective(err);
   const size_t rows = (size_t)ds->task->rows;
   split_lengths(ds, rows);
   const char *names[3] = {"train", "valid", "test"};
   if (ds->offset[2] + ds->length[2] > rows) {
     snprintf(err, sizeof err, "data.split asks for %zu rows but task file '%s' has %zu",
-             ds->offset[2] + ds->length[2], cfg->data.path, rows);
+             ds->offset[2] + ds->length[2], o->path, rows);
     error_collective(err);
   }
   for (int i = 0; i < 3; i++)
@@ -79,21 +78,35 @@ static void read_task_file(struct dataset *ds) {
       snprintf(err, sizeof err,
                "the %s split of task file '%s' has no rows (%zu rows, data.split as fractions); "
                "give data.split as row counts, e.g. %zu,%zu,%zu",
-               names[i], cfg->data.path, rows, rows > 2 ? rows - 2 : 1, (size_t)1, (size_t)1);
+               names[i], o->path, rows, rows > 2 ? rows - 2 : 1, (size_t)1, (size_t)1);
       error_collective(err);
     }
 }
 
 void data_open(struct dataset *ds, const struct config *cfg) {
   memset(ds, 0, sizeof *ds);
-  ds->cfg = cfg;
+  const struct config_data *dc = &cfg->data;
+  struct data_options *o = &ds->opt;
+  *o = (struct data_options){.source = dc->source,
+                             .split_is_bytes = dc->split_is_bytes,
+                             .n = cfg->model.context,
+                             .batch = cfg->train.batch,
+                             .steps = cfg->train.steps,
+                             .eval_windows = cfg->train.eval_windows,
+                             .mlm = cfg->model.objective == OBJECTIVE_MLM,
+                             .seed = cfg->run.seed,
+                             .deck = cfg->resolved};
+  snprintf(o->path, sizeof o->path, "%s", dc->path);
+  snprintf(o->export_path, sizeof o->export_path, "%s", dc->export_path);
+  memcpy(o->split, dc->split, sizeof o->split);
+  task_options_read(&ds->task_opt, cfg);
   ds->mask_symbol = 256;
-  if (cfg->data.source == SOURCE_FILE || (cfg->data.source == SOURCE_PASSKEY && cfg->data.path[0]))
+  if (o->source == SOURCE_FILE || (o->source == SOURCE_PASSKEY && o->path[0]))
     map_file(ds);
-  else if (cfg->data.source == SOURCE_TASK)
+  else if (o->source == SOURCE_TASK)
     read_task_file(ds);
   /* rank 0 writes it (error_rank is −1 before MPI is up: a test's single process) */
-  if (cfg->data.export_path[0] && error_rank() <= 0) data_export(ds, cfg->data.export_path);
+  if (o->export_path[0] && error_rank() <= 0) data_export(ds, o->export_path);
 }
 
 void data_close(struct dataset *ds) {
@@ -104,78 +117,10 @@ void data_close(struct dataset *ds) {
   ds->task = NULL;
 }
 
-bool data_is_task(const struct dataset *ds) { return ds->cfg->data.source != SOURCE_FILE; }
+bool data_is_task(const struct dataset *ds) { return ds->opt.source != SOURCE_FILE; }
 
 /* ---------------------------------------------------------------------------------------------
  * windows */
-
-/* Copy task: L symbols from 1..symbols, a separator 0, the same L symbols, then separators. */
-static long copy_length(const struct config *cfg) {
-  long L = cfg->data.copy_len > 0 ? cfg->data.copy_len : cfg->model.context / 2;
-  if (2 * L + 1 > cfg->model.context + 1) L = cfg->model.context / 2;
-  return L;
-}
-
-static void copy_window(const struct config *cfg, uint64_t a, uint64_t b, uint8_t *w) {
-  const long n = cfg->model.context, L = copy_length(cfg);
-  memset(w, 0, (size_t)n + 1);
-  for (long t = 0; t < L; t++) {
-    uint8_t sym = (uint8_t)(1 + rng_below((uint64_t)cfg->data.symbols, cfg->run.seed, RNG_TASK, a,
-                                          b, (uint64_t)t));
-    w[t] = sym;
-    w[L + 1 + t] = sym;
-  }
-}
-
-/* Majority task: data symbols 1..S, each the sequence's dominant symbol with probability
- * MAJORITY_BIAS and uniform otherwise; at the marker positions n/2, n/2 + n/4, ... the byte is
- * S + 1, and the byte after it — the scored target — is the majority symbol of every data symbol
- * before the marker (ties: the smallest). The markers are n/4 apart, farther than any near field
- * or local band this task is meant to test, so an earlier answer is never in a near-field window
- * of a later marker: only a model that summarises the whole prefix can answer. */
-#define MAJORITY_BIAS 0.1
-
-static bool majority_marker(long n, long t) {
-  const long Q = n / 4 > 0 ? n / 4 : 1;
-  return t >= n / 2 && t < n && (t - n / 2) % Q == 0;
-}
-
-static void majority_window(const struct config *cfg, uint64_t a, uint64_t b, uint8_t *w) {
-  const long n = cfg->model.context;
-  const int S = cfg->data.symbols;
-  const uint64_t seed = cfg->run.seed;
-  const int dom = 1 + (int)rng_below((uint64_t)S, seed, RNG_TASK, a, b, ~0ull);
-  long counts[256] = {0};
-  for (long t = 0; t <= n; t++) {
-    if (t > 0 && majority_marker(n, t - 1)) { /* the answer */
-      int best = 1;
-      for (int s = 2; s <= S; s++)
-        if (counts[s] > counts[best]) best = s;
-      w[t] = (uint8_t)best;
-      continue;
-    }
-    if (majority_marker(n, t)) {
-      w[t] = (uint8_t)(S + 1);
-      continue;
-    }
-    const bool biased = rng_uniform(seed, RNG_TASK, a, b, 2 * (uint64_t)t) < MAJORITY_BIAS;
-    const int sym =
-        biased ? dom : 1 + (int)rng_below((uint64_t)S, seed, RNG_TASK, a, b, 2 * (uint64_t)t + 1);
-    w[t] = (uint8_t)sym;
-    counts[sym]++;
-  }
-}
-
-/* The scored targets and their distances of the copy and majority tasks: copy's target t is the
- * symbol L back; majority's answer needs the whole prefix, back to position 0. */
-static void copy_majority_scores(const struct config *cfg, struct task_sample *s) {
-  const long n = cfg->model.context, L = copy_length(cfg);
-  for (long t = 0; t < n; t++) {
-    const bool copy = cfg->data.source == SOURCE_COPY;
-    s->scored[t] = copy ? t >= L && t < 2 * L : majority_marker(n, t);
-    s->distance[t] = s->scored[t] ? (int32_t)(copy ? L : t) : -1;
-  }
-}
 
 /* The task-file row of sample key (a, b): evaluation window k is row k of its split; training
  * sample g of step s is row s·train.batch + g of the train split, cycling (an epoch in file
@@ -188,7 +133,7 @@ static void task_row(const struct dataset *ds, enum data_split split, uint64_t a
     row = ds->offset[split] + (size_t)eval_index;
   else
     row = ds->offset[SPLIT_TRAIN] +
-          (size_t)((a * (uint64_t)ds->cfg->train.batch + b) % ds->length[SPLIT_TRAIN]);
+          (size_t)((a * (uint64_t)ds->opt.batch + b) % ds->length[SPLIT_TRAIN]);
   const long n = s->n;
   memcpy(s->tokens, tf->tokens + row * (size_t)(n + 1), (size_t)n + 1);
   memcpy(s->scored, tf->scored + row * (size_t)n, (size_t)n);
@@ -203,29 +148,27 @@ static void task_row(const struct dataset *ds, enum data_split split, uint64_t a
  * generated task, the generated sequence. */
 static void make_sample(const struct dataset *ds, enum data_split split, uint64_t a, uint64_t b,
                         long eval_index, struct task_sample *s) {
-  const struct config *cfg = ds->cfg;
-  const long n = cfg->model.context;
-  switch (cfg->data.source) {
+  const struct data_options *o = &ds->opt;
+  const long n = o->n;
+  switch (o->source) {
     case SOURCE_COPY:
-      copy_window(cfg, a, b, s->tokens);
-      copy_majority_scores(cfg, s);
+      task_copy(&ds->task_opt, a, b, s);
       return;
     case SOURCE_MAJORITY:
-      majority_window(cfg, a, b, s->tokens);
-      copy_majority_scores(cfg, s);
+      task_majority(&ds->task_opt, a, b, s);
       return;
     case SOURCE_TASK:
       task_row(ds, split, a, b, eval_index, s);
       return;
     case SOURCE_MQAR:
-      task_mqar(cfg, a, b, s);
+      task_mqar(&ds->task_opt, a, b, s);
       return;
     case SOURCE_PASSKEY:
-      task_passkey(cfg, ds->bytes ? ds->bytes + ds->offset[split] : NULL,
+      task_passkey(&ds->task_opt, ds->bytes ? ds->bytes + ds->offset[split] : NULL,
                    ds->bytes ? ds->length[split] : 0, a, b, s);
       return;
     case SOURCE_LISTOPS:
-      task_listops(cfg, a, b, s);
+      task_listops(&ds->task_opt, a, b, s);
       return;
     case SOURCE_FILE:
       break;
@@ -235,7 +178,7 @@ static void make_sample(const struct dataset *ds, enum data_split split, uint64_
     off = ds->offset[split] + (size_t)eval_index * (size_t)n;
   } else {
     uint64_t range = ds->length[split] - (size_t)n; /* offsets 0 .. len − n − 1 */
-    off = ds->offset[split] + rng_below(range, cfg->run.seed, RNG_DATA, a, b, 0);
+    off = ds->offset[split] + rng_below(range, o->seed, RNG_DATA, a, b, 0);
   }
   memcpy(s->tokens, ds->bytes + off, (size_t)n + 1);
   memset(s->scored, 1, (size_t)n);
@@ -245,14 +188,14 @@ static void make_sample(const struct dataset *ds, enum data_split split, uint64_
 /* Inputs/targets (and distances, unless NULL) of local tokens [t0, t0 + T) of one sample. */
 static void fill_row(const struct dataset *ds, const struct task_sample *s, uint64_t a, uint64_t b,
                      long t0, long T, int *tokens, int *targets, int *distance) {
-  const struct config *cfg = ds->cfg;
+  const struct data_options *o = &ds->opt;
   const uint8_t *w = s->tokens;
   for (long t = 0; t < T; t++) {
     long g = t0 + t;
-    if (cfg->model.objective == OBJECTIVE_MLM) {
-      bool masked = rng_uniform(cfg->run.seed, RNG_MASK, a, b, (uint64_t)g) < MLM_RATE;
+    if (o->mlm) {
+      bool masked = rng_uniform(o->seed, RNG_MASK, a, b, (uint64_t)g) < MLM_RATE;
       /* the masked byte g is target g − 1; the first byte counts only in a corpus */
-      const bool counts = g > 0 ? s->scored[g - 1] : cfg->data.source == SOURCE_FILE;
+      const bool counts = g > 0 ? s->scored[g - 1] : o->source == SOURCE_FILE;
       tokens[t] = masked ? ds->mask_symbol : w[g];
       targets[t] = masked && counts ? w[g] : -1;
       if (distance) distance[t] = targets[t] >= 0 && g > 0 ? s->distance[g - 1] : -1;
@@ -266,7 +209,7 @@ static void fill_row(const struct dataset *ds, const struct task_sample *s, uint
 
 void data_train_window(const struct dataset *ds, long step, long g, uint8_t *window) {
   struct task_sample s;
-  task_sample_alloc(&s, ds->cfg->model.context);
+  task_sample_alloc(&s, ds->opt.n);
   make_sample(ds, SPLIT_TRAIN, (uint64_t)step, (uint64_t)g, -1, &s);
   memcpy(window, s.tokens, (size_t)s.n + 1);
   task_sample_free(&s);
@@ -275,7 +218,7 @@ void data_train_window(const struct dataset *ds, long step, long g, uint8_t *win
 void data_train_batch(const struct dataset *ds, long step, long sample0, long B, long t0, long T,
                       int *tokens, int *targets) {
   struct task_sample s;
-  task_sample_alloc(&s, ds->cfg->model.context);
+  task_sample_alloc(&s, ds->opt.n);
   for (long b = 0; b < B; b++) {
     uint64_t ka = (uint64_t)step, kb = (uint64_t)(sample0 + b);
     make_sample(ds, SPLIT_TRAIN, ka, kb, -1, &s);
@@ -285,12 +228,12 @@ void data_train_batch(const struct dataset *ds, long step, long sample0, long B,
 }
 
 long data_eval_windows(const struct dataset *ds, enum data_split split) {
-  const struct config *cfg = ds->cfg;
-  long want = cfg->train.eval_windows;
+  const struct data_options *o = &ds->opt;
+  long want = o->eval_windows;
   long have = want;
-  if (cfg->data.source == SOURCE_FILE)
-    have = (long)((ds->length[split] - 1) / (size_t)cfg->model.context);
-  else if (cfg->data.source == SOURCE_TASK)
+  if (o->source == SOURCE_FILE)
+    have = (long)((ds->length[split] - 1) / (size_t)o->n);
+  else if (o->source == SOURCE_TASK)
     have = (long)ds->length[split];
   return have < want ? have : want;
 }
@@ -304,7 +247,7 @@ static void eval_key(enum data_split split, long k, uint64_t *a, uint64_t *b) {
 void data_eval_rows(const struct dataset *ds, enum data_split split, long first, long stride,
                     long count, long B, long t0, long T, int *tokens, int *targets, int *distance) {
   struct task_sample s;
-  task_sample_alloc(&s, ds->cfg->model.context);
+  task_sample_alloc(&s, ds->opt.n);
   for (long b = 0; b < B; b++) {
     long k = first + b * stride;
     if (k >= count) {
@@ -333,14 +276,13 @@ void data_eval_batch(const struct dataset *ds, enum data_split split, long first
  * export */
 
 void data_export(const struct dataset *ds, const char *path) {
-  const struct config *cfg = ds->cfg;
-  const long n = cfg->model.context, batch = cfg->train.batch;
-  const long train_rows = cfg->train.steps * batch;
+  const struct data_options *o = &ds->opt;
+  const long n = o->n, batch = o->batch;
+  const long train_rows = o->steps * batch;
   const long valid = data_eval_windows(ds, SPLIT_VALID), test = data_eval_windows(ds, SPLIT_TEST);
   const long rows = train_rows + valid + test;
   if (rows < 1 || train_rows < 1)
-    error("data.export: the run has no training rows to write (train.steps = %ld)",
-          cfg->train.steps);
+    error("data.export: the run has no training rows to write (train.steps = %ld)", o->steps);
   char split[96];
   snprintf(split, sizeof split, "%ld,%ld,%ld", train_rows, valid, test);
   message(
@@ -348,10 +290,10 @@ void data_export(const struct dataset *ds, const char *path) {
       "test) to %s",
       rows, n + 1, split, path);
   struct task_writer *w =
-      task_writer_open(path, rows, n, config_source_name(cfg->data.source), cfg->resolved, split);
+      task_writer_open(path, rows, n, config_source_name(o->source), o->deck, split);
   struct task_sample s;
   task_sample_alloc(&s, n);
-  for (long step = 0; step < cfg->train.steps; step++)
+  for (long step = 0; step < o->steps; step++)
     for (long g = 0; g < batch; g++) {
       make_sample(ds, SPLIT_TRAIN, (uint64_t)step, (uint64_t)g, -1, &s);
       task_writer_add(w, &s);

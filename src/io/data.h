@@ -10,18 +10,36 @@
 #include <stdint.h>
 
 #include "deck/config.h"
+#include "tasks/tasks.h"
 
 enum data_split { SPLIT_TRAIN = 0, SPLIT_VALID = 1, SPLIT_TEST = 2 };
 
 struct task_file;
 
+/* What the data reads of the deck (data.*, model.context, train.batch, steps and eval_windows,
+ * model.objective, run.seed), once, in data_open. */
+struct data_options {
+  enum data_source source;
+  char path[CONFIG_STR]; /* data.path */
+  double split[3];       /* data.split: fractions or byte counts */
+  bool split_is_bytes;
+  char export_path[CONFIG_STR]; /* data.export ("") */
+  long n;                       /* model.context: a window is n + 1 bytes */
+  long batch, steps;            /* train.batch, train.steps: the rows data.export writes */
+  long eval_windows;            /* train.eval_windows: at most this many per split */
+  bool mlm;                     /* model.objective = mlm: inputs masked */
+  uint64_t seed;                /* run.seed */
+  const char *deck;             /* the resolved deck, stored with an export */
+};
+
 struct dataset {
-  const struct config *cfg;
+  struct data_options opt;
   const uint8_t *bytes; /* the mapped file (NULL for synthetic tasks; passkey's filler text) */
   size_t size;
-  size_t offset[3], length[3]; /* each split's bytes in the file, or rows of the task file */
-  int mask_symbol;             /* mlm mask token (256) */
-  struct task_file *task;      /* data.source = task: its rows, read whole (else NULL) */
+  size_t offset[3], length[3];  /* each split's bytes in the file, or rows of the task file */
+  int mask_symbol;              /* mlm mask token (256) */
+  struct task_file *task;       /* data.source = task: its rows, read whole (else NULL) */
+  struct task_options task_opt; /* the generators' options (tasks.h) */
 };
 
 /* Map the corpus (read-only, shared by the page cache between ranks), read a task file, or

@@ -164,12 +164,12 @@ static void write_diagnostics(hid_t f, struct attn_ctx *ctx, const struct kernel
                               const float *params, long H, long n) {
   const struct attn_variant *v = ctx->variant;
   if (!v->diagnostics) return;
-  const int bands = attention_diag_bands(ctx->cfg, n);
+  const int bands = ctx->opt.diag_bands;
   double *mass = xcalloc((size_t)(H * bands), sizeof(double));
   double *entropy = xcalloc((size_t)H, sizeof(double));
   double *open_mass = xcalloc((size_t)H, sizeof(double));
   double *opened = xcalloc((size_t)bands, sizeof(double));
-  const bool opens = v->opens && v->opens(ctx->cfg);
+  const bool opens = ctx->opt.opens;
   if (opens) ctx->open_diag = (struct attn_open_diag){open_mass, opened};
   const double q = (double)v->diagnostics(ctx, mass, entropy, x->q, x->k, x->v, params);
   ctx->open_diag = (struct attn_open_diag){NULL, NULL};

@@ -1,6 +1,7 @@
-/* The in-process task generators (tasks.h): mqar, passkey and listops. Every draw comes from the
- * counter-based stream keyed by (run.seed, RNG_TASK, a, b, draw number), so a sample depends on
- * its key alone. Must not read files (passkey's filler text is handed in) or know about ranks. */
+/* The in-process task generators (tasks.h): copy, majority, mqar, passkey and listops. Every draw
+ * comes from the counter-based stream keyed by (run.seed, RNG_TASK, a, b, draw number), so a sample
+ * depends on its key alone. Must not read files (passkey's filler text is handed in) or know about
+ * ranks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,76 @@ void task_sample_clear(struct task_sample *s) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * copy and majority */
+
+/* Copy task: L symbols from 1..symbols, a separator 0, the same L symbols, then separators. */
+static long copy_length(const struct task_options *o) {
+  long L = o->copy_len > 0 ? o->copy_len : o->n / 2;
+  if (2 * L + 1 > o->n + 1) L = o->n / 2;
+  return L;
+}
+
+void task_copy(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s) {
+  const long n = o->n, L = copy_length(o);
+  uint8_t *w = s->tokens;
+  memset(w, 0, (size_t)n + 1);
+  for (long t = 0; t < L; t++) {
+    uint8_t sym =
+        (uint8_t)(1 + rng_below((uint64_t)o->symbols, o->seed, RNG_TASK, a, b, (uint64_t)t));
+    w[t] = sym;
+    w[L + 1 + t] = sym;
+  }
+  for (long t = 0; t < n; t++) { /* target t is the symbol L back */
+    s->scored[t] = t >= L && t < 2 * L;
+    s->distance[t] = s->scored[t] ? (int32_t)L : -1;
+  }
+}
+
+/* Majority task: data symbols 1..S, each the sequence's dominant symbol with probability
+ * MAJORITY_BIAS and uniform otherwise; at the marker positions n/2, n/2 + n/4, ... the byte is
+ * S + 1, and the byte after it — the scored target — is the majority symbol of every data symbol
+ * before the marker (ties: the smallest). The markers are n/4 apart, farther than any near field
+ * or local band this task is meant to test, so an earlier answer is never in a near-field window
+ * of a later marker: only a model that summarises the whole prefix can answer. */
+#define MAJORITY_BIAS 0.1
+
+static bool majority_marker(long n, long t) {
+  const long Q = n / 4 > 0 ? n / 4 : 1;
+  return t >= n / 2 && t < n && (t - n / 2) % Q == 0;
+}
+
+void task_majority(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s) {
+  const long n = o->n;
+  const int S = o->symbols;
+  const uint64_t seed = o->seed;
+  uint8_t *w = s->tokens;
+  const int dom = 1 + (int)rng_below((uint64_t)S, seed, RNG_TASK, a, b, ~0ull);
+  long counts[256] = {0};
+  for (long t = 0; t <= n; t++) {
+    if (t > 0 && majority_marker(n, t - 1)) { /* the answer */
+      int best = 1;
+      for (int s = 2; s <= S; s++)
+        if (counts[s] > counts[best]) best = s;
+      w[t] = (uint8_t)best;
+      continue;
+    }
+    if (majority_marker(n, t)) {
+      w[t] = (uint8_t)(S + 1);
+      continue;
+    }
+    const bool biased = rng_uniform(seed, RNG_TASK, a, b, 2 * (uint64_t)t) < MAJORITY_BIAS;
+    const int sym =
+        biased ? dom : 1 + (int)rng_below((uint64_t)S, seed, RNG_TASK, a, b, 2 * (uint64_t)t + 1);
+    w[t] = (uint8_t)sym;
+    counts[sym]++;
+  }
+  for (long t = 0; t < n; t++) { /* an answer needs the whole prefix, back to position 0 */
+    s->scored[t] = majority_marker(n, t);
+    s->distance[t] = s->scored[t] ? (int32_t)t : -1;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * mqar: P pairs (P distinct keys) at the start, then filler in which Q queries appear at query
  * slots, each a key followed by the scored target: the value byte (two-token form, Zoology: pair i
  * is "key value" at 2i, 2i + 1) or the pair byte (one-hop form: pair i is one byte at i). The
@@ -52,12 +123,12 @@ void task_sample_clear(struct task_sample *s) {
  * the pairs, at span + 2s. */
 
 /* Q distinct slots of S, ascending, placed as data.mqar.spread says. */
-static void mqar_slots(const struct config *cfg, struct draws *d, long S, int Q, long *slot) {
+static void mqar_slots(const struct task_options *o, struct draws *d, long S, int Q, long *slot) {
   uint8_t *used = xcalloc((size_t)S, 1);
   for (int i = 0; i < Q; i++) {
     long s = i;
-    if (cfg->data.mqar_spread != MQAR_COMPACT) {
-      if (cfg->data.mqar_spread == MQAR_UNIFORM) {
+    if (o->mqar_spread != MQAR_COMPACT) {
+      if (o->mqar_spread == MQAR_UNIFORM) {
         s = (long)draw_below(d, (uint64_t)S);
       } else { /* a gap of g slots, log-uniform in [1, S] */
         s = (long)floor(exp(draw_uniform(d) * log((double)S + 1.0))) - 1;
@@ -86,11 +157,11 @@ static void mqar_order(struct draws *d, int P, int Q, int *order) {
   }
 }
 
-void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s) {
-  struct draws d = {cfg->run.seed, a, b, 0};
+void task_mqar(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s) {
+  struct draws d = {o->seed, a, b, 0};
   const long n = s->n;
-  const bool one = cfg->data.mqar_one_hop;
-  const int P = cfg->data.mqar_pairs, Q = cfg->data.mqar_queries ? cfg->data.mqar_queries : P;
+  const bool one = o->mqar_one_hop;
+  const int P = o->mqar_pairs, Q = o->mqar_queries ? o->mqar_queries : P;
   const int nkeys = one ? MQAR1_KEYS : MQAR_KEYS, nvalues = one ? MQAR1_VALUES : MQAR_VALUES;
   const long span = one ? P : 2L * P; /* tokens the pairs take */
   task_sample_clear(s);
@@ -113,7 +184,7 @@ void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sam
   int order[MQAR_KEYS];
   long slot[MQAR_KEYS];
   mqar_order(&d, P, Q, order);
-  mqar_slots(cfg, &d, (n + 1 - span) / 2, Q, slot);
+  mqar_slots(o, &d, (n + 1 - span) / 2, Q, slot);
   for (int i = 0; i < Q; i++) {
     const long q = span + 2 * slot[i]; /* the query key; its value follows */
     const int pair = order[i];
@@ -139,12 +210,12 @@ static bool passkey_reserved(uint8_t c, bool one_hop) {
          (one_hop && c >= PASSKEY_TAGGED0);
 }
 
-void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a, uint64_t b,
-                  struct task_sample *s) {
-  struct draws d = {cfg->run.seed, a, b, 0};
-  const bool one = cfg->data.passkey_one_hop;
-  const long n = s->n, k = cfg->data.passkey_digits, question = one ? 1 + 2 * k : 1 + k;
-  const double *len_range = cfg->data.passkey_length, *depth_range = cfg->data.passkey_depth;
+void task_passkey(const struct task_options *o, const uint8_t *text, size_t len, uint64_t a,
+                  uint64_t b, struct task_sample *s) {
+  struct draws d = {o->seed, a, b, 0};
+  const bool one = o->passkey_one_hop;
+  const long n = s->n, k = o->passkey_digits, question = one ? 1 + 2 * k : 1 + k;
+  const double *len_range = o->passkey_length, *depth_range = o->passkey_depth;
   const double share = len_range[0] + (len_range[1] - len_range[0]) * draw_uniform(&d);
   long H = lround(share * (double)(n + 1)); /* at least the needle and the question */
   H = H < question + k + 1 ? question + k + 1 : H > n + 1 ? n + 1 : H;
@@ -186,7 +257,7 @@ void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uin
  * padding (after the answer, as LRA pads, so that the answer sees the expression only). */
 
 struct listops_gen {
-  const struct config *cfg;
+  const struct task_options *o;
   struct draws *d;
   uint8_t *out; /* the expression so far */
   long len, cap;
@@ -205,7 +276,7 @@ static int median_floor(int *v, int k) {
 /* Appends one node at `depth` (1 for the root) and returns its value, or −1 once the expression
  * is longer than cap (the draw is then abandoned). */
 static int listops_node(struct listops_gen *g, int depth) {
-  const double r = depth < g->cfg->data.listops_max_depth ? draw_uniform(g->d) : 1.0;
+  const double r = depth < g->o->listops_max_depth ? draw_uniform(g->d) : 1.0;
   if (g->len >= g->cap) return -1;
   if (r > 0.25) {
     const int v = (int)draw_below(g->d, 10);
@@ -213,7 +284,7 @@ static int listops_node(struct listops_gen *g, int depth) {
     return v;
   }
   static const uint8_t ops[4] = {LISTOPS_MIN, LISTOPS_MAX, LISTOPS_MED, LISTOPS_SM};
-  const int k = 2 + (int)draw_below(g->d, (uint64_t)g->cfg->data.listops_max_args - 1);
+  const int k = 2 + (int)draw_below(g->d, (uint64_t)g->o->listops_max_args - 1);
   const uint8_t op = ops[draw_below(g->d, 4)];
   g->out[g->len++] = op;
   int v[20], sum = 0, lo = 9, hi = 0;
@@ -239,24 +310,24 @@ static int listops_node(struct listops_gen *g, int depth) {
 
 #define LISTOPS_TRIES 1000000
 
-void task_listops(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s) {
-  struct draws d = {cfg->run.seed, a, b, 0};
+void task_listops(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s) {
+  struct draws d = {o->seed, a, b, 0};
   const long n = s->n, cap = n - 1; /* the expression, '=' and the answer fill n + 1 tokens */
   task_sample_clear(s);
   uint8_t *expr = xmalloc((size_t)cap);
-  struct listops_gen g = {cfg, &d, expr, 0, cap};
+  struct listops_gen g = {o, &d, expr, 0, cap};
   int value = -1;
   for (long tries = 0; tries < LISTOPS_TRIES; tries++) {
     g.len = 0;
     value = listops_node(&g, 1);
-    if (value >= 0 && g.len >= cfg->data.listops_min_length) break;
+    if (value >= 0 && g.len >= o->listops_min_length) break;
     value = -1;
   }
   if (value < 0)
     error(
         "data.source = listops: no expression of %d to %ld bytes in %d draws; lower "
         "data.listops.min_length or raise data.listops.max_args or data.listops.max_depth",
-        cfg->data.listops_min_length, cap, LISTOPS_TRIES);
+        o->listops_min_length, cap, LISTOPS_TRIES);
   const long E = g.len; /* expression, '=', answer, then padding as LRA pads */
   memcpy(s->tokens, expr, (size_t)E);
   s->tokens[E] = LISTOPS_ANSWER;

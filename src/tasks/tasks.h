@@ -1,11 +1,13 @@
-/* Long-range tasks (SPEC §4, docs/tasks.md): the in-process generators mqar, passkey and listops,
- * HDF5 task files (read, checked and written), and the accuracy sums of an evaluation on scored
- * targets, bucketed by distance. A sample is a pure function of (run.seed, sample key), never of
- * the rank layout. No MPI here: callers reduce the sums; nothing here decides which rank takes
- * which sample. */
+/* Synthetic and long-range tasks (SPEC §4, docs/tasks.md): the in-process generators copy,
+ * majority, mqar, passkey and listops, HDF5 task files (read, checked and written), and the
+ * accuracy sums of an evaluation on scored targets, bucketed by distance. A sample is a pure
+ * function of (run.seed, sample key), never of the rank layout. No MPI here: callers reduce the
+ * sums; nothing here decides which rank takes which sample. The deck is read once, by
+ * task_options_read (options.c); below it the generators see only struct task_options. */
 #ifndef FMATTN_TASKS_H
 #define FMATTN_TASKS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,13 +64,39 @@ void task_sample_free(struct task_sample *s);
 /* Tokens 0, nothing scored, every distance −1. */
 void task_sample_clear(struct task_sample *s);
 
-/* The generators, for sample key (a, b) under cfg's data.* keys, run.seed and model.context.
- * passkey's filler is a window of text (len bytes, at least the filler's length) or, text NULL,
- * random printable bytes. */
-void task_mqar(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s);
-void task_passkey(const struct config *cfg, const uint8_t *text, size_t len, uint64_t a, uint64_t b,
-                  struct task_sample *s);
-void task_listops(const struct config *cfg, uint64_t a, uint64_t b, struct task_sample *s);
+/* What the generators read of the deck (data.*, model.context, run.seed). */
+struct task_options {
+  long n;                       /* model.context: a sample is n + 1 tokens */
+  uint64_t seed;                /* run.seed */
+  int symbols;                  /* copy, majority: the alphabet 1 .. symbols */
+  int copy_len;                 /* copy: symbols before the separator (0: as many as fit) */
+  int mqar_pairs, mqar_queries; /* mqar: key-value pairs, keys asked for (0: every pair) */
+  enum mqar_spread mqar_spread; /* mqar: where the queries lie */
+  bool mqar_one_hop;            /* mqar: a pair is one byte */
+  int passkey_digits;           /* passkey: the needle's digits */
+  bool passkey_one_hop;         /* passkey: digits carry their index */
+  double passkey_depth[2];      /* passkey: the needle's depth drawn in [lo, hi] */
+  double passkey_length[2];     /* passkey: the haystack's share of the sample */
+  int listops_max_args, listops_max_depth, listops_min_length;
+};
+/* The set-up: cfg's data.*, model.context and run.seed into o. */
+void task_options_read(struct task_options *o, const struct config *cfg);
+/* The deck's rules of the in-process tasks (config_add_rule): a sample must fit model.context + 1
+ * tokens, the one-hop forms their alphabets. False when cfg keeps them; else true with the keys
+ * to blame (space-separated) and the message. */
+bool task_deck_rule(const struct config *cfg, char *keys, size_t keys_len, char *msg,
+                    size_t msg_len);
+
+/* The generators, for sample key (a, b). passkey's filler is a window of text (len bytes, at
+ * least the filler's length) or, text NULL, random printable bytes. copy: L symbols, a separator
+ * 0, the same L symbols, then separators (targets L back scored); majority: data symbols with
+ * markers whose next byte is the majority of every data symbol before it (see generators.c). */
+void task_copy(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s);
+void task_majority(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s);
+void task_mqar(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s);
+void task_passkey(const struct task_options *o, const uint8_t *text, size_t len, uint64_t a,
+                  uint64_t b, struct task_sample *s);
+void task_listops(const struct task_options *o, uint64_t a, uint64_t b, struct task_sample *s);
 
 /* ---------------------------------------------------------------------------------------------
  * Task files: `tokens` (N, L) integers in [0, 256), `scored` (N, L − 1) 0/1, optional `distance`
