@@ -74,7 +74,7 @@ static void make_views(struct model *m, float *base, struct model_tensors *t) {
   t->position = view(m, base, "embed/position");
   t->lnfw = view(m, base, "norm_f/weight");
   t->lnfb = view(m, base, "norm_f/bias");
-  t->head = m->cfg->model.tie_embeddings ? t->token : view(m, base, "head/weight");
+  t->head = m->tie_embeddings ? t->token : view(m, base, "head/weight");
   t->block = xcalloc((size_t)m->L, sizeof(struct block_tensors));
   for (int l = 0; l < m->L; l++) {
     struct block_tensors *b = &t->block[l];
@@ -242,6 +242,10 @@ void model_build_on(struct model *m, const struct config *cfg, struct comm *comm
   m->t0 = (long)s * m->T;
   m->causal = cfg->model.objective == OBJECTIVE_CLM;
   m->recompute = cfg->train.recompute;
+  m->position = cfg->model.position;
+  m->tie_embeddings = cfg->model.tie_embeddings;
+  m->dropout = (float)cfg->model.dropout;
+  m->seed = cfg->run.seed;
   m->mlp_chunk = B * m->T < MODEL_MLP_CHUNK ? B * m->T : MODEL_MLP_CHUNK;
   m->attn = attention_select(cfg);
   if (!m->attn) error("attention variant %s is not available", cfg->attention.variant);
@@ -377,9 +381,9 @@ void model_sync_to_device(struct model *m) {
   } while (0)
 
 static struct dropout_key drop_key(const struct model *m, long step, int site, bool train) {
-  struct dropout_key k = {m->cfg->run.seed, step, site, 0, m->t0, 0.0f};
+  struct dropout_key k = {m->seed, step, site, 0, m->t0, 0.0f};
   k.sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
-  k.p = train ? (float)m->cfg->model.dropout : 0.0f;
+  k.p = train ? m->dropout : 0.0f;
   return k;
 }
 
@@ -440,7 +444,7 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
         m->be->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C));
   PHASE(TIMER_GEMM, m->be->linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV));
   PHASE(TIMER_COPY, m->be->heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d));
-  if (m->cfg->model.position == POSITION_ROPE) {
+  if (m->position == POSITION_ROPE) {
     PHASE(TIMER_COPY, m->be->rope_forward(a->q, B * m->Hqk, T, d, m->t0));
     PHASE(TIMER_COPY, m->be->rope_forward(a->k, B * m->Hqk, T, d, m->t0));
   }
@@ -485,7 +489,7 @@ static void forward_logits(struct model *m, long step, bool train) {
   m->be->upload(m->dev_targets, m->targets, sizeof(int) * (size_t)N);
   PHASE(TIMER_COPY,
         m->be->embedding_forward(x0, m->dev_tokens, m->P.token, m->P.position, B, T, C, m->t0));
-  if (m->cfg->model.position == POSITION_SINUSOIDAL)
+  if (m->position == POSITION_SINUSOIDAL)
     PHASE(TIMER_COPY, m->be->sinusoidal_forward(x0, B, T, C, m->t0, INIT_STD * sqrtf(2.0f)));
   struct dropout_key k0 = drop_key(m, step, 0, train);
   PHASE(TIMER_DROPOUT, m->be->dropout_forward(x0, &k0, B, T, C));
@@ -588,7 +592,7 @@ void model_backward(struct model *m, long step) {
     attention_backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v,
                        w->attn, a->att, a->att_saved);
     timer_stop(TIMER_ATTENTION);
-    if (m->cfg->model.position == POSITION_ROPE) {
+    if (m->position == POSITION_ROPE) {
       PHASE(TIMER_COPY, m->be->rope_backward(m->dq, B * m->Hqk, T, d, m->t0));
       PHASE(TIMER_COPY, m->be->rope_backward(m->dk, B * m->Hqk, T, d, m->t0));
     }
@@ -642,7 +646,7 @@ void model_decode_step(struct model *m, struct model_decoder *dec, int token, lo
                        float *logits) {
   const int C = m->C, H = m->H, d = m->d, R = m->R;
   embedding_forward(dec->x, &token, m->P.token, m->P.position, 1, 1, C, pos);
-  if (m->cfg->model.position == POSITION_SINUSOIDAL)
+  if (m->position == POSITION_SINUSOIDAL)
     sinusoidal_forward(dec->x, 1, 1, C, pos, INIT_STD * sqrtf(2.0f));
   for (int l = 0; l < m->L; l++) { /* as block_forward, one token, dropout off */
     const struct block_tensors *w = &m->P.block[l];
@@ -650,7 +654,7 @@ void model_decode_step(struct model *m, struct model_decoder *dec, int token, lo
     layernorm_forward(dec->ln, dec->mean, dec->rstd, dec->x, w->ln1w, w->ln1b, 1, C);
     linear_forward(dec->qkv, dec->ln, w->wqkv, w->bqkv, 1, C, m->QKV);
     heads_split_forward(dec->q, dec->k, dec->v, dec->qkv, 1, 1, m->Hqk, H, d);
-    if (m->cfg->model.position == POSITION_ROPE) {
+    if (m->position == POSITION_ROPE) {
       rope_forward(dec->q, m->Hqk, 1, d, pos);
       rope_forward(dec->k, m->Hqk, 1, d, pos);
     }

@@ -51,6 +51,8 @@ struct block_acts {
 };
 
 struct model {
+  /* the deck, for what is done once a run (parameters registered and initialised, checkpoints'
+   * records, the optimizer's settings); the passes below read the fields that follow */
   const struct config *cfg;
   struct comm *comm;
   const struct backend *be; /* every buffer below lives on its device, but the host_* ones */
@@ -60,8 +62,12 @@ struct model {
   long n;                   /* global sequence length */
   long B, T, t0;            /* local batch, local tokens, global index of local token 0 */
   bool causal, recompute;
-  long mlp_chunk;  /* MLP rows at once: the activations' size under recomputation */
-  bool last_train; /* dropout state of the last forward, which backward must match */
+  enum position_kind position; /* model.position */
+  bool tie_embeddings;         /* model.tie_embeddings: the head is the token embedding */
+  float dropout;               /* model.dropout */
+  uint64_t seed;               /* run.seed: the dropout masks' key */
+  long mlp_chunk;              /* MLP rows at once: the activations' size under recomputation */
+  bool last_train;             /* dropout state of the last forward, which backward must match */
 
   struct param_list plist;
   float *params, *grads, *m, *v; /* plist.total floats each */
