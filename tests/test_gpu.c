@@ -524,22 +524,11 @@ static const struct CMUnitTest gpu_tests[] = {
 
 /* main: the tests on the device of this rank, or one TAP skip when there is none. The emulation's
  * harness (tests/cudaemu/test_gpu_emu.c) brings its own, which also checks for leaks. */
-#ifndef TEST_GPU_OWN_MAIN
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+/* The device of this rank (the tests run on one). */
+static int open_device(char *err, size_t len) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char err[256];
-  if (gpu_open(rank, false, err, sizeof err) != 0) { /* TAP's skip-all plan, with the reason */
-    err[strcspn(err, "\n")] = '\0';
-    printf("1..0 # SKIP no GPU: %s\n", err);
-    MPI_Finalize();
-    return 0;
-  }
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const int rc = cmocka_run_group_tests(gpu_tests, NULL, NULL);
-  gpu_close();
-  MPI_Finalize();
-  return rc;
+  return gpu_open(rank, false, err, len);
 }
-#endif
+
+TU_GPU_MAIN("test_gpu", gpu_tests, open_device, gpu_close)

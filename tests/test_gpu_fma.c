@@ -415,23 +415,7 @@ static const struct CMUnitTest gpu_fma_tests[] = {
 /* main: the tests on the device of this rank (its attention implementations registered), or one
  * TAP skip when there is none. The emulation's harness (tests/cudaemu/test_gpu_fma_emu.c) brings
  * its own, which also checks for leaks. */
-#ifndef TEST_GPU_OWN_MAIN
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char err[256];
-  if (!gpu_backend_open(NULL, err, sizeof err)) { /* TAP's skip-all plan, with the reason */
-    err[strcspn(err, "\n")] = '\0';
-    printf("1..0 # SKIP no GPU: %s\n", err);
-    MPI_Finalize();
-    return 0;
-  }
-  if (rank != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* one TAP stream */
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const int rc = cmocka_run_group_tests(gpu_fma_tests, NULL, NULL);
-  gpu_close();
-  MPI_Finalize();
-  return rc;
-}
-#endif
+/* The GPU back end, which registers the GPU's attention implementations. */
+static int open_backend(char *err, size_t len) { return gpu_backend_open(NULL, err, len) ? 0 : 1; }
+
+TU_GPU_MAIN("test_gpu_fma", gpu_fma_tests, open_backend, gpu_close)

@@ -389,23 +389,4 @@ static int gpu_full_open(char *err, size_t len) {
 
 /* main: the tests on the device of this rank, or one TAP skip when there is none. The emulation's
  * harness (tests/cudaemu/test_gpu_full_emu.c) brings its own, which also checks for leaks. */
-#ifndef TEST_GPU_OWN_MAIN
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* one TAP stream */
-  char err[256];
-  if (gpu_full_open(err, sizeof err) != 0) {
-    err[strcspn(err, "\n")] = '\0';
-    printf("1..0 # SKIP no GPU: %s\n", err);
-    MPI_Finalize();
-    return 0;
-  }
-  cmocka_set_message_output(CM_OUTPUT_TAP);
-  const int rc = cmocka_run_group_tests(gpu_full_tests, NULL, NULL);
-  gpu_close();
-  MPI_Finalize();
-  return rc;
-}
-#endif
+TU_GPU_MAIN("test_gpu_full", gpu_full_tests, gpu_full_open, gpu_close)

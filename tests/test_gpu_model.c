@@ -204,20 +204,15 @@ static void test_model_seq_parallel(void **state) {
   compare_parallel("fma_linear", true, 2);
 }
 
+/* The GPU back end, kept for the tests. */
+static int open_backend(char *err, size_t len) {
+  gpu = gpu_backend_open(NULL, err, len);
+  return gpu ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* one TAP stream */
-  char err[256];
-  gpu = gpu_backend_open(NULL, err, sizeof err);
-  if (!gpu) {
-    err[strcspn(err, "\n")] = '\0';
-    printf("1..0 # SKIP no GPU: %s\n", err);
-    MPI_Finalize();
-    return 0;
-  }
-  cmocka_set_message_output(CM_OUTPUT_TAP);
+  int rc = 0;
+  if (!tu_gpu_begin(&argc, &argv, "test_gpu_model", open_backend, TU_GPU_EMU, &rc)) return rc;
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   /* one rank: the single-device comparisons; several: the distributed ones */
@@ -230,9 +225,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_model_data_parallel),
       cmocka_unit_test(test_model_seq_parallel),
   };
-  const int rc = world == 1 ? cmocka_run_group_tests(one, NULL, NULL)
-                            : cmocka_run_group_tests(many, NULL, NULL);
-  gpu_close();
-  MPI_Finalize();
-  return rc;
+  rc = world == 1 ? cmocka_run_group_tests(one, NULL, NULL)
+                  : cmocka_run_group_tests(many, NULL, NULL);
+  return tu_gpu_end(rc, gpu_close, TU_GPU_LEAKED);
 }

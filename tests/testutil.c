@@ -239,3 +239,40 @@ int tu_causality(struct attn_ctx *ctx, const float *params, const float *q, cons
   free(f.saved);
   return failed;
 }
+
+bool tu_gpu_begin(int *argc, char ***argv, const char *name, tu_gpu_open_fn open, bool emulated,
+                  int *rc) {
+  MPI_Init(argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  *rc = 1;
+  if (rank != 0 && !freopen("/dev/null", "w", stdout)) return false; /* one TAP stream */
+  char err[256];
+  if (open(err, sizeof err) != 0) {
+    err[strcspn(err, "\n")] = '\0';
+    if (emulated) {
+      fprintf(stderr, "%s_emu: no emulated device: %s\n", name, err);
+      return false;
+    }
+    printf("1..0 # SKIP no GPU: %s\n", err); /* TAP's skip-all plan, with the reason */
+    MPI_Finalize();
+    *rc = 0;
+    return false;
+  }
+  cmocka_set_message_output(CM_OUTPUT_TAP);
+  const char *filter = emulated ? getenv("CUDAEMU_TEST_FILTER") : NULL;
+  if (filter && *filter) cmocka_set_test_filter(filter);
+  *rc = 0;
+  return true;
+}
+
+int tu_gpu_end(int rc, void (*close)(void), size_t (*leaked)(void)) {
+  close();
+  const size_t left = leaked ? leaked() : 0;
+  if (left) {
+    fprintf(stderr, "cudaemu: %zu bytes of device memory still allocated at exit\n", left);
+    if (!rc) rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

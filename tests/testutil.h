@@ -189,4 +189,34 @@ int tu_causality(struct attn_ctx *ctx, const float *params, const float *q, cons
     return tu_rc_;                                          \
   }
 
+/* GPU test programs (tests/test_gpu*.c, and their twins under the CUDA emulation in
+ * tests/cudaemu/, which define TU_GPU_EMULATED and include them). tu_gpu_begin: MPI up, rank 0's
+ * TAP stream, the device opened by open (0, or the reason in err); true to go on, else *rc is the
+ * exit status: 0 with TAP's skip-all plan natively (no GPU here), 1 under the emulation (there is
+ * always a device: a skip would hide a failure). Emulated, the test filter CUDAEMU_TEST_FILTER
+ * (the mutation check's) applies. tu_gpu_end: the device closed, device memory still allocated
+ * (leaked; NULL natively) a failure, MPI down; returns the exit status. */
+typedef int (*tu_gpu_open_fn)(char *err, size_t len);
+bool tu_gpu_begin(int *argc, char ***argv, const char *name, tu_gpu_open_fn open, bool emulated,
+                  int *rc);
+int tu_gpu_end(int rc, void (*close)(void), size_t (*leaked)(void));
+
+#ifdef TU_GPU_EMULATED
+size_t cudaemu_bytes_in_use(void);
+#define TU_GPU_EMU    true
+#define TU_GPU_LEAKED cudaemu_bytes_in_use
+#else
+#define TU_GPU_EMU    false
+#define TU_GPU_LEAKED NULL
+#endif
+
+/* main() for a GPU test program: one group of tests on the device open opens and close closes. */
+#define TU_GPU_MAIN(name, tests, open, close)                                        \
+  int main(int argc, char **argv) {                                                  \
+    int tu_rc_ = 0;                                                                  \
+    if (!tu_gpu_begin(&argc, &argv, name, open, TU_GPU_EMU, &tu_rc_)) return tu_rc_; \
+    tu_rc_ = cmocka_run_group_tests(tests, NULL, NULL);                              \
+    return tu_gpu_end(tu_rc_, close, TU_GPU_LEAKED);                                 \
+  }
+
 #endif

@@ -280,39 +280,28 @@ static void row_backward_bidir(const struct kz_map *map, enum kz_norm norm, cons
 
 static int seq_ranks(const struct attn_ctx *ctx) { return ctx->comm ? ctx->comm->S : 1; }
 
-/* The sums each row needs from outside the slab, given every row's own sums mine (BH, W):
- * causal, those of the ranks before (exclusive scan); bidirectional, everyone's. into (BH, W). */
-static void outside_sums(struct attn_ctx *ctx, bool before_only, float *into, const float *mine,
+/* The sums each row needs from outside the slab, given every row's own sums mine (count floats):
+ * those of the ranks before this one (exclusive scan: causal forward, whose rows see earlier
+ * keys), of the ranks after it (causal backward, whose rows see later queries), or everyone's
+ * (bidirectional). into (count). */
+enum outside { OUTSIDE_BEFORE, OUTSIDE_AFTER, OUTSIDE_ALL };
+
+static void outside_sums(struct attn_ctx *ctx, enum outside side, float *into, const float *mine,
                          size_t count) {
   if (seq_ranks(ctx) == 1) {
-    if (before_only)
-      memset(into, 0, sizeof(float) * count);
-    else
+    if (side == OUTSIDE_ALL)
       memcpy(into, mine, sizeof(float) * count);
+    else
+      memset(into, 0, sizeof(float) * count);
     return;
   }
-  float *after = mem_alloc(MEM_COMM, sizeof(float) * count);
-  comm_exscan_sum_float(ctx->comm, mine, count, into, after);
-  if (!before_only)
+  float *other = mem_alloc(MEM_COMM, sizeof(float) * count);
+  float *before = side == OUTSIDE_AFTER ? other : into,
+        *after = side == OUTSIDE_AFTER ? into : other;
+  comm_exscan_sum_float(ctx->comm, mine, count, before, after);
+  if (side == OUTSIDE_ALL)
     for (size_t i = 0; i < count; i++) into[i] += mine[i] + after[i];
-  mem_free(after);
-}
-
-/* The same for backward: causal rows need the sums of the ranks after (their later queries). */
-static void outside_query_sums(struct attn_ctx *ctx, bool causal, float *into, const float *mine,
-                               size_t count) {
-  if (seq_ranks(ctx) == 1) {
-    if (causal)
-      memset(into, 0, sizeof(float) * count);
-    else
-      memcpy(into, mine, sizeof(float) * count);
-    return;
-  }
-  float *before = mem_alloc(MEM_COMM, sizeof(float) * count);
-  comm_exscan_sum_float(ctx->comm, mine, count, before, into);
-  if (!causal)
-    for (size_t i = 0; i < count; i++) into[i] += before[i] + mine[i];
-  mem_free(before);
+  mem_free(other);
 }
 
 size_t kz_saved_floats(const struct attn_ctx *ctx, const struct kz_map *map) {
@@ -338,7 +327,7 @@ void kz_forward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm nor
         row_key_sums(map, mine + bh * W, k + bh * T * d, v + bh * T * d, T, &w);
       work_free(&w);
     }
-    outside_sums(ctx, dm->causal, Sz0, mine, (size_t)BH * W);
+    outside_sums(ctx, dm->causal ? OUTSIDE_BEFORE : OUTSIDE_ALL, Sz0, mine, (size_t)BH * W);
     mem_free(mine);
   }
 #pragma omp parallel
@@ -372,7 +361,7 @@ void kz_backward(struct attn_ctx *ctx, const struct kz_map *map, enum kz_norm no
                        q + bh * T * d, dout + bh * T * d, out + bh * T * d, den + bh * T, T, &w);
       work_free(&w);
     }
-    outside_query_sums(ctx, dm->causal, Rr0, mine, (size_t)BH * W);
+    outside_sums(ctx, dm->causal ? OUTSIDE_AFTER : OUTSIDE_ALL, Rr0, mine, (size_t)BH * W);
     mem_free(mine);
   }
 #pragma omp parallel
