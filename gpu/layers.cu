@@ -1,4 +1,4 @@
-// The per-token layers on the device, the twin of src/model/layers.c op for op: the same contracts,
+// The per-token layers on the device, the twin of src/nn/layers.c op for op: the same contracts,
 // fp32 data, backward accumulating. GEMMs through gpu_gemm (cuBLAS); rows reduced by one warp each;
 // sums over many rows (bias, layer-norm and embedding gradients) in two stages — fixed chunks of
 // rows in parallel, then the chunks in order — so they are deterministic and never one thread's
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "model/layers.h"
+#include "nn/layers.h"
 
 #include "check.h"
 #include "gpu.h"

@@ -7,7 +7,7 @@
 
 #include "../src/attention/nystrom.h"
 #include "../src/core/error.h"
-#include "../src/io/h5io.h"
+#include "../src/core/h5io.h"
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);

@@ -7,7 +7,7 @@
 
 #include "../src/attention/attention.h"
 #include "../src/deck/config.h"
-#include "../src/model/params.h"
+#include "../src/nn/params.h"
 #include "fma_cases.h"
 #include "fma_oracle.h"
 

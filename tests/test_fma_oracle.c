@@ -10,7 +10,7 @@
 #include "../src/deck/config.h"
 #include "../src/fma/lists.h"
 #include "../src/fma/tree.h"
-#include "../src/model/params.h"
+#include "../src/nn/params.h"
 #include "fma_cases.h"
 #include "fma_oracle.h"
 

@@ -1,5 +1,5 @@
 /* The CUDA back end's operations against the CPU's on the same inputs: every layer of
- * src/model/layers.c (forward and every gradient, accumulated onto non-zero buffers), the products
+ * src/nn/layers.c (forward and every gradient, accumulated onto non-zero buffers), the products
  * of gpu_gemm (fp32 and bf16), AdamW and the norm, exact attention and its causality, the device
  * memory pool and row packing, and the NCCL transport against MPI. Natively on a GPU (--with-cuda),
  * or through tests/cudaemu; with no GPU the whole program is one TAP skip, never a pass. */
@@ -11,7 +11,7 @@
 #include "../src/attention/attention.h"
 #include "../src/deck/config.h"
 #include "../src/model/backend.h"
-#include "../src/model/layers.h"
+#include "../src/nn/layers.h"
 #include "../src/parallel/comm.h"
 
 /* fp32 on both sides, different summation orders: relative to the largest entry */

@@ -1,10 +1,10 @@
-/* Rung 1 of the test ladder: every per-token layer of src/model/layers.c against a double-precision
+/* Rung 1 of the test ladder: every per-token layer of src/nn/layers.c against a double-precision
  * reference written here, forward to 1e-5 and backward against central finite differences of the
  * reference (J = Σ dout · y), so both the float kernels and the formulas are checked. */
 #include "testutil.h"
 
 #include "../src/core/rng.h"
-#include "../src/model/layers.h"
+#include "../src/nn/layers.h"
 
 #define FWD_TOL 2e-5
 #define BWD_TOL 1e-4

@@ -9,9 +9,9 @@
 
 #include "testutil.h"
 
+#include "../src/core/h5io.h"
 #include "../src/io/data.h"
-#include "../src/io/h5io.h"
-#include "../src/model/layers.h"
+#include "../src/nn/layers.h"
 #include "../src/tasks/tasks.h"
 
 static char tmp_path[256];

@@ -1,4 +1,4 @@
-/* The attention registry (registry.h) and what variants share: the configuration checks, the
+/* The attention registry (deck/variants.h) and what variants share: the configuration checks, the
  * implementations by device, contexts, and the row-by-row diagnostics of exact variants, classified
  * by the FMA tree's distance bands so that `full` and `fma` report comparable level masses. */
 #include "attention/attention.h"
@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "attention/registry.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "deck/variants.h"
 #include "fma/lists.h"
 
 #define DECLARE(name) extern struct attn_variant attention_##name;

@@ -1,6 +1,6 @@
 /* The attention interface (SPEC §1, §6): one ops table per variant, the only seam between the
- * model and a variant; adding one is a new file plus one line in registry.h. v and the output are
- * (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d), Hqk = H or FiSH's G global heads.
+ * model and a variant; adding one is a new file plus one line in deck/variants.h. v and the output
+ * are (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d), Hqk = H or FiSH's G global heads.
  * Under sequence parallelism a variant reaches the rest of the sequence through ctx->comm; the
  * exchange it needs is its own business, behind forward/backward. */
 #ifndef FMATTN_ATTENTION_H
@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 #include "deck/config.h"
-#include "model/params.h"
+#include "nn/params.h"
 #include "parallel/comm.h"
 
 #ifdef __cplusplus
@@ -155,7 +155,7 @@ struct attn_variant {
   double (*flops)(const struct attn_ctx *ctx, double *p2p_flops);
 };
 
-/* The registry (registry.h). NULL when the name is unknown. */
+/* The registry (deck/variants.h). NULL when the name is unknown. */
 const struct attn_variant *attention_find(const char *name);
 /* The ops the configuration asks for: attention.variant, under attention.heads_mode = fish its
  * FiSH form; NULL when there is none (attention_check says why). */

@@ -12,7 +12,7 @@
 #include "attention/exact.h"
 #include "core/error.h"
 #include "core/memory.h"
-#include "model/vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
+#include "nn/vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
 #include "parallel/halo.h"
 #include "parallel/ring.h"
 

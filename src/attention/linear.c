@@ -9,7 +9,7 @@
 
 #include "attention/kernelized.h"
 #include "attention/linear.h"
-#include "model/vecmath.h"
+#include "nn/vecmath.h"
 
 /* φ of the three kernels of SPEC §6.6 and its derivative, element by element. The exponentials
  * run in loops of their own over libmvec's vector expf (GCC does not vectorise a loop that mixes

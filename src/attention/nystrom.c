@@ -14,7 +14,7 @@
 #include "attention/nystrom.h"
 #include "core/error.h"
 #include "core/memory.h"
-#include "model/vecmath.h"
+#include "nn/vecmath.h"
 #include "parallel/halo.h"
 
 #define NY_CHUNK 64 /* query or key rows per streamed chunk */

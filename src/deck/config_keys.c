@@ -14,8 +14,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "attention/registry.h"
 #include "deck/config_keys.h"
+#include "deck/variants.h"
 
 /* Enums are written through an int pointer; that is only sound while they are int-sized. */
 _Static_assert(sizeof(enum run_mode) == sizeof(int), "enum storage");
@@ -48,7 +48,7 @@ static const char *const downsample_names[] = {"conv", "m2m", "avg", NULL};
 static const char *const init_names[] = {"mean", "random", NULL};
 static const char *const down_lr_names[] = {"scaled", "plain", NULL};
 static const char *const heads_mode_names[] = {"standard", "fish", NULL};
-/* The variants: the registry's names (src/attention/registry.h). */
+/* The variants: the registry's names (src/deck/variants.h). */
 #define VARIANT_NAME(name) #name,
 static const char *const variant_names[] = {ATTENTION_REGISTRY(VARIANT_NAME) NULL};
 #undef VARIANT_NAME

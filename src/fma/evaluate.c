@@ -12,7 +12,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "fma/fma.h"
-#include "model/vecmath.h"
+#include "nn/vecmath.h"
 
 void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk) {
   const struct fma_tree *tree = &st->tree;

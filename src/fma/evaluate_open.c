@@ -11,7 +11,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "fma/open.h"
-#include "model/vecmath.h"
+#include "nn/vecmath.h"
 
 /* Where the gradients of a level-l slot source's rows go (fma_open_source_rows' rows): the
  * summaries' dK or dV rows, or fine block c's dk or dv rows (local, or the fetched block's). */

@@ -13,7 +13,7 @@
 #include "fma/lists.h"
 #include "fma/options.h"
 #include "fma/tree.h"
-#include "model/params.h"
+#include "nn/params.h"
 
 #ifdef __cplusplus
 extern "C" {

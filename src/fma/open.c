@@ -11,7 +11,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "fma/open.h"
-#include "model/vecmath.h"
+#include "nn/vecmath.h"
 
 /* ---------------------------------------------------------------------------------------------
  * buffers */

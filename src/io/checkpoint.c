@@ -12,8 +12,8 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/h5io.h"
 #include "core/timer.h"
-#include "io/h5io.h"
 
 /* The three tensor sets of a checkpoint, in file order. */
 enum { NSETS = 3 };

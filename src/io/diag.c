@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/h5io.h"
+#include "core/h5io.h"
 #include "tasks/tasks.h"
 
 static const char *phase_units =

@@ -8,7 +8,7 @@
 
 #include "core/blascore.h"
 #include "core/threads.h"
-#include "model/adamw.h"
+#include "nn/adamw.h"
 
 #ifdef FMATTN_GPU /* built --with-cuda, or --enable-cuda-emulation (FMATTN_GPU_EMULATED too) */
 #include "../../gpu/gpu.h"

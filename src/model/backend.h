@@ -12,8 +12,8 @@
 
 #include "core/memory.h"
 #include "deck/config.h"
-#include "model/adamw.h"
-#include "model/layers.h"
+#include "nn/adamw.h"
+#include "nn/layers.h"
 #include "parallel/comm.h"
 
 #ifdef __cplusplus

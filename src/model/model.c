@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
-#include "model/layers.h"
+#include "nn/layers.h"
 
 #include "model/backend.h"
 

@@ -11,7 +11,7 @@
 #include "attention/attention.h"
 #include "deck/config.h"
 #include "model/backend.h"
-#include "model/params.h"
+#include "nn/params.h"
 #include "parallel/comm.h"
 
 #ifdef __cplusplus

@@ -13,9 +13,9 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/h5io.h"
 #include "core/memory.h"
 #include "core/timer.h"
-#include "io/h5io.h"
 #include "run/train.h"
 #include "tasks/tasks.h"
 

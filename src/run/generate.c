@@ -12,10 +12,10 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/h5io.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/timer.h"
-#include "io/h5io.h"
 #include "run/train.h"
 
 /* The prompt: the bytes of generate.prompt_file, or generate.prompt, or a newline. The file is

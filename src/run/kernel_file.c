@@ -11,10 +11,10 @@
 
 #include "attention/attention.h"
 #include "core/error.h"
+#include "core/h5io.h"
 #include "core/memory.h"
 #include "core/timer.h"
 #include "deck/config.h"
-#include "io/h5io.h"
 
 /* Attributes of IN turned into deck overrides (six more are fixed: variant, objective, sizes). */
 #define KERNEL_MAX_KEYS 48

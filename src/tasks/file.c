@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "io/h5io.h"
+#include "core/h5io.h"
 #include "tasks/tasks.h"
 
 /* A dataset's shape (ndim ≤ 2) and class; false when absent. */

@@ -2,7 +2,7 @@
  * CBLAS; elementwise and row-wise loops through OpenMP with static schedules. Parameter-gradient
  * reductions over rows use LAYERS_CHUNKS fixed row ranges summed in order, so the result is the
  * same for any thread count (a restart on another machine size stays bit-for-bit on one rank). */
-#include "model/layers.h"
+#include "nn/layers.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/rng.h"
-#include "model/vecmath.h"
+#include "nn/vecmath.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -1,5 +1,5 @@
 /* Named-tensor registry (params.h): appending, lookup, and offsets into the shared buffers. */
-#include "model/params.h"
+#include "nn/params.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* HDF5 helpers (h5io.h). HDF5's own error printing is switched off at start-up (main), so a
  * failure here prints one fmattn message naming the call, the file or path involved. */
-#include "io/h5io.h"
+#include "core/h5io.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* The CPU optimizer kernels (adamw.h). */
-#include "model/adamw.h"
+#include "nn/adamw.h"
 
 #include <math.h>
 
