@@ -1,6 +1,6 @@
 /* Data (SPEC §4): a byte-file corpus cut into train/valid/test, a task file's rows cut likewise, or
- * a synthetic task generated in-process from the seed (copy, majority, and the long-range tasks of
- * src/tasks/). Every window is a pure function of (seed, step, global sample index) or (split,
+ * a synthetic task generated in-process from the seed (copy, majority and the long-range tasks,
+ * by src/tasks/). Every window is a pure function of (seed, step, global sample index) or (split,
  * window index), so any rank layout sees the same samples and a restart needs no data cursor
  * beyond the step. A sequence group shares a window; each rank takes its slab. */
 #ifndef FMATTN_DATA_H
