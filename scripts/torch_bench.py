@@ -13,7 +13,10 @@ touches both alike; the figures are the medians over rounds.
 
 Both link OpenBLAS: the BLAS core each one runs is printed (fmattn's from bench.h5, PyTorch's by
 asking the OpenBLAS libraries loaded in this process), so a comparison on different kernels shows.
-OPENBLAS_CORETYPE, when set, reaches both.
+OPENBLAS_CORETYPE, when set, reaches both. When it is not set and fmattn corrected a generic
+fallback (its first round's bench.h5 says `blas_core_corrected_from`), the script runs itself again
+with OPENBLAS_CORETYPE set to fmattn's core, so PyTorch runs the same kernels: OpenBLAS picks its
+core when it is loaded, and numpy (through h5py) has loaded it before PyTorch is imported.
 """
 import argparse
 import ctypes
@@ -130,6 +133,10 @@ def torch_steps(torch, model, V, batch, n, steps, seed):
     return statistics.median(times)
 
 
+def attr_text(v):
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def fmattn_step(fmattn, deck, sets, workdir, env):
     """fmattn's median step (ms), tokens/s, FLOPs per token, BLAS core and SGEMM rate."""
     cmd = [fmattn, deck] + [x for s in sets for x in ("--set", s)]
@@ -141,10 +148,25 @@ def fmattn_step(fmattn, deck, sets, workdir, env):
     with h5py.File(path, "r") as f:
         t = f["train"]
         core = f.attrs.get("blas_core", b"")
+        fallback = f.attrs.get("blas_core_corrected_from", b"")
         return {"step_ms": float(t["step_ms"][0]), "tokens_per_s": float(t["tokens_per_s"][0]),
                 "flops_per_token": float(t["flops_per_token"][0]),
-                "blas_core": core.decode() if isinstance(core, bytes) else str(core),
+                "blas_core": attr_text(core), "corrected_from": attr_text(fallback),
                 "sgemm_gflops": float(f.attrs["sgemm_gflops"])}
+
+
+def same_kernels_for_torch(first):
+    """Run this script again with fmattn's core for PyTorch's OpenBLAS, where fmattn corrected a
+    fallback and the user chose no core (see the module's docstring)."""
+    if "OPENBLAS_CORETYPE" in os.environ or not first["corrected_from"]:
+        return
+    print(f"torch_bench.py: fmattn corrected OpenBLAS's {first['corrected_from']} to "
+          f"{first['blas_core']}; running again with OPENBLAS_CORETYPE={first['blas_core']} so "
+          "that PyTorch runs the same kernels", flush=True)
+    os.environ["OPENBLAS_CORETYPE"] = first["blas_core"]
+    os.environ["TORCH_BENCH_CORE_FROM"] = first["corrected_from"]
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable] + sys.argv)
 
 
 def main():
@@ -165,7 +187,11 @@ def main():
             "attention.variant=full", "run.mode=bench", "run.name=bench"]
     cfg = resolved_deck(a.fmattn, a.deck, sets)
     batch = int(cfg["train.batch"])
-    import torch  # after OMP_NUM_THREADS is set
+    fm = []
+    with tempfile.TemporaryDirectory(prefix="torch_bench.") as tmp:
+        fm.append(fmattn_step(a.fmattn, a.deck, sets, os.path.join(tmp, "0"), env))
+    same_kernels_for_torch(fm[0])
+    import torch  # after OMP_NUM_THREADS and OPENBLAS_CORETYPE are set
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
@@ -175,10 +201,11 @@ def main():
     print(f"torch_bench.py: torch {torch.__version__}, {a.threads} thread(s); its OpenBLAS "
           f"core(s): {', '.join(f'{c} ({p})' for p, c in cores.items()) or 'none found'}",
           flush=True)
-    fm, tt = [], []
+    tt = []
     with tempfile.TemporaryDirectory(prefix="torch_bench.") as tmp:
         for r in range(a.rounds):
-            fm.append(fmattn_step(a.fmattn, a.deck, sets, os.path.join(tmp, str(r)), env))
+            if r:  # round 1's fmattn ran above, before PyTorch was loaded
+                fm.append(fmattn_step(a.fmattn, a.deck, sets, os.path.join(tmp, str(r)), env))
             tt.append(torch_steps(torch, model, V, batch, a.n, a.steps, seed=r))
             print(f"  round {r + 1}: fmattn {fm[-1]['step_ms']:.1f} ms/step "
                   f"(BLAS core {fm[-1]['blas_core']}), PyTorch eager {tt[-1]:.1f} ms/step",
@@ -194,7 +221,8 @@ def main():
            "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
            "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),
            "torch": torch.__version__,
-           "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "")}
+           "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", ""),
+           "OPENBLAS_CORETYPE_corrects": os.environ.get("TORCH_BENCH_CORE_FROM", "")}
     print(f"torch_bench.py: n = {a.n}, batch {batch}: fmattn {res['fmattn_tokens_per_s']:.0f} "
           f"tok/s ({fpt * tokens / fm_ms / 1e6:.1f} GFLOP/s), PyTorch eager "
           f"{res['torch_tokens_per_s']:.0f} tok/s ({fpt * tokens / th_ms / 1e6:.1f} GFLOP/s): "
