@@ -38,7 +38,7 @@ done
 check "plot_bench.py draws a run's bench.h5" \
   "$P" scripts/plot_bench.py "$WORK/sweep/scaling_strong_S2_n1024" -o "$WORK/bplots"
 check "plot_bench.py: train_mfu.png" test -s "$WORK/bplots/train_mfu.png"
-check "bench.h5 /train: the step by kind of pass, every kind timed, the kinds within the step" \
+check "bench.h5 /train: the step by kind of pass within the step; SGEMM and the peak beside each step" \
   "$P" - "$WORK/sweep/scaling_strong_S2_n1024/bench.h5" <<'PY'
 import sys, h5py
 with h5py.File(sys.argv[1], "r") as f:
@@ -49,6 +49,12 @@ with h5py.File(sys.argv[1], "r") as f:
     timed = sum(t[k][0] for k in kinds) + t["optimizer_ms"][0] + t["allreduce_ms"][0]
     step = t["step_ms"][0]
     assert timed < 1.05 * step and timed + t["other_ms"][0] > 0.9 * step, (timed, step)
+    # the references measured beside the steps (2 ranks at once): rates of this machine, and the
+    # step's ratio to them in the range the run-start reference gives (the same model, one run)
+    sg, pk = t["sgemm_adjacent_gflops"][0], t["peak_adjacent_gflops"][0]
+    assert 0 < sg < pk, (sg, pk)
+    m, ma, mpa = t["mfu"][0], t["mfu_adjacent"][0], t["mfu_peak_adjacent"][0]
+    assert 0 < mpa < ma and 0.2 * m < ma < 5 * m, (m, ma, mpa)
 PY
 # fmattn against PyTorch eager on a tiny model: both run, alternately, on OpenBLAS's same core
 check "torch_bench.py times fmattn and PyTorch eager alternately" \

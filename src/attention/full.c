@@ -37,6 +37,7 @@ static void online_row(float *s, long bj, long c0, long c1, float *mrow, float *
   for (long c = 0; c < c0; c++) s[c] = -INFINITY;
   for (long c = c1; c < bj; c++) s[c] = -INFINITY;
   float mx = *mrow;
+#pragma omp simd reduction(max : mx)
   for (long c = c0; c < c1; c++) mx = s[c] > mx ? s[c] : mx;
   const float alpha = expf(*mrow - mx); /* exp(−inf) = 0 on the first live tile */
   float sum = 0.0f;

@@ -263,6 +263,12 @@ void rope_backward(float *dx, long BH, long T, int d, long t0) {
 /* ---------------------------------------------------------------------------------------------
  * dropout */
 
+/* 16-bit words that may alias the 64-bit draws they are cut from (a GCC and Clang attribute) */
+typedef uint16_t uint16_t_alias __attribute__((may_alias));
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "dropout_row reads the draws' 16-bit words in little-endian order"
+#endif
+
 /* mask row (C) of 0 or 1/(1−p) for element (b, t, ·): 16 random bits per element, 4 elements per
  * rng_bits(seed, RNG_DROPOUT, step, site << 40 ^ sample, token · C4 + c4). The key's fold is shared
  * by the row (rng_prefix) and each group of 4 costs one finaliser, vectorised: the same bits. */
@@ -276,11 +282,11 @@ static void dropout_row(float *mask, const struct dropout_key *key, long b, long
   uint64_t r[C4];
 #pragma omp simd
   for (int c4 = 0; c4 < C4; c4++) r[c4] = rng_bits_last(prefix, c0 + (uint64_t)c4);
+  /* element c's 16 bits are bits 16·(c mod 4) … of r[c / 4]: on a little-endian CPU, the c-th
+   * 16-bit word of r, read as such so that the loop vectorises */
+  const uint16_t_alias *u = (const uint16_t_alias *)r;
 #pragma omp simd
-  for (int c = 0; c < C; c++) {
-    const uint32_t u = (uint32_t)(r[c / 4] >> (16 * (c % 4))) & 0xFFFFu;
-    mask[c] = u >= thresh ? scale : 0.0f;
-  }
+  for (int c = 0; c < C; c++) mask[c] = u[c] >= thresh ? scale : 0.0f;
 }
 
 void dropout_forward(float *x, const struct dropout_key *key, long B, long T, int C) {

@@ -41,28 +41,49 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* SGEMM rate of this rank with its threads (median of 7 products of 2048² × 2048). */
+/* The SGEMM probe: products of 2048² × 2048 on random operands, with this rank's threads. Its
+ * buffers are the bench's instrument, not the model's: unlabelled, outside the reported peaks. */
+#define SGEMM_PROBE_N 2048
+
+struct sgemm_probe {
+  float *a, *b, *c;
+};
+
+static void sgemm_probe_open(struct sgemm_probe *p) {
+  const long N = SGEMM_PROBE_N;
+  p->a = xmalloc(sizeof(float) * N * N);
+  p->b = xmalloc(sizeof(float) * N * N);
+  p->c = xmalloc(sizeof(float) * N * N);
+  for (long i = 0; i < N * N; i++) {
+    p->a[i] = rng_uniform(1, RNG_TEST, 1, (uint64_t)i, 0) - 0.5f;
+    p->b[i] = rng_uniform(1, RNG_TEST, 2, (uint64_t)i, 0) - 0.5f;
+  }
+}
+
+/* GFLOP/s of one product */
+static double sgemm_probe_once(struct sgemm_probe *p) {
+  const int N = SGEMM_PROBE_N;
+  double t0 = timer_now();
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.0f, p->a, N, p->b, N, 0.0f, p->c,
+              N);
+  return 2.0 * N * (double)N * N / (timer_now() - t0) / 1e9;
+}
+
+static void sgemm_probe_close(struct sgemm_probe *p) {
+  free(p->a);
+  free(p->b);
+  free(p->c);
+}
+
+/* SGEMM rate of this rank with its threads (the median of 7 products, after one). */
 double bench_sgemm_gflops(void) {
-  const int N = 2048;
-  float *a = mem_alloc(MEM_WORKSPACE, sizeof(float) * N * N);
-  float *b = mem_alloc(MEM_WORKSPACE, sizeof(float) * N * N);
-  float *c = mem_alloc(MEM_WORKSPACE, sizeof(float) * N * N);
-  for (long i = 0; i < (long)N * N; i++) {
-    a[i] = rng_uniform(1, RNG_TEST, 1, (uint64_t)i, 0) - 0.5f;
-    b[i] = rng_uniform(1, RNG_TEST, 2, (uint64_t)i, 0) - 0.5f;
-  }
-  double t[7];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-  for (int r = 0; r < 7; r++) {
-    double t0 = timer_now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-    t[r] = timer_now() - t0;
-  }
-  double s = median(t, 7);
-  mem_free(a);
-  mem_free(b);
-  mem_free(c);
-  return 2.0 * N * (double)N * N / s / 1e9;
+  struct sgemm_probe p;
+  sgemm_probe_open(&p);
+  double g[7];
+  sgemm_probe_once(&p);
+  for (int r = 0; r < 7; r++) g[r] = sgemm_probe_once(&p);
+  sgemm_probe_close(&p);
+  return median(g, 7);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -414,6 +435,9 @@ struct train_row {
   /* per step, mean over ranks, by kind of pass (timer.h): the linear layers' GEMMs, the attention
    * operators, the passes around them, and what no timer holds (the step less all the others) */
   double gemm_ms, attention_ms, norm_ms, activation_ms, dropout_ms, copy_ms, loss_ms, other_ms;
+  /* on the CPU, the references measured again beside every timed step (all ranks at once, summed)
+   * and the step's rate against them: medians over the steps (NaN on a GPU) */
+  double sgemm_adjacent_gflops, peak_adjacent_gflops, mfu_adjacent, mfu_peak_adjacent;
 };
 
 /* The timers a training-step row reports, in the order of its per-step columns. */
@@ -453,6 +477,57 @@ static void train_phases(double out[NPHASES]) {
   for (size_t i = 0; i < NPHASES; i++) out[i] = timer_total_ms(train_timers[i]);
 }
 
+/* The CPU's references measured again after every timed step: on a shared host the clocks drift
+ * by tens of percent within a minute (docs/perf.md), so a step against a rate measured seconds
+ * earlier carries that drift; against one measured beside it, less. Each timed step is followed by
+ * one SGEMM product and one FMA-peak probe, every rank at once; the ratios are per step, then the
+ * median. A GPU back end measures its own rates: no adjacent references (NaN). */
+struct adjacent {
+  bool on;
+  int steps;
+  struct sgemm_probe probe;
+  double *sgemm, *peak, *mfu, *mfu_peak; /* per timed step, machine-wide */
+};
+
+static void adjacent_open(struct adjacent *a, const struct backend *be, int repeats) {
+  memset(a, 0, sizeof *a);
+  a->on = be->gemm_gflops == NULL;
+  if (!a->on) return;
+  sgemm_probe_open(&a->probe);
+  sgemm_probe_once(&a->probe); /* warm */
+  a->steps = repeats;
+  a->sgemm = xmalloc(sizeof(double) * 4 * (size_t)repeats);
+  a->peak = a->sgemm + repeats;
+  a->mfu = a->peak + repeats;
+  a->mfu_peak = a->mfu + repeats;
+}
+
+/* after timed step r, which ran at step_flops FLOP/s on all ranks */
+static void adjacent_measure(struct adjacent *a, struct comm *comm, int r, double step_flops) {
+  if (!a->on) return;
+  comm_barrier(comm, COMM_WORLD);
+  const char *isa;
+  double rates[2] = {sgemm_probe_once(&a->probe),
+                     fma_peak_gflops_per_thread(&isa) * threads_count()};
+  comm_allreduce_sum_double(comm, COMM_WORLD, rates, 2);
+  a->sgemm[r] = rates[0];
+  a->peak[r] = rates[1];
+  a->mfu[r] = step_flops / (rates[0] * 1e9);
+  a->mfu_peak[r] = step_flops / (rates[1] * 1e9);
+}
+
+static void adjacent_close(struct adjacent *a, struct train_row *row) {
+  row->sgemm_adjacent_gflops = row->peak_adjacent_gflops = NAN;
+  row->mfu_adjacent = row->mfu_peak_adjacent = NAN;
+  if (!a->on) return;
+  sgemm_probe_close(&a->probe);
+  row->sgemm_adjacent_gflops = median(a->sgemm, a->steps);
+  row->peak_adjacent_gflops = median(a->peak, a->steps);
+  row->mfu_adjacent = median(a->mfu, a->steps);
+  row->mfu_peak_adjacent = median(a->mfu_peak, a->steps);
+  free(a->sgemm);
+}
+
 static bool bench_train_one(const struct config *cfg, struct comm *comm, int repeats,
                             double machine_gflops, struct train_row *row) {
   struct model m;
@@ -466,6 +541,8 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
   }
   const double fpt = model_flops_per_token(&m);
   double *ts = xmalloc(sizeof(double) * (size_t)repeats);
+  struct adjacent adj;
+  adjacent_open(&adj, m.be, repeats);
   double phase0[NPHASES] = {0}, phase1[NPHASES], own_s = 0.0;
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_WORLD);
@@ -490,9 +567,11 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
     if (r >= 0) own_s += t;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm->world));
     if (r >= 0) ts[r] = t;
+    if (r >= 0) adjacent_measure(&adj, comm, r, (double)cfg->train.batch * (double)m.n * fpt / t);
   }
   double s = median(ts, repeats);
   free(ts);
+  adjacent_close(&adj, row);
   counts_end(m.be, cfg, "train", cfg->attention.variant, m.n, comm->S, repeats);
   train_phases(phase1);
   for (size_t i = 0; i < NPHASES; i++) phase1[i] = (phase1[i] - phase0[i]) / repeats;
@@ -554,6 +633,12 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
         pct(row->optimizer_ms, own_ms), pct(row->allreduce_ms, own_ms), pct(passes, own_ms),
         pct(row->norm_ms, own_ms), pct(row->activation_ms, own_ms), pct(row->dropout_ms, own_ms),
         pct(row->copy_ms, own_ms), pct(row->loss_ms, own_ms), pct(row->other_ms, own_ms));
+  if (isfinite(row->mfu_adjacent))
+    message(
+        "  train      n = %8ld: beside each step, SGEMM %.1f and the FMA peak %.1f GFLOP/s: the "
+        "step at %.1f%% of SGEMM, %.1f%% of the peak (medians over the steps)",
+        m.n, row->sgemm_adjacent_gflops, row->peak_adjacent_gflops, 100.0 * row->mfu_adjacent,
+        100.0 * row->mfu_peak_adjacent);
   model_free(&m);
   return true;
 }
@@ -780,6 +865,15 @@ static const struct column train_columns[] = {
         "achieved FLOP rate / the machine's peak: fma_peak_gflops on the CPU, "
         "published_peak_gflops (every rank's) on a GPU; NaN where unknown"),
     NUM(train_row, step_ms, "milliseconds, median training step"),
+    NUM(train_row, sgemm_adjacent_gflops,
+        "GFLOP/s, all ranks: one SGEMM product (as sgemm_gflops') after each timed step, median "
+        "(NaN on a GPU)"),
+    NUM(train_row, peak_adjacent_gflops,
+        "GFLOP/s, all ranks: the FMA peak measured after each timed step, median (NaN on a GPU)"),
+    NUM(train_row, mfu_adjacent,
+        "median over the timed steps of the step's FLOP rate / the SGEMM rate measured after it"),
+    NUM(train_row, mfu_peak_adjacent,
+        "median over the timed steps of the step's FLOP rate / the FMA peak measured after it"),
     NUM(train_row, peak_bytes, "bytes of peak labelled memory on the step's device, largest rank"),
     NUM(train_row, near_ms,
         "milliseconds per step, mean over ranks: fma's near field (P2P; thread-ms, 0 for others)"),
