@@ -633,6 +633,12 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
         pct(row->optimizer_ms, own_ms), pct(row->allreduce_ms, own_ms), pct(passes, own_ms),
         pct(row->norm_ms, own_ms), pct(row->activation_ms, own_ms), pct(row->dropout_ms, own_ms),
         pct(row->copy_ms, own_ms), pct(row->loss_ms, own_ms), pct(row->other_ms, own_ms));
+  if (isfinite(row->mfu_adjacent) && fabs(row->sgemm_adjacent_gflops / machine_gflops - 1.0) > 0.15)
+    warning(
+        "n = %ld: SGEMM ran at %.1f GFLOP/s beside the steps against %.1f at the start of the run: "
+        "the machine's rate moved (a shared or throttled host); the ratios to the rates measured "
+        "beside the steps are the ones to compare",
+        m.n, row->sgemm_adjacent_gflops, machine_gflops);
   if (isfinite(row->mfu_adjacent))
     message(
         "  train      n = %8ld: beside each step, SGEMM %.1f and the FMA peak %.1f GFLOP/s: the "
