@@ -16,7 +16,22 @@
 
 static void *cpu_alloc(enum mem_label label, size_t bytes) { return mem_alloc(label, bytes); }
 static void cpu_sync(void) {}
-static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+/* Zeroing of the gradient buffers the attention accumulates into (3 N·C floats per layer): split
+ * over the threads where it is large, as the passes around it are, not one thread's memset while
+ * the others wait. */
+#define CPU_ZERO_PIECE ((size_t)1 << 18)
+static void cpu_zero(void *p, size_t bytes) {
+  if (bytes < 4 * CPU_ZERO_PIECE) {
+    memset(p, 0, bytes);
+    return;
+  }
+  const long pieces = (long)((bytes + CPU_ZERO_PIECE - 1) / CPU_ZERO_PIECE);
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < pieces; i++) {
+    const size_t at = (size_t)i * CPU_ZERO_PIECE;
+    memset((char *)p + at, 0, bytes - at < CPU_ZERO_PIECE ? bytes - at : CPU_ZERO_PIECE);
+  }
+}
 static void cpu_copy(void *dst, const void *src, size_t bytes) {
   if (dst != src) memcpy(dst, src, bytes);
 }
