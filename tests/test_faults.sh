@@ -176,6 +176,17 @@ else
   check "a generic BLAS core is corrected, and the device line says so" grep -q "BLAS core [A-Za-z]* (corrected from Prescott)" blas1.log
   FMATTN_FAULT=blas_core=Prescott "$MPI_RUN" 2 "$F" "$T" --set run.name=blas2 --set train.steps=1 > blas2.log 2>&1
   check "on 2 ranks: both corrected, said once" sh -c "test \$(grep -c 'fmattn runs with OPENBLAS_CORETYPE=' blas2.log) -eq 1 && grep -q 'corrected from Prescott' blas2.log"
+  # the corrected process keeps its name: run again through /proc/self/exe, it was called "exe",
+  # and pgrep, ps and job monitors (this file's kill test on such a CPU) no longer found it
+  FMATTN_FAULT=blas_core=Prescott "$F" "$T" --set run.name=blas4 --set train.steps=100000000 \
+    --set output.checkpoint_every=0 --set output.log_every=1 > blas4.log 2>&1 &
+  bp=$!
+  waited=0
+  while ! grep -q "step 2/" blas4.log 2>/dev/null && [ "$waited" -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+  comm=$(cat "/proc/$bp/comm" 2>/dev/null)
+  kill -9 "$bp" 2>/dev/null
+  wait "$bp" 2>/dev/null
+  check "the corrected process keeps its name ('$comm')" sh -c "grep -q 'corrected from Prescott' blas4.log && test '$comm' = '$(basename "$F")'"
   OPENBLAS_CORETYPE=Prescott "$F" "$T" --set run.name=blas3 --set train.steps=1 > blas3.log 2>&1
   check "a user's OPENBLAS_CORETYPE is kept, with a warning and the fix" sh -c "grep -q 'BLAS core Prescott\$' blas3.log && grep -q 'unset it, or set OPENBLAS_CORETYPE=' blas3.log"
 fi

@@ -1,6 +1,7 @@
 /* The BLAS core check (blascore.h). */
 #include "core/blascore.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,15 @@ void blas_core_check(char **argv) {
       setenv("FMATTN_BLAS_CORRECTED", name, 1) == 0) {
     const char *f = getenv("FMATTN_FAULT");
     if (f && strncmp(f, "blas_core=", 10) == 0) unsetenv("FMATTN_FAULT");
+    /* the binary by its own path, so that the process keeps its name (ps, pgrep, top, a job
+     * monitor: /proc/self/exe would rename it "exe"); the link itself where it cannot be read
+     * (a binary replaced on disk since it started reads "… (deleted)" and fails) */
+    char self[PATH_MAX];
+    const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+      self[len] = '\0';
+      execv(self, argv);
+    }
     execv("/proc/self/exe", argv);
     unsetenv("OPENBLAS_CORETYPE"); /* execv failed: carry on, and say what to set */
     unsetenv("FMATTN_BLAS_CORRECTED");

@@ -32,7 +32,8 @@ enum blas_verdict {
 enum blas_verdict blas_core_verdict(const char *core, struct cpu_features cpu, const char *user,
                                     const char **better);
 
-/* Before MPI_Init: check, and correct by re-executing /proc/self/exe with argv (the process keeps
+/* Before MPI_Init: check, and correct by re-executing the binary (its path read from
+ * /proc/self/exe, so that the process keeps its name) with argv (the process keeps
  * its pid, so mpirun and srun still see their rank). Nothing is printed here: rank 0 prints
  * blas_core_note() once MPI is up. */
 void blas_core_check(char **argv);
