@@ -566,8 +566,10 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
     double t = timer_now() - t0;
     if (r >= 0) own_s += t;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm->world));
-    if (r >= 0) ts[r] = t;
-    if (r >= 0) adjacent_measure(&adj, comm, r, (double)cfg->train.batch * (double)m.n * fpt / t);
+    if (r >= 0) {
+      ts[r] = t;
+      adjacent_measure(&adj, comm, r, (double)cfg->train.batch * (double)m.n * fpt / t);
+    }
   }
   double s = median(ts, repeats);
   free(ts);
@@ -633,18 +635,19 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
         pct(row->optimizer_ms, own_ms), pct(row->allreduce_ms, own_ms), pct(passes, own_ms),
         pct(row->norm_ms, own_ms), pct(row->activation_ms, own_ms), pct(row->dropout_ms, own_ms),
         pct(row->copy_ms, own_ms), pct(row->loss_ms, own_ms), pct(row->other_ms, own_ms));
-  if (isfinite(row->mfu_adjacent) && fabs(row->sgemm_adjacent_gflops / machine_gflops - 1.0) > 0.15)
-    warning(
-        "n = %ld: SGEMM ran at %.1f GFLOP/s beside the steps against %.1f at the start of the run: "
-        "the machine's rate moved (a shared or throttled host); the ratios to the rates measured "
-        "beside the steps are the ones to compare",
-        m.n, row->sgemm_adjacent_gflops, machine_gflops);
-  if (isfinite(row->mfu_adjacent))
+  if (isfinite(row->mfu_adjacent)) {
+    if (fabs(row->sgemm_adjacent_gflops / machine_gflops - 1.0) > 0.15)
+      warning(
+          "n = %ld: SGEMM ran at %.1f GFLOP/s beside the steps against %.1f at the start of the "
+          "run: the machine's rate moved (a shared or throttled host); the ratios to the rates "
+          "measured beside the steps are the ones to compare",
+          m.n, row->sgemm_adjacent_gflops, machine_gflops);
     message(
         "  train      n = %8ld: beside each step, SGEMM %.1f and the FMA peak %.1f GFLOP/s: the "
         "step at %.1f%% of SGEMM, %.1f%% of the peak (medians over the steps)",
         m.n, row->sgemm_adjacent_gflops, row->peak_adjacent_gflops, 100.0 * row->mfu_adjacent,
         100.0 * row->mfu_peak_adjacent);
+  }
   model_free(&m);
   return true;
 }
