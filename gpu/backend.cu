@@ -166,7 +166,10 @@ extern "C" void gpu_describe(char *out, size_t len) {
 
 extern "C" const struct backend *gpu_backend_open(const struct gpu_options *o, char *err,
                                                   size_t err_len) {
-  const gpu_options defaults = {false, false, GPU_EXACT_BLOCKED, 0, 0, kDefaultNcclTimeout};
+  gpu_options defaults = {};  // fp32, no debug mode, the blocked exact kernels
+  defaults.exact = GPU_EXACT_BLOCKED;
+  defaults.outside_reserve = size_t(1) << 30;
+  defaults.nccl_timeout = kDefaultNcclTimeout;
   if (!o) o = &defaults;
   static bool registered = false;  // the table and the attention, once per process
   if (device < 0) {
@@ -195,6 +198,8 @@ extern "C" const struct backend *gpu_backend_open(const struct gpu_options *o, c
   gpu_set_exact_kernels(o->exact);
   gpu_set_exact_workspace(o->exact_workspace);
   gpu_fma_set_workspace(o->fma_workspace);
+  gpu_pool_set_reserve(o->outside_reserve);
+  gpu_pool_set_outside_probe(o->outside_probe_mib);
   gpu_set_nccl_timeout(o->nccl_timeout);
   if (!registered) {
     fill_table();

@@ -65,6 +65,8 @@ struct gpu_options {
   enum gpu_exact_kernels exact; /* gpu.exact */
   size_t exact_workspace;       /* gpu.exact_workspace_mb, in bytes */
   size_t fma_workspace;         /* gpu.fma_workspace_mb, in bytes */
+  size_t outside_reserve;       /* gpu.outside_reserve_mb, in bytes */
+  long outside_probe_mib;       /* FMATTN_FAULT = outside_alloc=MIB (a testing hook), or 0 */
   double nccl_timeout;          /* gpu.nccl_timeout: seconds (0: no watchdog) */
 };
 /* The back end's table (backend.h), its attention implementations registered, the options in
@@ -84,6 +86,13 @@ void *gpu_alloc_zero(enum mem_label label, size_t bytes);
 void gpu_free(void *dev);
 /* Give the pool's free blocks back to the driver (at close, or when memory runs short). */
 void gpu_release_cache(void);
+/* Device memory the pool leaves to allocations outside it (gpu.outside_reserve_mb): before the
+ * pool grows, if the driver would then have less than this free, the pool releases its cache
+ * (gpu_release_cache) first. 0: never. */
+void gpu_pool_set_reserve(size_t bytes);
+/* The testing hook FMATTN_FAULT = outside_alloc=MIB (core/fault.h), which src/ reads: after each
+ * growth the pool checks that MIB MiB are free outside it, and allocates them at exit. 0: off. */
+void gpu_pool_set_outside_probe(long mib);
 void gpu_upload(void *dev, const void *host, size_t bytes);
 void gpu_download(void *host, const void *dev, size_t bytes); /* waits for the copy */
 void gpu_copy(void *dst, const void *src, size_t bytes);      /* device to device */

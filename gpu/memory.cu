@@ -26,6 +26,9 @@ struct Block {
 std::unordered_map<void *, Block> live;   // blocks in use
 std::multimap<size_t, void *> cached;     // free small blocks of the pool, by size
 size_t cached_bytes = 0, live_bytes = 0;  // free in the pool (small blocks and segments), in use
+size_t live_peak = 0;                     // the most ever in use
+size_t reserve = size_t(1) << 30;         // gpu.outside_reserve_mb
+long outside_mib = 0;                     // FMATTN_FAULT = outside_alloc=MIB (core/fault.h)
 int pool_on = -1;                         // −1: not read yet
 
 constexpr size_t kSmallMax = size_t(1) << 20;  // larger: cut from segments
@@ -86,6 +89,68 @@ bool pooling() {
   return pool_on;
 }
 
+// FMATTN_FAULT = outside_alloc=MIB (core/fault.h, passed on by gpu_pool_set_outside_probe): can MIB
+// MiB be had outside the pool, as NCCL or another library would ask for them, at the pool's peak?
+// The device's use is highest right after a growth of the pool, whose reservation never shrinks
+// (but for a failed allocation's release), so each growth checks that the driver has MIB MiB free,
+// and at exit, where the reservation is still the run's peak, MIB MiB are allocated for real and
+// given back (one allocation: under the emulation every allocation is filled, and hundreds of 512
+// MiB would take minutes). The figures at the largest reservation, said at exit.
+extern "C" void message_all(const char *fmt, ...);  // core/error.h, which C++ cannot include
+
+struct {
+  bool refused = false;  // the run ends on the refusal's message alone
+  long growths = 0;
+  size_t reserved = 0, live = 0, least_free = SIZE_MAX, total = 0;
+} outside;
+
+[[noreturn]] void outside_refused(const char *when, long mib, size_t free_b, size_t total_b) {
+  outside.refused = true;
+  error_at(__FILE__, __func__, __LINE__,
+           "FMATTN_FAULT=outside_alloc: %ld MiB outside the pool %s, with %.1f MiB reserved by the "
+           "pool (%.1f MiB in use) and %.1f of %.1f MiB free on the device",
+           mib, when, (double)(live_bytes + cached_bytes) / 1048576.0,
+           (double)live_bytes / 1048576.0, (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+}
+
+void outside_at_exit() {
+  if (outside.refused) return;
+  const long mib = outside_mib;
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  void *p = nullptr;
+  if (cudaMalloc(&p, (size_t)mib << 20) != cudaSuccess) {
+    (void)cudaGetLastError();
+    outside_refused("could not be allocated at exit", mib, free_b, total_b);
+  }
+  CUDA_CHECK(cudaFree(p));
+  message_all(
+      "FMATTN_FAULT=outside_alloc: %ld MiB outside the pool were free at each of its %ld "
+      "growths (%.1f MiB free at the least, at its peak of %.1f MiB reserved, %.1f MiB in "
+      "use, on a device of %.1f MiB) and allocated at exit with %.1f MiB reserved; at most "
+      "%.1f MiB were in use",
+      mib, outside.growths, (double)outside.least_free / 1048576.0,
+      (double)outside.reserved / 1048576.0, (double)outside.live / 1048576.0,
+      (double)outside.total / 1048576.0, (double)(live_bytes + cached_bytes) / 1048576.0,
+      (double)live_peak / 1048576.0);
+}
+
+void outside_check() {
+  const long mib = outside_mib;
+  if (mib == 0) return;
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < ((size_t)mib << 20))
+    outside_refused("would not fit after a growth", mib, free_b, total_b);
+  if (outside.growths++ == 0) std::atexit(outside_at_exit);
+  outside.total = total_b;
+  if (free_b < outside.least_free) {
+    outside.least_free = free_b;
+    outside.reserved = live_bytes + cached_bytes;
+    outside.live = live_bytes;
+  }
+}
+
 // Size classes: 512-byte steps up to 1 MiB, then whole MiB: a block serves requests of its class,
 // wasting less than 512 bytes of a small one and less than a MiB of a large one.
 size_t size_class(size_t bytes) {
@@ -127,6 +192,7 @@ extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
   void *p = nullptr;
   auto it = pooling() && sz <= kSmallMax ? cached.find(sz) : cached.end();
   Piece *piece = pooling() && sz > kSmallMax ? take_large(sz) : nullptr;
+  bool grew = false;  // the pool asked the driver for more
   if (it != cached.end()) {
     p = it->second;
     cached.erase(it);
@@ -135,6 +201,11 @@ extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
     p = piece->p;
     sz = piece->bytes;  // a rest too small to keep stays with it
   } else {
+    if (pooling() && reserve > 0 && cached_bytes > 0) {  // leave the reserve to the others
+      size_t free_b = 0, total_b = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      if (free_b < sz + reserve) gpu_release_cache();
+    }
     gpu_count_malloc();
     if (cudaMalloc(&p, sz) != cudaSuccess) {
       (void)cudaGetLastError();  // out of memory: give the pool back and try once more
@@ -154,9 +225,12 @@ extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
       Piece *b = new Piece{static_cast<char *>(p), sz, true, nullptr, nullptr};
       pieces[p] = b;
     }
+    grew = true;
   }
   live[p] = Block{sz, label};
   live_bytes += sz;
+  if (live_bytes > live_peak) live_peak = live_bytes;
+  if (grew) outside_check();
   gpu_count_pool(live_bytes, cached_bytes);
   mem_device_account(label, (long long)sz);
   return p;
@@ -188,6 +262,10 @@ extern "C" void gpu_free(void *dev) {
   }
   gpu_count_pool(live_bytes, cached_bytes);
 }
+
+extern "C" void gpu_pool_set_reserve(size_t bytes) { reserve = bytes; }
+
+extern "C" void gpu_pool_set_outside_probe(long mib) { outside_mib = mib; }
 
 extern "C" void gpu_release_cache(void) {
   // the segments wholly free (one free piece: no neighbour), and the small blocks

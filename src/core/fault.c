@@ -40,10 +40,18 @@ void fault_check(void) {
   long k;
   float v;
   if (f && !fault_no_space_check() && strncmp(f, "blas_core=", 10) != 0 &&
-      !fault_parse(f, &t, &k, &v))
+      fault_outside_alloc_mib() == 0 && !fault_parse(f, &t, &k, &v))
     error_collective(
         "FMATTN_FAULT must be nan_grad@K, inf_grad@K, nan_loss@K, inf_loss@K (K >= 1), "
-        "no_space_check or blas_core=NAME (a testing hook)");
+        "no_space_check, blas_core=NAME or outside_alloc=MIB (MIB >= 1) (a testing hook)");
+}
+
+long fault_outside_alloc_mib(void) {
+  const char *f = fault_text();
+  long mib;
+  char tail;
+  if (!f || sscanf(f, "outside_alloc=%ld%c", &mib, &tail) != 1 || mib < 1) return 0;
+  return mib;
 }
 
 bool fault_poison(enum fault_target target, long step, float *value) {

@@ -6,6 +6,10 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum fault_target { FAULT_GRAD, FAULT_LOSS };
 
 /* Refuse (collectively) an FMATTN_FAULT that names no known fault. */
@@ -20,7 +24,18 @@ bool fault_poison(enum fault_target target, long step, float *value);
  * file system is met by the write itself (as when another job fills the disk after the check). */
 bool fault_no_space_check(void);
 
+/* FMATTN_FAULT = outside_alloc=MIB: each time the CUDA back end's pool grows (so at its peak on
+ * the device too), the back end asks the driver for MIB MiB outside the pool, as NCCL or another
+ * library would, and gives them back; a refusal ends the run with one message, and each rank says
+ * at exit how many such allocations succeeded and at what pool size. Returns MIB, or 0
+ * when FMATTN_FAULT asks for something else. */
+long fault_outside_alloc_mib(void);
+
 /* FMATTN_FAULT = blas_core=NAME: the BLAS core check (blascore.h) takes NAME for the core
  * OpenBLAS chose, so that the test suite meets a generic fallback on a CPU the library knows. */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

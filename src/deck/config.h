@@ -151,6 +151,7 @@ struct config_gpu {
   enum exact_kernels exact; /* full and local: the blocked form (cuBLAS) or the SIMT reference */
   int exact_workspace_mb;   /* the blocked exact attention's workspace per call */
   int fma_workspace_mb;     /* fma's evaluate: the workspace of one chunk of query blocks */
+  int outside_reserve_mb;   /* device memory the pool leaves free for allocations outside it */
   double nccl_timeout;      /* seconds an NCCL operation may run before the watchdog ends it */
 };
 

@@ -319,6 +319,11 @@ const struct key_def config_keys[] = {
           "MiB of device workspace per call of the blocked full/local attention"),
     K_NUM("gpu", "fma_workspace_mb", KEY_INT, "1024", 1, 1048576, LOHI, gpu.fma_workspace_mb, "",
           "MiB of device workspace per chunk of query blocks in fma's evaluation"),
+    K_NUM("gpu", "outside_reserve_mb", KEY_INT, "1024", 0, 1048576, LOHI, gpu.outside_reserve_mb,
+          "",
+          "MiB of device memory the pool leaves to allocations outside it (NCCL, cuBLAS, other "
+          "libraries): a growth that would leave less free first gives back what the pool holds "
+          "unused (0: never)"),
     K_NUM("gpu", "nccl_timeout", KEY_DOUBLE, "45", 0, 86400, LOHI, gpu.nccl_timeout, "",
           "seconds an NCCL operation may run once started before its communicators are aborted "
           "and the job ends (a peer stopped or dead; 0: wait for ever)"),

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/blascore.h"
+#include "core/fault.h"
 #include "core/threads.h"
 #include "nn/adamw.h"
 
@@ -99,6 +100,8 @@ const struct backend *backend_for(const struct config *cfg, char *err, size_t le
       .exact = cfg->gpu.exact == EXACT_REFERENCE ? GPU_EXACT_REFERENCE : GPU_EXACT_BLOCKED,
       .exact_workspace = (size_t)cfg->gpu.exact_workspace_mb << 20,
       .fma_workspace = (size_t)cfg->gpu.fma_workspace_mb << 20,
+      .outside_reserve = (size_t)cfg->gpu.outside_reserve_mb << 20,
+      .outside_probe_mib = fault_outside_alloc_mib(),
       .nccl_timeout = cfg->gpu.nccl_timeout,
   };
   return gpu_backend_open(&o, err, len);

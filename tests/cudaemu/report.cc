@@ -101,6 +101,9 @@ settings read_settings() {
     if (half < dflt) dflt = half > 1 ? half : 1;
   }
   s.capacity = (size_t)parse_long("CUDAEMU_MEMORY_GB", 1, 80, dflt) << 30;
+  // a finer size, for a device that is nearly full (it wins over CUDAEMU_MEMORY_GB)
+  if (const char *mb = getenv("CUDAEMU_MEMORY_MB"); mb && *mb)
+    s.capacity = (size_t)parse_long("CUDAEMU_MEMORY_MB", 1, 80 << 10, 0) << 20;
   return s;
 }
 

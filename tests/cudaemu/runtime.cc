@@ -141,7 +141,7 @@ cudaError_t cudaMalloc(void **p, size_t size) {
   if (!*p)
     return fail(cudaErrorMemoryAllocation,
                 "cudaMalloc(%zu): out of emulated device memory (%zu of %zu bytes in use; "
-                "CUDAEMU_MEMORY_GB)",
+                "CUDAEMU_MEMORY_GB or _MB)",
                 size, bytes_in_use(), config().capacity);
   trace("cudaMalloc(%zu) = %p", size, *p);
   return cudaSuccess;

@@ -83,6 +83,19 @@ check "S = 2: full's losses over NCCL equal MPI's within 1e-4" same g_s2f c_s2f 
 # bf16 products train, near the fp32 run
 check "bf16 trains on the emulated GPU" run g_bf16 --set parallel.device=gpu --set parallel.precision=bf16
 check "bf16's losses stay within 1e-2 of fp32's" same g_bf16 g_full_clm 1e-2
+# the pool on a nearly full device (issue 27 §5: 512 MiB outside the pool at the step's peak when
+# 1 GiB is left, here at 1/128 of that: 4 MiB with 7 to 8 MiB left over the peak in use). The roomy
+# run measures the peak; on a device of that much more, the pool keeps gpu.outside_reserve_mb free
+# for others by giving back its unused memory before it grows, and computes the same; without the
+# reserve, what it holds unused at its peak (about 5 MiB) leaves the outside allocation no room
+mem="--set attention.variant=fma --set parallel.device=gpu --set model.context=512 --set model.dim=64 --set train.steps=2 --set output.checkpoint_every=0"
+check "fma at n = 512: the peak in use, measured" sh -c "FMATTN_FAULT=outside_alloc=4 '$G' '$DECK' --set run.name=g_mem $mem > g_mem.log 2>&1"
+cap=$(sed -n 's/.*at most \([0-9]*\)\.[0-9] MiB were in use.*/\1/p' g_mem.log)
+cap=$((${cap:-0} + 8))
+check "with 7-8 MiB left over it, 4 MiB outside the pool fit at each growth and at exit (reserve 4 MiB)" sh -c "CUDAEMU_MEMORY_MB=$cap FMATTN_FAULT=outside_alloc=4 '$G' '$DECK' --set run.name=g_mem_tight $mem --set gpu.outside_reserve_mb=4 > g_mem_tight.log 2>&1 && grep -q 'outside the pool were free at each of its' g_mem_tight.log"
+check "the tight run's losses are the roomy run's, bit for bit" same g_mem_tight g_mem 0
+expect_fail "without the reserve the pool's unused memory leaves them no room (gpu.outside_reserve_mb = 0)" "4 MiB outside the pool would not fit after a growth" sh -c "CUDAEMU_MEMORY_MB=$cap FMATTN_FAULT=outside_alloc=4 '$G' '$DECK' --set run.name=g_mem_hoard $mem --set gpu.outside_reserve_mb=0 > g_mem_hoard.log 2>&1; rc=\$?; cat g_mem_hoard.log; exit \$rc"
+check "with one error message" sh -c "test \$(grep -c 'error:' g_mem_hoard.log) -eq 1"
 # what the GPU back end does not run is refused with the reason, before anything is written
 expect_fail "a variant without a GPU implementation is refused" "has no implementation on the cuda back end" "$G" "$DECK" --set run.name=g_linear --set parallel.device=gpu --set attention.variant=linear
 expect_fail "NCCL on the CPU is refused" "parallel.backend = nccl moves device buffers" "$G" "$DECK" --set run.name=c_nccl --set parallel.device=cpu --set parallel.backend=nccl
