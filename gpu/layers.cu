@@ -251,7 +251,7 @@ __global__ void dropout_apply(int mode, float *a, float *b, const float *c, cons
   } else if (mode == 1) {
     a[e] = __fadd_rn(c[e], __fmul_rn(g[e], mask));
   } else {
-    a[e] = g[e];
+    if (a != g) a[e] = g[e];  // a may be g: the residual gradient added into in place
     b[e] = __fmul_rn(g[e], mask);
   }
 }

@@ -296,6 +296,14 @@ static void test_dropout(void **state) {
     if (dres[i] != g[i]) fail_msg("residual gradient changed at %zu", i);
     if (fabs(dy[i] - g[i] * mask[i]) > 1e-6 * (1 + fabs(g[i]))) fail_msg("dy differs at %zu", i);
   }
+  /* in place, as the model adds into the residual stream's gradient: dres = dout is left as it is
+   * and dy is the same, bit for bit */
+  float *dy2 = malloc(sizeof(float) * N);
+  memcpy(dres, g, sizeof(float) * N);
+  residual_dropout_backward(dres, dy2, dres, &key, B, T, C);
+  for (size_t i = 0; i < N; i++)
+    if (dres[i] != g[i] || dy2[i] != dy[i]) fail_msg("in place: element %zu differs", i);
+  free(dy2);
   /* the mask depends on the global sample and token, not on the local layout */
   struct dropout_key shifted = key;
   shifted.sample0 = key.sample0 + 1;

@@ -203,9 +203,7 @@ static void alloc_activations(struct model *m) {
   m->logits = act(BT * (size_t)m->V);
   m->qkv = act(BT * 3 * C);
   m->proj = act(BT * C);
-  m->dres_a = act(BT * C);
-  m->dres_b = act(BT * C);
-  m->dres2 = act(BT * C);
+  m->dres = act(BT * C);
   /* Gradient buffers that share memory with forward scratch: a layer's forward (or its
    * recomputation) is done with qkv and proj before its backward needs dqkv and dproj. */
   m->dproj = m->proj;
@@ -276,9 +274,9 @@ void model_free(struct model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(bufs[i]);
   }
   free(m->acts);
-  float *bufs[] = {m->residual, m->lnf,    m->lnf_mean, m->lnf_rstd,  m->logits, m->qkv, m->proj,
-                   m->dres_a,   m->dres_b, m->dres2,    m->dfch_gelu, m->dln,    m->dq,  m->dk,
-                   m->dv,       m->datt,   m->datty,    m->params,    m->grads,  m->m,   m->v};
+  float *bufs[] = {m->residual, m->lnf,       m->lnf_mean, m->lnf_rstd, m->logits, m->qkv, m->proj,
+                   m->dres,     m->dfch_gelu, m->dln,      m->dq,       m->dk,     m->dv,  m->datt,
+                   m->datty,    m->params,    m->grads,    m->m,        m->v};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(bufs[i]);
   if (!m->be->host_visible) {
     mem_free(m->host_params);
@@ -545,7 +543,8 @@ void model_backward(struct model *m, long step) {
   /* head and final norm */
   PHASE(TIMER_GEMM,
         m->be->linear_backward(m->dln, m->G.head, NULL, m->logits, m->lnf, m->P.head, N, C, m->V));
-  float *dres = m->dres_a, *dnext = m->dres_b;
+  /* the residual stream's gradient, one buffer that each block's two branches add into in place */
+  float *dres = m->dres;
   zero(dres, NC);
   PHASE(TIMER_NORM, m->be->layernorm_backward(dres, m->G.lnfw, m->G.lnfb, m->dln, stream(m, m->L),
                                               m->P.lnfw, m->lnf_mean, m->lnf_rstd, N, C));
@@ -559,7 +558,7 @@ void model_backward(struct model *m, long step) {
 
     /* MLP half: residual[l+1] = res2 + dropout(fc2(gelu(fc1(ln2(res2))))) */
     struct dropout_key k2 = drop_key(m, step, 2 + 2 * l, m->last_train);
-    PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(m->dres2, m->dproj, dres, &k2, B, T, C));
+    PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dres, m->dproj, dres, &k2, B, T, C));
     /* in row chunks in both modes, so parameter gradients sum in the same order whether the
      * activations were kept or are recomputed here */
     for (long r0 = 0; r0 < N; r0 += m->mlp_chunk) {
@@ -574,14 +573,14 @@ void model_backward(struct model *m, long step) {
       PHASE(TIMER_ACTIVATION, m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R));
       PHASE(TIMER_GEMM,
             m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R));
-      PHASE(TIMER_NORM, m->be->layernorm_backward(m->dres2 + r0 * C, g->ln2w, g->ln2b,
-                                                  m->dln + r0 * C, a->res2 + r0 * C, w->ln2w,
-                                                  a->ln2_mean + r0, a->ln2_rstd + r0, rows, C));
+      PHASE(TIMER_NORM, m->be->layernorm_backward(dres + r0 * C, g->ln2w, g->ln2b, m->dln + r0 * C,
+                                                  a->res2 + r0 * C, w->ln2w, a->ln2_mean + r0,
+                                                  a->ln2_rstd + r0, rows, C));
     }
 
     /* attention half: res2 = x + dropout(wo(attn(ln1(x)))) */
     struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, m->last_train);
-    PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dnext, m->dproj, m->dres2, &k1, B, T, C));
+    PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dres, m->dproj, dres, &k1, B, T, C));
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C));
     PHASE(TIMER_COPY, m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d));
@@ -600,11 +599,8 @@ void model_backward(struct model *m, long step) {
           m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d));
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV));
-    PHASE(TIMER_NORM, m->be->layernorm_backward(dnext, g->ln1w, g->ln1b, m->dln, x, w->ln1w,
+    PHASE(TIMER_NORM, m->be->layernorm_backward(dres, g->ln1w, g->ln1b, m->dln, x, w->ln1w,
                                                 a->ln1_mean, a->ln1_rstd, N, C));
-    float *t = dres;
-    dres = dnext;
-    dnext = t;
     bucket_start(m, l);
   }
 

@@ -93,7 +93,7 @@ struct model {
   float *qkv, *proj;                /* (B,T,3C), (B,T,C) scratch */
 
   /* activation gradients (one block's worth); dproj and dqkv share proj's and qkv's memory */
-  float *dres_a, *dres_b, *dres2, *dproj, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt, *datty;
+  float *dres, *dproj, *dfch_gelu, *dln, *dqkv, *dq, *dk, *dv, *datt, *datty;
 
   /* diagnostics requested for the next forward: (L, H, bands) mass and (L, H) entropy sums;
    * when the attention opens windows (fma.open), (L, H) opened-token mass and (L, bands) windows

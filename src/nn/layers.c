@@ -327,12 +327,10 @@ void residual_dropout_forward(float *out, const float *res, const float *y,
 
 void residual_dropout_backward(float *dres, float *dy, const float *dout,
                                const struct dropout_key *key, long B, long T, int C) {
+  if (dres != dout) memcpy(dres, dout, sizeof(float) * (size_t)(B * T * C));
   if (key->p <= 0.0f) {
 #pragma omp parallel for simd schedule(static)
-    for (long i = 0; i < B * T * C; i++) {
-      dres[i] = dout[i];
-      dy[i] = dout[i];
-    }
+    for (long i = 0; i < B * T * C; i++) dy[i] = dout[i];
     return;
   }
 #pragma omp parallel
@@ -341,11 +339,7 @@ void residual_dropout_backward(float *dres, float *dy, const float *dout,
 #pragma omp for schedule(static)
     for (long bt = 0; bt < B * T; bt++) {
       dropout_row(mask, key, bt / T, bt % T, C);
-      for (int c = 0; c < C; c++) {
-        float g = dout[bt * C + c];
-        dres[bt * C + c] = g;
-        dy[bt * C + c] = g * mask[c];
-      }
+      for (int c = 0; c < C; c++) dy[bt * C + c] = dout[bt * C + c] * mask[c];
     }
   }
 }

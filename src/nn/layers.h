@@ -69,7 +69,8 @@ void dropout_backward(float *dx, const struct dropout_key *key, long B, long T, 
 /* out = res + dropout(y), all (B, T, C). */
 void residual_dropout_forward(float *out, const float *res, const float *y,
                               const struct dropout_key *key, long B, long T, int C);
-/* dres = dout; dy = dropout'(dout). */
+/* dres = dout; dy = dropout'(dout). dres may be dout (the model adds into the residual stream's
+ * gradient in place): then it is left as it is. */
 void residual_dropout_backward(float *dres, float *dy, const float *dout,
                                const struct dropout_key *key, long B, long T, int C);
 
