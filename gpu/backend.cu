@@ -39,6 +39,7 @@ void fill_table() {
   table.gemm_gflops = gpu_gemm_gflops;
   table.counts_reset = gpu_counts_reset;
   table.counts_read = gpu_counts_read;
+  table.trim = gpu_release_cache;
   table.alloc = cuda_alloc;
   table.free = gpu_free;
   table.zero = cuda_zero;

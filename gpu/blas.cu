@@ -66,24 +66,33 @@ extern "C" void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha,
     return;
   }
   if (M == 0 || N == 0 || b1 == 0 || b2 == 0) return;
-  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                          opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
-  const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
   const int count = gpu_int(b1 * b2, "gemm batch");
-  gpu_count_gemm(M, N, K, count, (sA1 ? b1 : 1) * (sA2 ? b2 : 1), (sB1 ? b1 : 1) * (sB2 ? b2 : 1),
-                 beta != 0.0f);
   auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * count));
   const size_t blocks = gpu_blocks((size_t)count, 256);
   gemm_pointers<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, gpu_stream()>>>(
       table, A, sA1, sA2, B, sB1, sB2, C, sC1, sC2, (int)b1, (int)b2);
   LAUNCH_CHECK(gemm_pointers);
+  gpu_gemm_table(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count,
+                 const_cast<float *const *>(table), (sA1 ? b1 : 1) * (sA2 ? b2 : 1),
+                 (sB1 ? b1 : 1) * (sB2 ? b2 : 1));
+  gpu_free(table);  // the pool reuses it in stream order, after the product
+}
+
+extern "C" void gpu_gemm_table(bool ta, bool tb, long M, long N, long K, float alpha, long lda,
+                               long ldb, float beta, long ldc, long count, float *const *table,
+                               long nA, long nB) {
+  if (M == 0 || N == 0 || count == 0) return;
+  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
+  const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
+  const int c = gpu_int(count, "gemm batch");
+  gpu_count_gemm(M, N, K, count, nA, nB, beta != 0.0f);
   const void *const *Bt = reinterpret_cast<const void *const *>(table);
   CUBLAS_CHECK(cublasGemmBatchedEx(
-      gpu_cublas(), opB, opA, m, n, k, &alpha, Bt, CUDA_R_32F, la, Bt + count, CUDA_R_32F, lb,
-      &beta, reinterpret_cast<void *const *>(table) + 2 * count, CUDA_R_32F, lc, count,
+      gpu_cublas(), opB, opA, m, n, k, &alpha, Bt, CUDA_R_32F, la, Bt + c, CUDA_R_32F, lb, &beta,
+      reinterpret_cast<void *const *>(table) + 2 * c, CUDA_R_32F, lc, c,
       gpu_bf16() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  gpu_free(table);  // the pool reuses it in stream order, after the product
 }
 
 namespace {

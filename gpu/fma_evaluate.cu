@@ -234,122 +234,135 @@ long chunk_size(const gfma *g, size_t per_block) {
   return c < total_blocks(g) ? c : total_blocks(g);
 }
 
-// Near key blocks b − 1 + s of query block b for the offsets s in [lo, hi] (lo > hi: none). A
-// block's near keys are its key blocks' rows one after the other, so that offsets together are
-// one product's columns.
-struct near_offsets {
-  int lo, hi;
-  bool none() const { return lo > hi; }
+// The near field's products: one per chunk and kind, whatever blocks the chunk holds. Block g of
+// the chunk (flattened over heads: head g / nbs, slab block g % nbs) reads the key rows of its near
+// offsets in place, from key block b − 1 + lo of its head on; the products' pointers are built on
+// the device (near_pointers, one table per product), or, without a halo and away from the ends,
+// follow one stride (a strided product). Within the key array a key block outside the
+// sequence is another head's rows (or, without a halo, the neighbouring block of the flattened
+// array), masked by the softmax whatever it holds; only the array's two ends can be passed, by
+// the sequence's first query block (offset 0) and, bidirectional, its last (offset 2). Those read
+// a copy of the end, padded with a zero block (near_ends). So a chunk runs 2 near products forward
+// and 3 + 2·ns backward (scores, dP and dq over all offsets at once; dv and dk, whose outputs are
+// the key blocks, one per offset).
+struct near_geom {
+  long m, d, nbs, b0, kstride, klo, rows;  // rows: of the whole key array, BH·kstride
+  bool flat;                               // no halo: heads' keys follow one another as queries do
 };
 
-// The query blocks of flattened blocks [g0, g1) whose near key blocks of offsets o all lie in the
-// key array, less those whose key blocks of offsets skip1 (or skip2) all do, as segments of it:
-// call(ga, gb, koff, heads) for blocks [ga, gb) of `heads` consecutive heads (the next head's
-// blocks nbs further, its keys kstride rows further), koff the float offset of ga's key block of
-// offset o.lo. One segment per piece when the heads' key rows follow one another as their queries
-// do (no halo); otherwise the heads whose pieces are the same, together (the chunk's first and
-// last head may differ). A key block outside the sequence is masked by the softmax whatever it
-// holds.
-template <class F>
-void near_segments(const gfma *g, long g0, long g1, near_offsets o, near_offsets skip1,
-                   near_offsets skip2, long klo, long kstride, F call) {
-  const long m = g->m, d = g->d, nbs = g->nbs, nt = total_blocks(g);
-  const bool flat = kstride == g->T && klo == g->st->t0;
-  // [*a, *b): the blocks of head h (flat: of the whole chunk) whose offsets w all lie in the
-  // keys, relative to the head's first block (flat: block 0). Offsets in an interval: the blocks
-  // of a wider one are an interval inside
-  auto range = [&](long h, near_offsets w, long *a, long *b) {
-    if (flat) {
-      *a = g0 > 1 - w.lo ? g0 : 1 - w.lo;
-      *b = g1 < nt + 1 - w.hi ? g1 : nt + 1 - w.hi;
-      return;
-    }
-    const long kmin = klo / m - g->b0 + 1 - w.lo, kmax = (klo + kstride) / m - g->b0 + 1 - w.hi;
-    *a = g0 - h * nbs > 0 ? g0 - h * nbs : 0;
-    *b = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
-    *a = *a > kmin ? *a : kmin;
-    *b = *b < kmax ? *b : kmax;
-  };
-  // head h's blocks for o less those for skip1 and skip2: at most three pieces
-  struct pieces {
-    long a[3], b[3];
-    bool operator==(const pieces &x) const {
-      for (int i = 0; i < 3; i++)
-        if (a[i] != x.a[i] || b[i] != x.b[i]) return false;
-      return true;
-    }
-  };
-  auto pieces_of = [&](long h) {
-    pieces p = {};
-    long a, b;
-    range(h, o, &a, &b);
-    p.a[0] = a, p.b[0] = b;
-    int n = 1;
-    for (const near_offsets &sk : {skip1, skip2}) {
-      if (sk.none()) continue;
-      long sa, sb;
-      range(h, sk, &sa, &sb);
-      if (sb <= sa) continue;
-      int k = 0;
-      pieces q = {};
-      for (int i = 0; i < n; i++) {  // piece i less [sa, sb)
-        if (p.b[i] <= p.a[i]) continue;
-        if (sa > p.a[i]) q.a[k] = p.a[i], q.b[k++] = sa < p.b[i] ? sa : p.b[i];
-        if (sb < p.b[i]) q.a[k] = sb > p.a[i] ? sb : p.a[i], q.b[k++] = p.b[i];
-      }
-      p = q;
-      n = k;
-    }
-    return p;
-  };
-  auto emit = [&](long h, const pieces &p, long heads) {
-    for (int i = 0; i < 3; i++) {
-      if (p.b[i] <= p.a[i]) continue;
-      const long base = flat ? 0 : h * nbs, ga = base + p.a[i];
-      const long koff = flat ? (ga - 1 + o.lo) * m * d
-                             : (h * kstride + (g->b0 + p.a[i] - 1 + o.lo) * m - klo) * d;
-      call(ga, base + p.b[i], koff, heads);
-    }
-  };
-  if (flat) {
-    emit(0, pieces_of(0), 1);
+near_geom geom_of(const gfma *g, long klo, long kstride) {
+  return near_geom{g->m,    g->d, g->nbs,          g->b0,
+                   kstride, klo,  g->BH * kstride, kstride == g->T && klo == g->st->t0};
+}
+
+// Block g's first key row for offset lo, in the key array (< 0 or past its end at its ends).
+__host__ __device__ inline long near_row(const near_geom &k, long g, int lo) {
+  if (k.flat) return (g - 1 + lo) * k.m;
+  const long h = g / k.nbs, b = g % k.nbs;
+  return h * k.kstride + (k.b0 + b - 1 + lo) * k.m - k.klo;
+}
+
+// Where a product's operand lies for block g = ga + e: on the query side at q + e·stride; on the
+// key side (key) at the key rows of offset lo in `keys` (first, last: its padded ends).
+struct near_operand {
+  const float *q;
+  long stride;
+  bool key;
+  const float *keys, *first, *last;
+};
+
+__device__ inline float *near_at(const near_operand &o, const near_geom &k, long g, long e, int lo,
+                                 long keys, int ns) {
+  if (!o.key) return const_cast<float *>(o.q + e * o.stride);
+  const long r = near_row(k, g, lo);
+  const float *p = o.keys + r * k.d;
+  if (r < 0) p = o.first + (r + k.m) * k.d;
+  if (r + keys > k.rows) p = o.last + (r - k.rows + (ns - 1) * k.m) * k.d;
+  return const_cast<float *>(p);
+}
+
+// The pointer table (B, A, C, as gpu_gemm_table takes it) of blocks ga … ga + count − 1.
+__global__ void near_pointers(float **table, int count, near_operand A, near_operand B,
+                              near_operand C, near_geom k, long ga, int lo, long keys, int ns) {
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < count; e += gridDim.x * blockDim.x) {
+    table[e] = near_at(B, k, ga + e, e, lo, keys, ns);
+    table[count + e] = near_at(A, k, ga + e, e, lo, keys, ns);
+    table[2 * count + e] = near_at(C, k, ga + e, e, lo, keys, ns);
+  }
+}
+
+// One near product over blocks [ga, gb) (as gpu_gemm: row-major, C = alpha·op(A)·op(B) + beta·C),
+// its key side the `keys` rows from offset lo.
+void near_gemm(const near_geom &k, bool ta, bool tb, long M, long N, long K, float alpha,
+               const near_operand &A, long lda, const near_operand &B, long ldb, float beta,
+               const near_operand &C, long ldc, long ga, long gb, int lo, long keys, int ns) {
+  const long count = gb - ga;
+  if (count <= 0) return;
+  // without a halo, blocks that pass no end of the keys read them at one stride (m·d, as their
+  // queries): a strided product, no table to build
+  if (k.flat && near_row(k, ga, lo) >= 0 && near_row(k, gb - 1, lo) + keys <= k.rows) {
+    auto at = [&](const near_operand &o) {
+      return o.key ? o.keys + near_row(k, ga, lo) * k.d : o.q;
+    };
+    auto stride = [&](const near_operand &o) { return o.key ? k.m * k.d : o.stride; };
+    gpu_gemm(ta, tb, M, N, K, alpha, at(A), lda, stride(A), at(B), ldb, stride(B), beta,
+             const_cast<float *>(at(C)), ldc, stride(C), count);
     return;
   }
-  for (long h = g0 / nbs, n; h * nbs < g1; h += n) {
-    const pieces p = pieces_of(h);
-    for (n = 1; (h + n) * nbs < g1 && pieces_of(h + n) == p; n++) {
-    }
-    emit(h, p, n);
+  auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * count));
+  near_pointers<<<grid_of((size_t)count), kThreads, 0, gpu_stream()>>>(
+      table, gpu_int(count, "near blocks"), A, B, C, k, ga, lo, keys, ns);
+  LAUNCH_CHECK(near_pointers);
+  gpu_gemm_table(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count, table, count, count);
+  gpu_free(table);  // the pool reuses it in stream order, after the product
+}
+
+// The key array's ends padded with a zero block, as near_at reads them: first holds rows
+// −m … (ns − 1)·m − 1, last rows R − (ns − 1)·m … R + m − 1 (R the array's rows). Filled only
+// where the chunk's blocks [g0, g1) pass an end.
+struct near_ends {
+  float *first = nullptr, *last = nullptr;
+};
+
+near_ends ends_of(const gfma *g, const near_geom &k, const float *keys, long g0, long g1) {
+  near_ends e;
+  const long blk = k.m * k.d, tail = (g->ns - 1) * blk;
+  if (near_row(k, g0, 0) < 0) {
+    e.first = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (blk + tail)));
+    gpu_memset0(e.first, sizeof(float) * blk);
+    gpu_copy(e.first + blk, keys, sizeof(float) * tail);
   }
+  if (near_row(k, g1 - 1, 0) + g->ns * k.m > k.rows) {
+    e.last = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (blk + tail)));
+    gpu_copy(e.last, keys + k.rows * k.d - tail, sizeof(float) * tail);
+    gpu_memset0(e.last + tail, sizeof(float) * blk);
+  }
+  return e;
 }
 
-// The near field's products over query blocks [g0, g1), one per set of blocks that read the same
-// near key blocks: call(ga, gb, koff, heads, column, keys) with the key rows of offsets [lo, hi]
-// at koff (keys = (hi − lo + 1)·m of them), the score columns from column = lo·m. Away from the
-// edges of the sequence and of the keys that is one product over every offset; a block at an
-// edge joins those that read what it reads.
-template <class F>
-void near_products(const gfma *g, long g0, long g1, long klo, long kstride, F call) {
-  const int ns = g->ns;
-  const near_offsets none = {1, 0};
-  for (int lo = 0; lo < ns; lo++)
-    for (int hi = ns - 1; hi >= lo; hi--) {
-      // the blocks whose offsets in the keys are exactly [lo, hi]
-      const near_offsets left = lo > 0 ? near_offsets{lo - 1, hi} : none,
-                         right = hi < ns - 1 ? near_offsets{lo, hi + 1} : none;
-      near_segments(g, g0, g1, near_offsets{lo, hi}, left, right, klo, kstride,
-                    [&](long ga, long gb, long ko, long heads) {
-                      call(ga, gb, ko, heads, lo * g->m, (hi - lo + 1) * g->m);
-                    });
-    }
+void ends_free(near_ends *e) {
+  gpu_free(e->first);
+  gpu_free(e->last);
+  *e = near_ends{};
 }
 
-// Offset s alone over every block whose key block s lies in the keys (products whose outputs are
-// the key blocks: blocks b and b + 1 of one product would write the same rows together).
-template <class F>
-void near_each(const gfma *g, long g0, long g1, int s, long klo, long kstride, F call) {
-  const near_offsets none = {1, 0};
-  near_segments(g, g0, g1, near_offsets{s, s}, none, none, klo, kstride, call);
+// The query side of a near product: block ga's matrix at p, the next block's stride floats on.
+near_operand query_side(const float *p, long stride) {
+  return near_operand{p, stride, false, nullptr, nullptr, nullptr};
+}
+
+// The key side read over all offsets (scores, values, dP, dq): keys, and its padded ends.
+near_operand key_side(const float *keys, const near_ends &e) {
+  return near_operand{nullptr, 0, true, keys, e.first, e.last};
+}
+
+// The blocks of [g0, g1) whose key block of offset s lies in the key array (those of dv and dk
+// for offset s; only the array's ends fall out): [*ga, *gb).
+void blocks_in_keys(const near_geom &k, long g0, long g1, int s, long *ga, long *gb) {
+  *ga = g0;
+  *gb = g1;
+  while (*ga < *gb && near_row(k, *ga, s) < 0) ++*ga;
+  while (*gb > *ga && near_row(k, *gb - 1, s) + k.m > k.rows) --*gb;
 }
 
 // The inputs of one chunk's evaluation.
@@ -359,22 +372,22 @@ struct chunk {
   long klo, kstride;
   float *S, *Kf, *Vf;  // (blocks, m, ld), (blocks, nfmax, d)
   long ld;
+  near_geom geo;           // where the blocks' near keys lie
+  near_ends kends, vends;  // k's and v's ends, padded, where the chunk's blocks pass them
 };
 
 // S = the chunk's scores, P2P then M2P (block_scores): unmasked, unweighted.
 void scores(const gfma *g, const chunk &c) {
   const long m = g->m, d = g->d, ld = c.ld;
   const float scale = 1.0f / sqrtf((float)d);
-  const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
-  // one product per block over the columns of every near key block it reads (key block b − 1 + s
-  // at column s·m of its scores)
-  auto near = [&](long ga, long gb, long ko, long heads, long col, long keys) {
-    gpu_gemm2(false, true, m, keys, d, scale, c.q + ga * m * d, d, m * d, hq, c.k + ko, d, m * d,
-              hk, 0.0f, c.S + (ga - c.g0) * m * ld + col, ld, m * ld, hs, gb - ga, heads);
-  };
+  const int ns = g->ns;
+  // one product over the chunk's blocks and every near key block they read (key block b − 1 + s
+  // at column s·m of block b's scores)
   {
     const gpu_op_time t(TIMER_P2P);
-    near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
+    near_gemm(c.geo, false, true, m, ns * m, d, scale, query_side(c.q + c.g0 * m * d, m * d), d,
+              key_side(c.k, c.kends), d, 0.0f, query_side(c.S, m * ld), ld, c.g0, c.g1, 0, ns * m,
+              ns);
   }
   if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
@@ -387,14 +400,11 @@ void scores(const gfma *g, const chunk &c) {
 void values(const gfma *g, const chunk &c, float *o) {
   const long m = g->m, d = g->d, ld = c.ld;
   gpu_memset0(o, sizeof(float) * (size_t)((c.g1 - c.g0) * m * d));
-  const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
-  auto near = [&](long ga, long gb, long ko, long heads, long col, long keys) {
-    gpu_gemm2(false, false, m, d, keys, 1.0f, c.S + (ga - c.g0) * m * ld + col, ld, m * ld, hs,
-              c.v + ko, d, m * d, hk, 1.0f, o + (ga - c.g0) * m * d, d, m * d, hq, gb - ga, heads);
-  };
+  const int ns = g->ns;
   {
     const gpu_op_time t(TIMER_P2P);
-    near_products(g, c.g0, c.g1, c.klo, c.kstride, near);
+    near_gemm(c.geo, false, false, m, d, ns * m, 1.0f, query_side(c.S, m * ld), ld,
+              key_side(c.v, c.vends), d, 1.0f, query_side(o, m * d), d, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
@@ -460,7 +470,26 @@ void workspace_close(workspace *w) {
 chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const float *k,
                const float *v, long klo, long kstride) {
   const long g1 = g0 + w.blocks < total_blocks(g) ? g0 + w.blocks : total_blocks(g);
-  return chunk{g0, g1, q, k, v, klo, kstride, w.S, w.Kf, w.Vf, g->ns * g->m + g->nfmax};
+  const near_geom geo = geom_of(g, klo, kstride);
+  return chunk{g0,
+               g1,
+               q,
+               k,
+               v,
+               klo,
+               kstride,
+               w.S,
+               w.Kf,
+               w.Vf,
+               g->ns * g->m + g->nfmax,
+               geo,
+               ends_of(g, geo, k, g0, g1),
+               ends_of(g, geo, v, g0, g1)};
+}
+
+void chunk_close(chunk *c) {
+  ends_free(&c->kends);
+  ends_free(&c->vends);
 }
 
 void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
@@ -491,18 +520,20 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
     D = w.D;
   }
   span = gpu_op_begin(TIMER_P2P);
-  const long hq = g->nbs * m * d, hk = c.kstride * d, hs = g->nbs * m * ld;
-  // dP of the near columns, offsets together where they can be; dv key block by key block
-  auto near_dP = [&](long ga, long gb, long ko, long heads, long col, long keys) {
-    gpu_gemm2(false, true, m, keys, d, 1.0f, dout + ga * m * d, d, m * d, hq, c.v + ko, d, m * d,
-              hk, 0.0f, w.dP + (ga - c.g0) * m * ld + col, ld, m * ld, hs, gb - ga, heads);
-  };
-  near_products(g, c.g0, c.g1, c.klo, c.kstride, near_dP);
-  for (int s = 0; s < g->ns; s++)
-    near_each(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko, long heads) {
-      gpu_gemm2(true, false, m, d, m, 1.0f, c.S + (ga - c.g0) * m * ld + s * m, ld, m * ld, hs,
-                dout + ga * m * d, d, m * d, hq, 1.0f, dv + ko, d, m * d, hk, gb - ga, heads);
-    });
+  const int ns = g->ns;
+  // dP of the near columns, every offset at once; dv key block by key block (one product per
+  // offset over the blocks whose key block it is in the array: outputs of one product must differ)
+  near_gemm(c.geo, false, true, m, ns * m, d, 1.0f, query_side(dout0, m * d), d,
+            key_side(c.v, c.vends), d, 0.0f, query_side(w.dP, m * ld), ld, c.g0, c.g1, 0, ns * m,
+            ns);
+  const near_operand dv_side = {nullptr, 0, true, dv, nullptr, nullptr};
+  for (int s = 0; s < ns; s++) {
+    long ga, gb;
+    blocks_in_keys(c.geo, c.g0, c.g1, s, &ga, &gb);
+    near_gemm(c.geo, true, false, m, d, m, 1.0f,
+              query_side(c.S + (ga - c.g0) * m * ld + s * m, m * ld), ld,
+              query_side(dout + ga * m * d, m * d), d, 1.0f, dv_side, d, ga, gb, s, m, ns);
+  }
   gpu_op_end(span);
   if (nf) {
     const gpu_op_time t(TIMER_M2P);
@@ -514,17 +545,18 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   span = gpu_op_begin(TIMER_P2P);
   softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(softmax_backward);
-  // dq from every near key block together where it can be; dk key block by key block
-  auto near_dq = [&](long ga, long gb, long ko, long heads, long col, long keys) {
-    gpu_gemm2(false, false, m, d, keys, scale, w.dP + (ga - c.g0) * m * ld + col, ld, m * ld, hs,
-              c.k + ko, d, m * d, hk, 1.0f, dq + ga * m * d, d, m * d, hq, gb - ga, heads);
-  };
-  near_products(g, c.g0, c.g1, c.klo, c.kstride, near_dq);
-  for (int s = 0; s < g->ns; s++)
-    near_each(g, c.g0, c.g1, s, c.klo, c.kstride, [&](long ga, long gb, long ko, long heads) {
-      gpu_gemm2(true, false, m, d, m, scale, w.dP + (ga - c.g0) * m * ld + s * m, ld, m * ld, hs,
-                c.q + ga * m * d, d, m * d, hq, 1.0f, dk + ko, d, m * d, hk, gb - ga, heads);
-    });
+  // dq from every near key block at once; dk key block by key block
+  near_gemm(c.geo, false, false, m, d, ns * m, scale, query_side(w.dP, m * ld), ld,
+            key_side(c.k, c.kends), d, 1.0f, query_side(dq + c.g0 * m * d, m * d), d, c.g0, c.g1, 0,
+            ns * m, ns);
+  const near_operand dk_side = {nullptr, 0, true, dk, nullptr, nullptr};
+  for (int s = 0; s < ns; s++) {
+    long ga, gb;
+    blocks_in_keys(c.geo, c.g0, c.g1, s, &ga, &gb);
+    near_gemm(c.geo, true, false, m, d, m, scale,
+              query_side(w.dP + (ga - c.g0) * m * ld + s * m, m * ld), ld,
+              query_side(c.q + ga * m * d, m * d), d, 1.0f, dk_side, d, ga, gb, s, m, ns);
+  }
   gpu_op_end(span);
   if (nf) {
     const gpu_op_time t(TIMER_M2P);
@@ -553,11 +585,12 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
   check_heads(g);
   workspace w = workspace_open(g, false);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
     launch_gather(g, c, XK, XV);
     scores(g, c);
     launch_softmax(g, c, lse);
     values(g, c, out + g0 * g->m * g->d);
+    chunk_close(&c);
   }
   workspace_close(&w);
 }
@@ -575,7 +608,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
   }
   workspace w = workspace_open(g, true);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
     launch_gather(g, c, XK, XV);
     scores(g, c);
     chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
@@ -587,6 +620,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
           dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv, (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
       LAUNCH_CHECK(scatter_far);
     }
+    chunk_close(&c);
   }
   workspace_close(&w);
   gpu_free(D);

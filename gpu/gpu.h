@@ -124,6 +124,11 @@ double gpu_gemm_gflops(bool bf16);
 void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
                long sA1, long sA2, const float *B, long ldb, long sB1, long sB2, float beta,
                float *C, long ldc, long sC1, long sC2, long b1, long b2);
+/* gpu_gemm batched over a device table of the products' pointers that the caller's kernel built:
+ * table[e], table[count + e], table[2·count + e] are product e's B, A and C (cuBLAS's column-major
+ * order); nA, nB how many distinct A and B matrices the products read (the counts, gpu.h). */
+void gpu_gemm_table(bool ta, bool tb, long M, long N, long K, float alpha, long lda, long ldb,
+                    float beta, long ldc, long count, float *const *table, long nA, long nB);
 
 /* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */
 

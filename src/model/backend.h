@@ -48,6 +48,9 @@ struct backend {
   /* The device's own counts since the last reset (NULL on the CPU, which keeps none). */
   void (*counts_reset)(void);
   void (*counts_read)(struct device_counts *out);
+  /* Give the device back what the memory pool holds unused (NULL on the CPU): bench calls it
+   * after each case, so that the next case's reserved peak is its own, not its predecessors'. */
+  void (*trim)(void);
 
   /* Memory on the device, zeroed, labelled as memory.c's arenas are. */
   void *(*alloc)(enum mem_label label, size_t bytes);

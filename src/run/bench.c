@@ -248,6 +248,12 @@ struct gpu_row {
 static struct gpu_row gpu_rows_[2 * BENCH_ROWS];
 static int gpu_nrows_ = 0;
 
+/* A case's memory is freed: the device's pool gives back what it holds unused (a no-op on the
+ * CPU), so that each case's reserved peak in /gpu is its own. */
+static void case_done(const struct backend *be) {
+  if (be->trim) be->trim();
+}
+
 /* Start counting a case's timed repetitions (after its warm-up): a no-op on the CPU. */
 static void counts_begin(const struct backend *be) {
   if (be->counts_reset) {
@@ -347,7 +353,9 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
       p2p > 0 && p2p_ms > 0 ? 3.5 * p2p / (p2p_ms / repeats / 1e3 / lanes) / 1e9 : NAN;
   free(tf);
   free(tb);
+  const struct backend *be = o.be;
   timed_op_close(&o);
+  case_done(be);
   message(
       "  %-10s n = %8ld: fwd %10.2f ms | bwd %10.2f ms | %7.1f GFLOP/s (%4.1f%% of GEMM) | "
       "workspace %8.2f MiB",
@@ -648,7 +656,9 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
         m.n, row->sgemm_adjacent_gflops, row->peak_adjacent_gflops, 100.0 * row->mfu_adjacent,
         100.0 * row->mfu_peak_adjacent);
   }
+  const struct backend *be = m.be;
   model_free(&m);
+  case_done(be);
   return true;
 }
 

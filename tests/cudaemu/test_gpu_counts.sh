@@ -113,6 +113,46 @@ for k in a:
     assert abs(ratio - 66.9 / 989.4) < 1e-9, (k, ratio)
     assert b[k]["bytes_ms"] == a[k]["bytes_ms"] and b[k]["bound_ms"] <= a[k]["bound_ms"], (k, a[k], b[k])
 PY
+# issue 27 §4: the near field's products per chunk (at most 4 forward and 12 backward): one
+# product for the scores, one for the values, dP and dq each over every near offset, and one per
+# offset for dv and dk, wherever the chunk lies (the sequence's first and last query blocks read
+# padded copies of the key array's ends). At n = 64 one chunk holds both ends, where the products
+# were 4 and 10 causal, 6 and 15 bidirectional. Counted from the trace: the cuBLAS calls inside
+# the near field's NVTX ranges (P2P), next to the softmax kernels that tell forward from backward
+nearbench() {
+  CUDAEMU_TRACE=1 "$G" "$DECK" --set run.mode=bench --set run.name="$1" --set bench.what=attention \
+    --set bench.n_list=64 --set bench.variants=fma --set bench.repeats=1 --set bench.batch=2 \
+    --set parallel.device=gpu --set model.objective="$2" > "$1.log" 2>&1
+}
+check "fma attention in bench, causal, traced" nearbench nc clm
+check "fma attention in bench, bidirectional (mlm), traced" nearbench nb mlm
+check "near-field products per chunk: 2 forward, 3 + 2 ns backward (causal 7, bidirectional 9)" py - <<'PY'
+import re
+def per_chunk(log):
+    ranges, cur = [], None  # the P2P ranges in order: [products, kernels]
+    for line in open(log):
+        if line.startswith("cudaemu: nvtx range P2P opened"):
+            cur = [0, set()]
+        elif line.startswith("cudaemu: nvtx range P2P closed"):
+            ranges.append(cur)
+            cur = None
+        elif cur is not None:
+            cur[0] += bool(re.match(r"cudaemu: cublas\w+ m=", line))
+            k = re.match(r"cudaemu: kernel (\w+)", line)
+            if k:
+                cur[1].add(k.group(1))
+    fwd, bwd = [], []  # per chunk evaluated: the scores' range, the softmax's, then the values'
+    for i, (n, kernels) in enumerate(ranges):
+        if "softmax_forward" in kernels:
+            fwd.append(ranges[i - 1][0] + n + ranges[i + 1][0])
+        if "probabilities" in kernels:  # the scores again; then dP, dv; then dq, dk
+            bwd.append(ranges[i - 1][0] + n + ranges[i + 1][0] + ranges[i + 2][0])
+    return fwd, bwd
+for run, ns in (("nc", 2), ("nb", 3)):
+    fwd, bwd = per_chunk(f"{run}.log")
+    assert fwd and len(bwd) == len(fwd), (run, fwd, bwd)
+    assert set(fwd) == {2} and set(bwd) == {3 + 2 * ns}, (run, fwd, bwd)
+PY
 # issue 27 §4: sequence parallelism multiplies no products. A training step of fma on S = 2 ranks
 # issues at most 1.2x the GEMMs per rank of S = 1 (the upward pass's and the near field's per-head
 # products batched over the heads, the weight gradients over gathered summary rows)
