@@ -293,9 +293,10 @@ __global__ void near_pointers(float **table, int count, near_operand A, near_ope
 
 // One near product over blocks [ga, gb) (as gpu_gemm: row-major, C = alpha·op(A)·op(B) + beta·C),
 // its key side the `keys` rows from offset lo.
-void near_gemm(const near_geom &k, bool ta, bool tb, long M, long N, long K, float alpha,
-               const near_operand &A, long lda, const near_operand &B, long ldb, float beta,
-               const near_operand &C, long ldc, long ga, long gb, int lo, long keys, int ns) {
+void near_gemm(const near_geom &k, float **table, bool ta, bool tb, long M, long N, long K,
+               float alpha, const near_operand &A, long lda, const near_operand &B, long ldb,
+               float beta, const near_operand &C, long ldc, long ga, long gb, int lo, long keys,
+               int ns) {
   const long count = gb - ga;
   if (count <= 0) return;
   // without a halo, blocks that pass no end of the keys read them at one stride (m·d, as their
@@ -309,41 +310,34 @@ void near_gemm(const near_geom &k, bool ta, bool tb, long M, long N, long K, flo
              const_cast<float *>(at(C)), ldc, stride(C), count);
     return;
   }
-  auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * count));
   near_pointers<<<grid_of((size_t)count), kThreads, 0, gpu_stream()>>>(
       table, gpu_int(count, "near blocks"), A, B, C, k, ga, lo, keys, ns);
   LAUNCH_CHECK(near_pointers);
   gpu_gemm_table(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count, table, count, count);
-  gpu_free(table);  // the pool reuses it in stream order, after the product
 }
 
 // The key array's ends padded with a zero block, as near_at reads them: first holds rows
-// −m … (ns − 1)·m − 1, last rows R − (ns − 1)·m … R + m − 1 (R the array's rows). Filled only
-// where the chunk's blocks [g0, g1) pass an end.
+// −m … (ns − 1)·m − 1, last rows R − (ns − 1)·m … R + m − 1 (R the array's rows). Filled, in buf
+// (2·ns·m·d floats of the workspace), only where the chunk's blocks [g0, g1) pass an end.
 struct near_ends {
   float *first = nullptr, *last = nullptr;
 };
 
-near_ends ends_of(const gfma *g, const near_geom &k, const float *keys, long g0, long g1) {
+near_ends ends_of(const gfma *g, const near_geom &k, const float *keys, long g0, long g1,
+                  float *buf) {
   near_ends e;
   const long blk = k.m * k.d, tail = (g->ns - 1) * blk;
   if (near_row(k, g0, 0) < 0) {
-    e.first = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (blk + tail)));
+    e.first = buf;
     gpu_memset0(e.first, sizeof(float) * blk);
     gpu_copy(e.first + blk, keys, sizeof(float) * tail);
   }
   if (near_row(k, g1 - 1, 0) + g->ns * k.m > k.rows) {
-    e.last = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (blk + tail)));
+    e.last = buf + blk + tail;
     gpu_copy(e.last, keys + k.rows * k.d - tail, sizeof(float) * tail);
     gpu_memset0(e.last + tail, sizeof(float) * blk);
   }
   return e;
-}
-
-void ends_free(near_ends *e) {
-  gpu_free(e->first);
-  gpu_free(e->last);
-  *e = near_ends{};
 }
 
 // The query side of a near product: block ga's matrix at p, the next block's stride floats on.
@@ -373,6 +367,7 @@ struct chunk {
   float *S, *Kf, *Vf;  // (blocks, m, ld), (blocks, nfmax, d)
   long ld;
   near_geom geo;           // where the blocks' near keys lie
+  float **table;           // the near products' pointer table (workspace)
   near_ends kends, vends;  // k's and v's ends, padded, where the chunk's blocks pass them
 };
 
@@ -385,9 +380,9 @@ void scores(const gfma *g, const chunk &c) {
   // at column s·m of block b's scores)
   {
     const gpu_op_time t(TIMER_P2P);
-    near_gemm(c.geo, false, true, m, ns * m, d, scale, query_side(c.q + c.g0 * m * d, m * d), d,
-              key_side(c.k, c.kends), d, 0.0f, query_side(c.S, m * ld), ld, c.g0, c.g1, 0, ns * m,
-              ns);
+    near_gemm(c.geo, c.table, false, true, m, ns * m, d, scale,
+              query_side(c.q + c.g0 * m * d, m * d), d, key_side(c.k, c.kends), d, 0.0f,
+              query_side(c.S, m * ld), ld, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
@@ -403,7 +398,7 @@ void values(const gfma *g, const chunk &c, float *o) {
   const int ns = g->ns;
   {
     const gpu_op_time t(TIMER_P2P);
-    near_gemm(c.geo, false, false, m, d, ns * m, 1.0f, query_side(c.S, m * ld), ld,
+    near_gemm(c.geo, c.table, false, false, m, d, ns * m, 1.0f, query_side(c.S, m * ld), ld,
               key_side(c.v, c.vends), d, 1.0f, query_side(o, m * d), d, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
@@ -437,18 +432,24 @@ void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *
 struct workspace {
   long blocks;  // query blocks per chunk
   float *S, *dP, *Kf, *Vf, *dKf, *dVf, *o, *D;
+  float **table;  // the near products' pointers (3 per block), reused in stream order
+  float *ends;    // k's and v's padded ends (near_ends), 2·ns·m·d floats each
 };
 
 workspace workspace_open(const gfma *g, bool backward) {
   const long m = g->m, d = g->d, ld = g->ns * m + g->nfmax, nf = g->nfmax * d;
   // per query block: S (m·ld) and Kf, Vf (nfmax·d each); backward: dP, dKf, dVf too, and for
-  // fma_linear the near field's own output and D (m·d + m)
-  const size_t per = sizeof(float) * (backward ? 2 * m * ld + 4 * nf + m * d + m : m * ld + 2 * nf);
+  // fma_linear the near field's own output and D (m·d + m); and 3 pointers of the near products
+  const size_t per =
+      sizeof(float) * (backward ? 2 * m * ld + 4 * nf + m * d + m : m * ld + 2 * nf) +
+      3 * sizeof(float *);
   workspace w = {};
   w.blocks = chunk_size(g, per);
   auto get = [&](long floats) {
     return static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (w.blocks * floats + 1)));
   };
+  w.table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * w.blocks));
+  w.ends = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * 4 * g->ns * m * d));
   w.S = get(m * ld);
   w.Kf = get(nf);
   w.Vf = get(nf);
@@ -464,32 +465,25 @@ workspace workspace_open(const gfma *g, bool backward) {
 }
 
 void workspace_close(workspace *w) {
-  for (float *p : {w->S, w->dP, w->Kf, w->Vf, w->dKf, w->dVf, w->o, w->D}) gpu_free(p);
+  for (float *p : {w->S, w->dP, w->Kf, w->Vf, w->dKf, w->dVf, w->o, w->D, w->ends}) gpu_free(p);
+  gpu_free(w->table);
 }
 
 chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const float *k,
                const float *v, long klo, long kstride) {
-  const long g1 = g0 + w.blocks < total_blocks(g) ? g0 + w.blocks : total_blocks(g);
-  const near_geom geo = geom_of(g, klo, kstride);
-  return chunk{g0,
-               g1,
-               q,
-               k,
-               v,
-               klo,
-               kstride,
-               w.S,
-               w.Kf,
-               w.Vf,
-               g->ns * g->m + g->nfmax,
-               geo,
-               ends_of(g, geo, k, g0, g1),
-               ends_of(g, geo, v, g0, g1)};
-}
-
-void chunk_close(chunk *c) {
-  ends_free(&c->kends);
-  ends_free(&c->vends);
+  chunk c = {};
+  c.g0 = g0;
+  c.g1 = g0 + w.blocks < total_blocks(g) ? g0 + w.blocks : total_blocks(g);
+  c.q = q, c.k = k, c.v = v;
+  c.klo = klo, c.kstride = kstride;
+  c.S = w.S, c.Kf = w.Kf, c.Vf = w.Vf;
+  c.ld = g->ns * g->m + g->nfmax;
+  c.geo = geom_of(g, klo, kstride);
+  c.table = w.table;
+  const long half = 2 * g->ns * g->m * g->d;  // k's ends, then v's
+  c.kends = ends_of(g, c.geo, k, c.g0, c.g1, w.ends);
+  c.vends = ends_of(g, c.geo, v, c.g0, c.g1, w.ends + half);
+  return c;
 }
 
 void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
@@ -523,14 +517,14 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const int ns = g->ns;
   // dP of the near columns, every offset at once; dv key block by key block (one product per
   // offset over the blocks whose key block it is in the array: outputs of one product must differ)
-  near_gemm(c.geo, false, true, m, ns * m, d, 1.0f, query_side(dout0, m * d), d,
+  near_gemm(c.geo, c.table, false, true, m, ns * m, d, 1.0f, query_side(dout0, m * d), d,
             key_side(c.v, c.vends), d, 0.0f, query_side(w.dP, m * ld), ld, c.g0, c.g1, 0, ns * m,
             ns);
   const near_operand dv_side = {nullptr, 0, true, dv, nullptr, nullptr};
   for (int s = 0; s < ns; s++) {
     long ga, gb;
     blocks_in_keys(c.geo, c.g0, c.g1, s, &ga, &gb);
-    near_gemm(c.geo, true, false, m, d, m, 1.0f,
+    near_gemm(c.geo, c.table, true, false, m, d, m, 1.0f,
               query_side(c.S + (ga - c.g0) * m * ld + s * m, m * ld), ld,
               query_side(dout + ga * m * d, m * d), d, 1.0f, dv_side, d, ga, gb, s, m, ns);
   }
@@ -546,14 +540,14 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
   LAUNCH_CHECK(softmax_backward);
   // dq from every near key block at once; dk key block by key block
-  near_gemm(c.geo, false, false, m, d, ns * m, scale, query_side(w.dP, m * ld), ld,
+  near_gemm(c.geo, c.table, false, false, m, d, ns * m, scale, query_side(w.dP, m * ld), ld,
             key_side(c.k, c.kends), d, 1.0f, query_side(dq + c.g0 * m * d, m * d), d, c.g0, c.g1, 0,
             ns * m, ns);
   const near_operand dk_side = {nullptr, 0, true, dk, nullptr, nullptr};
   for (int s = 0; s < ns; s++) {
     long ga, gb;
     blocks_in_keys(c.geo, c.g0, c.g1, s, &ga, &gb);
-    near_gemm(c.geo, true, false, m, d, m, scale,
+    near_gemm(c.geo, c.table, true, false, m, d, m, scale,
               query_side(w.dP + (ga - c.g0) * m * ld + s * m, m * ld), ld,
               query_side(c.q + ga * m * d, m * d), d, 1.0f, dk_side, d, ga, gb, s, m, ns);
   }
@@ -585,12 +579,11 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
   check_heads(g);
   workspace w = workspace_open(g, false);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
     launch_gather(g, c, XK, XV);
     scores(g, c);
     launch_softmax(g, c, lse);
     values(g, c, out + g0 * g->m * g->d);
-    chunk_close(&c);
   }
   workspace_close(&w);
 }
@@ -608,7 +601,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
   }
   workspace w = workspace_open(g, true);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
+    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
     launch_gather(g, c, XK, XV);
     scores(g, c);
     chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
@@ -620,7 +613,6 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
           dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv, (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
       LAUNCH_CHECK(scatter_far);
     }
-    chunk_close(&c);
   }
   workspace_close(&w);
   gpu_free(D);
