@@ -256,9 +256,11 @@ near_geom geom_of(const gfma *g, long klo, long kstride) {
 }
 
 // Block g's first key row for offset lo, in the key array (< 0 or past its end at its ends).
+// Blocks and their heads in 32 bits (the host checks the slab's rows, mask_of): no 64-bit
+// division on the device.
 __host__ __device__ inline long near_row(const near_geom &k, long g, int lo) {
   if (k.flat) return (g - 1 + lo) * k.m;
-  const long h = g / k.nbs, b = g % k.nbs;
+  const int h = (int)g / (int)k.nbs, b = (int)g % (int)k.nbs;
   return h * k.kstride + (k.b0 + b - 1 + lo) * k.m - k.klo;
 }
 
