@@ -1,41 +1,76 @@
 // Matrix products of the CUDA back end (gpu.h gpu_gemm): row-major operands as cblas_sgemm takes
-// them, handed to cuBLAS as the column-major transposed product; strided-batched. fp32 with no
-// TF32, or bf16 tensor-core math on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS
-// rounds them as it loads them) with fp32 accumulation.
+// them, handed to cuBLAS as the column-major transposed product; strided-batched. Operands fp32
+// with no TF32, fp32 with bf16 tensor-core math (CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS rounds them
+// as it loads them), or stored in bf16 (gpu_gemm_as, where a caller keeps bf16 copies); fp32
+// accumulation and fp32 results in every case.
 // Tensor-core math lives here, behind cuBLAS: the kernels of gpu/ stay plain SIMT.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include <cuda_bf16.h>
+
 #include "check.h"
 #include "gpu.h"
 #include "rng.cuh"
 
+namespace {
+
+// A row-major product as cuBLAS's column-major call takes it: row-major C (M × N) = op(A) op(B)
+// is column-major Cᵀ (N × M) = op(B)ᵀ op(A)ᵀ, so cuBLAS's first operand is our B. The dimensions
+// checked before they become cuBLAS's int; the operands' type and the compute type.
+struct colmajor {
+  cublasOperation_t op1, op2;  // of B, then A
+  int m, n, k, ld1, ld2, ldc, count;
+  cudaDataType in;
+  cublasComputeType_t compute;
+};
+
+colmajor colmajor_of(gpu_elem type, bool ta, bool tb, long M, long N, long K, long lda, long ldb,
+                     long ldc, long batch) {
+  colmajor c;
+  c.op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.m = gpu_int(N, "gemm N"), c.n = gpu_int(M, "gemm M"), c.k = gpu_int(K, "gemm K");
+  c.ld1 = gpu_int(ldb, "gemm ldb"), c.ld2 = gpu_int(lda, "gemm lda"), c.ldc = gpu_int(ldc, "ldc");
+  c.count = gpu_int(batch, "gemm batch");
+  c.in = type == GPU_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  // bf16 operands: fp32 compute; fp32 operands of a bf16 run: bf16 math as cuBLAS loads them
+  c.compute = type == GPU_F32 && gpu_bf16() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  return c;
+}
+
+}  // namespace
+
+extern "C" size_t gpu_elem_bytes(gpu_elem type) { return type == GPU_BF16 ? 2 : 4; }
+
 extern "C" void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, const float *A,
                          long lda, long sA, const float *B, long ldb, long sB, float beta, float *C,
                          long ldc, long sC, long batch) {
+  gpu_gemm_as(GPU_F32, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch);
+}
+
+extern "C" void gpu_gemm_as(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha,
+                            const void *A, long lda, long sA, const void *B, long ldb, long sB,
+                            float beta, float *C, long ldc, long sC, long batch) {
   if (M == 0 || N == 0 || batch == 0) return;
-  // row-major C (M × N) = op(A) op(B) is column-major Cᵀ (N × M) = op(B)ᵀ op(A)ᵀ
-  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                          opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
-  const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
-  const int count = gpu_int(batch, "gemm batch");
-  gpu_count_gemm(M, N, K, batch, sA ? batch : 1, sB ? batch : 1, beta != 0.0f);
-  if (!gpu_bf16()) {
+  const colmajor c = colmajor_of(type, ta, tb, M, N, K, lda, ldb, ldc, batch);
+  gpu_count_gemm(M, N, K, batch, sA ? batch : 1, sB ? batch : 1, beta != 0.0f,
+                 gpu_elem_bytes(type));
+  if (c.in == CUDA_R_32F && c.compute == CUBLAS_COMPUTE_32F) {
+    const auto *a = static_cast<const float *>(A), *b = static_cast<const float *>(B);
     if (batch == 1)
-      CUBLAS_CHECK(
-          cublasSgemm(gpu_cublas(), opB, opA, m, n, k, &alpha, B, la, A, lb, &beta, C, lc));
+      CUBLAS_CHECK(cublasSgemm(gpu_cublas(), c.op1, c.op2, c.m, c.n, c.k, &alpha, b, c.ld1, a,
+                               c.ld2, &beta, C, c.ldc));
     else
-      CUBLAS_CHECK(cublasSgemmStridedBatched(gpu_cublas(), opB, opA, m, n, k, &alpha, B, la, sB, A,
-                                             lb, sA, &beta, C, lc, sC, count));
+      CUBLAS_CHECK(cublasSgemmStridedBatched(gpu_cublas(), c.op1, c.op2, c.m, c.n, c.k, &alpha, b,
+                                             c.ld1, sB, a, c.ld2, sA, &beta, C, c.ldc, sC,
+                                             c.count));
     return;
   }
-  // bf16 tensor-core math on the fp32 operands as they lie: cuBLAS rounds them to bf16 as its
-  // kernels load them (no conversion pass, no copy), accumulating in fp32
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      gpu_cublas(), opB, opA, m, n, k, &alpha, B, CUDA_R_32F, la, sB, A, CUDA_R_32F, lb, sA, &beta,
-      C, CUDA_R_32F, lc, sC, count, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(gpu_cublas(), c.op1, c.op2, c.m, c.n, c.k, &alpha, B,
+                                          c.in, c.ld1, sB, A, c.in, c.ld2, sA, &beta, C, CUDA_R_32F,
+                                          c.ldc, sC, c.count, c.compute, CUBLAS_GEMM_DEFAULT));
 }
 
 namespace {
@@ -72,27 +107,42 @@ extern "C" void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha,
   gemm_pointers<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, gpu_stream()>>>(
       table, A, sA1, sA2, B, sB1, sB2, C, sC1, sC2, (int)b1, (int)b2);
   LAUNCH_CHECK(gemm_pointers);
-  gpu_gemm_table(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count,
-                 const_cast<float *const *>(table), (sA1 ? b1 : 1) * (sA2 ? b2 : 1),
+  gpu_gemm_table(GPU_F32, ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count,
+                 reinterpret_cast<void *const *>(table), (sA1 ? b1 : 1) * (sA2 ? b2 : 1),
                  (sB1 ? b1 : 1) * (sB2 ? b2 : 1));
   gpu_free(table);  // the pool reuses it in stream order, after the product
 }
 
-extern "C" void gpu_gemm_table(bool ta, bool tb, long M, long N, long K, float alpha, long lda,
-                               long ldb, float beta, long ldc, long count, float *const *table,
-                               long nA, long nB) {
+extern "C" void gpu_gemm_table(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha,
+                               long lda, long ldb, float beta, long ldc, long count,
+                               void *const *table, long nA, long nB) {
   if (M == 0 || N == 0 || count == 0) return;
-  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                          opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int m = gpu_int(N, "gemm N"), n = gpu_int(M, "gemm M"), k = gpu_int(K, "gemm K");
-  const int la = gpu_int(ldb, "gemm ldb"), lb = gpu_int(lda, "gemm lda"), lc = gpu_int(ldc, "ldc");
-  const int c = gpu_int(count, "gemm batch");
-  gpu_count_gemm(M, N, K, count, nA, nB, beta != 0.0f);
-  const void *const *Bt = reinterpret_cast<const void *const *>(table);
-  CUBLAS_CHECK(cublasGemmBatchedEx(
-      gpu_cublas(), opB, opA, m, n, k, &alpha, Bt, CUDA_R_32F, la, Bt + c, CUDA_R_32F, lb, &beta,
-      reinterpret_cast<void *const *>(table) + 2 * c, CUDA_R_32F, lc, c,
-      gpu_bf16() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const colmajor c = colmajor_of(type, ta, tb, M, N, K, lda, ldb, ldc, count);
+  gpu_count_gemm(M, N, K, count, nA, nB, beta != 0.0f, gpu_elem_bytes(type));
+  const void *const *in = table;
+  CUBLAS_CHECK(cublasGemmBatchedEx(gpu_cublas(), c.op1, c.op2, c.m, c.n, c.k, &alpha, in, c.in,
+                                   c.ld1, in + c.count, c.in, c.ld2, &beta, table + 2 * c.count,
+                                   CUDA_R_32F, c.ldc, c.count, c.compute, CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
+// grid-stride: dst = src rounded to bf16 (nearest even)
+__global__ void to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = __float2bfloat16(src[i]);
+}
+
+}  // namespace
+
+extern "C" void gpu_to_bf16(void *dst, const float *src, size_t n) {
+  if (n == 0) return;
+  const size_t blocks = gpu_blocks(n, 256);
+  to_bf16<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, gpu_stream()>>>(
+      static_cast<__nv_bfloat16 *>(dst), src, n);
+  LAUNCH_CHECK(to_bf16);
+  gpu_count_convert(n);
 }
 
 namespace {

@@ -90,15 +90,19 @@ extern "C" void gpu_counts_read(struct device_counts *out) {
 
 extern "C" void gpu_count_launch(void) { counts.kernel_launches += 1.0; }
 
-extern "C" void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool reads_c) {
+extern "C" void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool reads_c,
+                               size_t elem_bytes) {
   const double b = (double)batch;
   counts.gemm_calls += 1.0;
   counts.gemm_flops += 2.0 * (double)M * (double)N * (double)K * b;
   // distinct elements: an operand of stride 0 is one matrix, read by every product of the batch
-  counts.gemm_operand_elements += (double)M * (double)K * (double)nA +
-                                  (double)K * (double)N * (double)nB +
-                                  (reads_c ? (double)M * (double)N * b : 0.0);
+  const double ab = (double)M * (double)K * (double)nA + (double)K * (double)N * (double)nB,
+               c = reads_c ? (double)M * (double)N * b : 0.0;
+  counts.gemm_operand_elements += ab + c;
+  counts.gemm_operand_bytes += ab * (double)elem_bytes + c * sizeof(float);
 }
+
+extern "C" void gpu_count_convert(size_t n) { counts.elements_converted += (double)n; }
 
 extern "C" void gpu_count_malloc(void) { counts.mallocs += 1.0; }
 

@@ -2,6 +2,11 @@
 // budget; per chunk the near (P2P) and far (M2P, gathered listed summaries) scores as batched
 // GEMMs, one fused SIMT softmax over [near | far], then the value GEMMs. Backward recomputes the
 // scores from lse; gradients several blocks touch are summed per target row in a fixed order.
+// With bf16 products the products read bf16 operands: q, k, v, dout and the summaries copied
+// into bf16 once per evaluation, the probabilities and their gradients written in bf16 by the
+// softmax kernels themselves (the products' fp32 outputs, the scores, stay fp32).
+#include <cuda_bf16.h>
+
 #include "check.h"
 #include "core/timer.h"
 #include "fma_gpu.h"
@@ -67,10 +72,11 @@ __device__ float block_reduce(float v, float *red, bool take_max) {
 }
 
 // grid (rows of the chunk), block kSoft: one query row per block — its scores S (ld columns) become
-// probabilities in place, masked columns 0, and lse = max + log Σ. Chunk row `row` is query r of
-// flattened block g0 + row/m (head h, slab block lb). CPU twin: rows_softmax (evaluate.c), with
-// the masks and log-weights of fma_P2P_scores and fma_M2P_scores.
-__global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int g0) {
+// probabilities, masked columns 0, in place or (bf16 products) into Pb, and lse = max + log Σ.
+// Chunk row `row` is query r of flattened block g0 + row/m (head h, slab block lb). CPU twin:
+// rows_softmax (evaluate.c), with the masks and log-weights of fma_P2P_scores and fma_M2P_scores.
+__global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int g0,
+                                __nv_bfloat16 *Pb) {
   __shared__ float red[kSoft];
   const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
   float *s = S + (size_t)row * ld;
@@ -86,31 +92,52 @@ __global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int 
   for (int c = threadIdx.x; c < ld; c += kSoft) sum += expf(s[c] - mx);
   sum = block_reduce(sum, red, false);
   const float inv = 1.0f / sum;  // sum ≥ 1: the query sees itself
-  for (int c = threadIdx.x; c < ld; c += kSoft) s[c] = expf(s[c] - mx) * inv;
+  for (int c = threadIdx.x; c < ld; c += kSoft) {
+    const float pr = expf(s[c] - mx) * inv;
+    if (Pb)
+      Pb[(size_t)row * ld + c] = __float2bfloat16(pr);
+    else
+      s[c] = pr;
+  }
   if (threadIdx.x == 0) lse[(size_t)gl * mk.m + r] = mx + logf(sum);
 }
 
 // grid (rows of the chunk), block kSoft: P = exp(S + log-weight − lse) of one score row, masked
-// 0. CPU twin: rows_probabilities.
-__global__ void probabilities(float *S, const float *lse, int ld, gfma_mask mk, int g0) {
+// 0, in place or (bf16 products) into Pb, S left as it is. CPU twin: rows_probabilities.
+__global__ void probabilities(float *S, const float *lse, int ld, gfma_mask mk, int g0,
+                              __nv_bfloat16 *Pb) {
   const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
   const float L = lse[(size_t)gl * mk.m + r];
   float *s = S + (size_t)row * ld;
   for (int c = threadIdx.x; c < ld; c += kSoft) {
     float add;
-    s[c] = visible(mk, lb, r, c, &add) ? expf(s[c] + add - L) : 0.0f;
+    const float pr = visible(mk, lb, r, c, &add) ? expf(s[c] + add - L) : 0.0f;
+    if (Pb)
+      Pb[(size_t)row * ld + c] = __float2bfloat16(pr);
+    else
+      s[c] = pr;
   }
 }
 
-// grid (rows of the chunk), block kSoft: dS = P ∘ (dP − D) of one row in place in dP, masked 0
-// (never read there). D: the chunk's rows. CPU twin: rows_softmax_backward.
+// grid (rows of the chunk), block kSoft: dS = P ∘ (dP − D) of one row, masked 0: in place in dP
+// with P the probabilities; or (bf16 products) into dSb, with P the scores, whose probabilities
+// it recomputes from lse as `probabilities` did (the same bits). D: the chunk's rows. CPU twin:
+// rows_softmax_backward.
 __global__ void softmax_backward(float *dP, const float *P, const float *D, int ld, gfma_mask mk,
-                                 int g0) {
+                                 int g0, const float *lse, __nv_bfloat16 *dSb) {
   const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
   const size_t at = (size_t)row * ld;
+  const float L = dSb ? lse[(size_t)gl * mk.m + r] : 0.0f;
   for (int c = threadIdx.x; c < ld; c += kSoft) {
-    float add;
-    dP[at + c] = visible(mk, lb, r, c, &add) ? P[at + c] * (dP[at + c] - D[row]) : 0.0f;
+    float add, ds = 0.0f;
+    if (visible(mk, lb, r, c, &add)) {
+      const float pr = dSb ? expf(P[at + c] + add - L) : P[at + c];
+      ds = pr * (dP[at + c] - D[row]);
+    }
+    if (dSb)
+      dSb[at + c] = __float2bfloat16(ds);
+    else
+      dP[at + c] = ds;
   }
 }
 
@@ -126,20 +153,21 @@ __global__ void rowdot(float *D, const float *a, const float *b, int rows, int d
 
 // grid-stride over the chunk's (block, listed window) pairs, kGather per block, one warp each:
 // Kf, Vf (blocks, nfmax, d) = the window's p summary rows of XK, XV (0 where its slots are
-// empty). A window's rows are contiguous within a channel (the channels B·H·nr_l apart), so the
-// lanes run along its rows first (element t: row t % p, channel t / p): each channel's p floats
-// are read together, each row's channels written together. CPU twin: gather in block_keys.
-__global__ void gather_far(float *Kf, float *Vf, const float *XK, const float *XV,
-                           const int *far_row, gfma_levels lv, int nbs, int nfmax, int g0,
-                           int pairs) {
+// empty), fp32 or bf16 (T). A window's rows are contiguous within a channel (the channels
+// B·H·nr_l apart), so the lanes run along its rows first (element t: row t % p, channel t / p):
+// each channel's p values are read together, each row's channels written together. CPU twin:
+// gather in block_keys.
+template <class T>
+__global__ void gather_far(T *Kf, T *Vf, const T *XK, const T *XV, const int *far_row,
+                           gfma_levels lv, int nbs, int nfmax, int g0, int pairs) {
   const int d = lv.d, p = lv.p, groups = nfmax / p;
   for (int bw = blockIdx.x * blockDim.y + threadIdx.y; bw < pairs; bw += gridDim.x * blockDim.y) {
     const int gl = g0 + bw / groups, slot0 = bw % groups * p;
     const int R0 = far_row[(gl % nbs) * nfmax + slot0];
-    float *kf = Kf + ((size_t)(bw / groups) * nfmax + slot0) * d;
-    float *vf = Vf + ((size_t)(bw / groups) * nfmax + slot0) * d;
+    T *kf = Kf + ((size_t)(bw / groups) * nfmax + slot0) * d;
+    T *vf = Vf + ((size_t)(bw / groups) * nfmax + slot0) * d;
     if (R0 < 0) {
-      for (int t = threadIdx.x; t < p * d; t += kRow) kf[t] = vf[t] = 0.0f;
+      for (int t = threadIdx.x; t < p * d; t += kRow) kf[t] = vf[t] = T(0.0f);
       continue;
     }
     const int l = gfma_level_of(lv, R0);
@@ -265,26 +293,28 @@ __host__ __device__ inline long near_row(const near_geom &k, long g, int lo) {
 }
 
 // Where a product's operand lies for block g = ga + e: on the query side at q + e·stride; on the
-// key side (key) at the key rows of offset lo in `keys` (first, last: its padded ends).
+// key side (key) at the key rows of offset lo in `keys` (first, last: its padded ends). Elements
+// of es bytes (a bf16 operand, or fp32), offsets in elements.
 struct near_operand {
-  const float *q;
+  const char *q;
   long stride;
   bool key;
-  const float *keys, *first, *last;
+  const char *keys, *first, *last;
+  long es;
 };
 
-__device__ inline float *near_at(const near_operand &o, const near_geom &k, long g, long e, int lo,
-                                 long keys, int ns) {
-  if (!o.key) return const_cast<float *>(o.q + e * o.stride);
+__device__ inline void *near_at(const near_operand &o, const near_geom &k, long g, long e, int lo,
+                                long keys, int ns) {
+  if (!o.key) return const_cast<char *>(o.q + e * o.stride * o.es);
   const long r = near_row(k, g, lo);
-  const float *p = o.keys + r * k.d;
-  if (r < 0) p = o.first + (r + k.m) * k.d;
-  if (r + keys > k.rows) p = o.last + (r - k.rows + (ns - 1) * k.m) * k.d;
-  return const_cast<float *>(p);
+  const char *p = o.keys + r * k.d * o.es;
+  if (r < 0) p = o.first + (r + k.m) * k.d * o.es;
+  if (r + keys > k.rows) p = o.last + (r - k.rows + (ns - 1) * k.m) * k.d * o.es;
+  return const_cast<char *>(p);
 }
 
 // The pointer table (B, A, C, as gpu_gemm_table takes it) of blocks ga … ga + count − 1.
-__global__ void near_pointers(float **table, int count, near_operand A, near_operand B,
+__global__ void near_pointers(void **table, int count, near_operand A, near_operand B,
                               near_operand C, near_geom k, long ga, int lo, long keys, int ns) {
   for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < count; e += gridDim.x * blockDim.x) {
     table[e] = near_at(B, k, ga + e, e, lo, keys, ns);
@@ -293,63 +323,64 @@ __global__ void near_pointers(float **table, int count, near_operand A, near_ope
   }
 }
 
-// One near product over blocks [ga, gb) (as gpu_gemm: row-major, C = alpha·op(A)·op(B) + beta·C),
-// its key side the `keys` rows from offset lo.
-void near_gemm(const near_geom &k, float **table, bool ta, bool tb, long M, long N, long K,
-               float alpha, const near_operand &A, long lda, const near_operand &B, long ldb,
-               float beta, const near_operand &C, long ldc, long ga, long gb, int lo, long keys,
-               int ns) {
+// One near product over blocks [ga, gb) (as gpu_gemm_as: row-major, C = alpha·op(A)·op(B) +
+// beta·C, A and B stored as `type`, C fp32), its key side the `keys` rows from offset lo.
+void near_gemm(gpu_elem type, const near_geom &k, void **table, bool ta, bool tb, long M, long N,
+               long K, float alpha, const near_operand &A, long lda, const near_operand &B,
+               long ldb, float beta, const near_operand &C, long ldc, long ga, long gb, int lo,
+               long keys, int ns) {
   const long count = gb - ga;
   if (count <= 0) return;
   // without a halo, blocks that pass no end of the keys read them at one stride (m·d, as their
   // queries): a strided product, no table to build
   if (k.flat && near_row(k, ga, lo) >= 0 && near_row(k, gb - 1, lo) + keys <= k.rows) {
     auto at = [&](const near_operand &o) {
-      return o.key ? o.keys + near_row(k, ga, lo) * k.d : o.q;
+      return o.key ? o.keys + near_row(k, ga, lo) * k.d * o.es : o.q;
     };
     auto stride = [&](const near_operand &o) { return o.key ? k.m * k.d : o.stride; };
-    gpu_gemm(ta, tb, M, N, K, alpha, at(A), lda, stride(A), at(B), ldb, stride(B), beta,
-             const_cast<float *>(at(C)), ldc, stride(C), count);
+    gpu_gemm_as(type, ta, tb, M, N, K, alpha, at(A), lda, stride(A), at(B), ldb, stride(B), beta,
+                reinterpret_cast<float *>(const_cast<char *>(at(C))), ldc, stride(C), count);
     return;
   }
   near_pointers<<<grid_of((size_t)count), kThreads, 0, gpu_stream()>>>(
       table, gpu_int(count, "near blocks"), A, B, C, k, ga, lo, keys, ns);
   LAUNCH_CHECK(near_pointers);
-  gpu_gemm_table(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count, table, count, count);
+  gpu_gemm_table(type, ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count, table, count, count);
 }
 
 // The key array's ends padded with a zero block, as near_at reads them: first holds rows
 // −m … (ns − 1)·m − 1, last rows R − (ns − 1)·m … R + m − 1 (R the array's rows). Filled, in buf
-// (2·ns·m·d floats of the workspace), only where the chunk's blocks [g0, g1) pass an end.
+// (2·ns·m·d elements of es bytes, in the workspace), only where the chunk's blocks [g0, g1) pass
+// an end.
 struct near_ends {
-  float *first = nullptr, *last = nullptr;
+  char *first = nullptr, *last = nullptr;
 };
 
-near_ends ends_of(const gfma *g, const near_geom &k, const float *keys, long g0, long g1,
-                  float *buf) {
+near_ends ends_of(const gfma *g, const near_geom &k, const char *keys, long es, long g0, long g1,
+                  char *buf) {
   near_ends e;
-  const long blk = k.m * k.d, tail = (g->ns - 1) * blk;
+  const long blk = k.m * k.d, tail = (g->ns - 1) * blk;  // elements
   if (near_row(k, g0, 0) < 0) {
     e.first = buf;
-    gpu_memset0(e.first, sizeof(float) * blk);
-    gpu_copy(e.first + blk, keys, sizeof(float) * tail);
+    gpu_memset0(e.first, es * blk);
+    gpu_copy(e.first + es * blk, keys, es * tail);
   }
   if (near_row(k, g1 - 1, 0) + g->ns * k.m > k.rows) {
-    e.last = buf + blk + tail;
-    gpu_copy(e.last, keys + k.rows * k.d - tail, sizeof(float) * tail);
-    gpu_memset0(e.last + tail, sizeof(float) * blk);
+    e.last = buf + es * (blk + tail);
+    gpu_copy(e.last, keys + es * (k.rows * k.d - tail), es * tail);
+    gpu_memset0(e.last + es * tail, es * blk);
   }
   return e;
 }
 
-// The query side of a near product: block ga's matrix at p, the next block's stride floats on.
-near_operand query_side(const float *p, long stride) {
-  return near_operand{p, stride, false, nullptr, nullptr, nullptr};
+// The query side of a near product: block ga's matrix at p, the next block's stride elements on.
+near_operand query_side(const void *p, long stride, long es) {
+  return near_operand{static_cast<const char *>(p), stride, false, nullptr, nullptr, nullptr, es};
 }
 
 // The key side read over all offsets (scores, values, dP, dq): keys, and its padded ends.
-near_operand key_side(const float *keys, const near_ends &e) {
-  return near_operand{nullptr, 0, true, keys, e.first, e.last};
+near_operand key_side(const void *keys, const near_ends &e, long es) {
+  return near_operand{nullptr, 0, true, static_cast<const char *>(keys), e.first, e.last, es};
 }
 
 // The blocks of [g0, g1) whose key block of offset s lies in the key array (those of dv and dk
@@ -361,100 +392,182 @@ void blocks_in_keys(const near_geom &k, long g0, long g1, int s, long *ga, long 
   while (*gb > *ga && near_row(k, *gb - 1, s) + k.m > k.rows) --*gb;
 }
 
+// What the products of an evaluation read: q, k, v (and dout in backward) and the summaries XK,
+// XV, as they lie (fp32 products), or bf16 copies (bf16 products: cuBLAS takes no mix of the two,
+// and the probabilities the softmax writes are bf16). k, v and the summaries are copied once per
+// evaluation (a block's near keys and far summaries lie anywhere), q and dout per chunk, only the
+// chunk's rows (chunk_of), so the copies hold half of what the chunk loop's inputs do.
+struct operands {
+  gpu_elem type;
+  long es;                // bytes per element
+  const float *q, *dout;  // fp32, copied per chunk with bf16 products
+  const char *k, *v, *XK, *XV;
+  void *copies;  // the bf16 copies of k, v, XK, XV (nullptr with fp32 products)
+};
+
+operands operands_open(const gfma *g, const float *q, const float *k, const float *v,
+                       const float *dout, long kstride, const float *XK, const float *XV) {
+  operands o = {};
+  o.q = q, o.dout = dout;
+  auto fp32 = [](const float *x) { return reinterpret_cast<const char *>(x); };
+  if (!gpu_bf16()) {
+    o.type = GPU_F32;
+    o.es = sizeof(float);
+    o.k = fp32(k), o.v = fp32(v), o.XK = fp32(XK), o.XV = fp32(XV);
+    return o;
+  }
+  o.type = GPU_BF16;
+  o.es = sizeof(__nv_bfloat16);
+  const size_t nk = (size_t)(g->BH * kstride * g->d),
+               nx = XK ? (size_t)(g->d * g->BH * g->st->rows) : 0;
+  const size_t n[4] = {nk, nk, nx, XV ? nx : 0};
+  const float *src[4] = {k, v, XK, XV};
+  const char **dst[4] = {&o.k, &o.v, &o.XK, &o.XV};
+  auto *buf = static_cast<char *>(gpu_alloc(MEM_WORKSPACE, o.es * (n[0] + n[1] + n[2] + n[3] + 1)));
+  o.copies = buf;
+  for (int i = 0; i < 4; i++) {
+    if (!n[i]) continue;
+    gpu_to_bf16(buf, src[i], n[i]);
+    *dst[i] = buf;
+    buf += o.es * n[i];
+  }
+  return o;
+}
+
 // The inputs of one chunk's evaluation.
 struct chunk {
   long g0, g1;
-  const float *q, *k, *v;  // q from flattened block 0, k and v from their array's row 0
+  const operands *x;     // k and v from their array's row 0
+  const char *q, *dout;  // the chunk's rows, from block g0 on (bf16: the workspace's copies)
   long klo, kstride;
-  float *S, *Kf, *Vf;  // (blocks, m, ld), (blocks, nfmax, d)
+  float *S;       // (blocks, m, ld): the scores
+  void *P;        // their probabilities: S itself, or (bf16 products) a bf16 array
+  char *Kf, *Vf;  // (blocks, nfmax, d), as the operands
   long ld;
   near_geom geo;           // where the blocks' near keys lie
-  float **table;           // the near products' pointer table (workspace)
+  void **table;            // the near products' pointer table (workspace)
   near_ends kends, vends;  // k's and v's ends, padded, where the chunk's blocks pass them
 };
 
+// Block g's rows (rows_per_block) of the chunk's query-side operand `base` (c.q, c.dout: block
+// c.g0's rows).
+const char *rows_at(const chunk &c, const char *base, long g, long rows_per_block) {
+  return base + (g - c.g0) * rows_per_block * c.x->es;
+}
+
 // S = the chunk's scores, P2P then M2P (block_scores): unmasked, unweighted.
 void scores(const gfma *g, const chunk &c) {
-  const long m = g->m, d = g->d, ld = c.ld;
+  const long m = g->m, d = g->d, ld = c.ld, es = c.x->es;
   const float scale = 1.0f / sqrtf((float)d);
   const int ns = g->ns;
+  const char *q0 = rows_at(c, c.q, c.g0, m * d);
   // one product over the chunk's blocks and every near key block they read (key block b − 1 + s
   // at column s·m of block b's scores)
   {
     const gpu_op_time t(TIMER_P2P);
-    near_gemm(c.geo, c.table, false, true, m, ns * m, d, scale,
-              query_side(c.q + c.g0 * m * d, m * d), d, key_side(c.k, c.kends), d, 0.0f,
-              query_side(c.S, m * ld), ld, c.g0, c.g1, 0, ns * m, ns);
+    near_gemm(c.x->type, c.geo, c.table, false, true, m, ns * m, d, scale,
+              query_side(q0, m * d, es), d, key_side(c.x->k, c.kends, es), d, 0.0f,
+              query_side(c.S, m * ld, sizeof(float)), ld, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
-    gpu_gemm(false, true, m, g->nfmax, d, scale, c.q + c.g0 * m * d, d, m * d, c.Kf, d,
-             g->nfmax * d, 0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
+    gpu_gemm_as(c.x->type, false, true, m, g->nfmax, d, scale, q0, d, m * d, c.Kf, d, g->nfmax * d,
+                0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
   }
 }
 
 // o (chunk rows, d) = P·[v_near | V_far] (fma_P2P_values, fma_M2P_values); o zeroed first.
 void values(const gfma *g, const chunk &c, float *o) {
-  const long m = g->m, d = g->d, ld = c.ld;
+  const long m = g->m, d = g->d, ld = c.ld, es = c.x->es;
   gpu_memset0(o, sizeof(float) * (size_t)((c.g1 - c.g0) * m * d));
   const int ns = g->ns;
   {
     const gpu_op_time t(TIMER_P2P);
-    near_gemm(c.geo, c.table, false, false, m, d, ns * m, 1.0f, query_side(c.S, m * ld), ld,
-              key_side(c.v, c.vends), d, 1.0f, query_side(o, m * d), d, c.g0, c.g1, 0, ns * m, ns);
+    near_gemm(c.x->type, c.geo, c.table, false, false, m, d, ns * m, 1.0f,
+              query_side(c.P, m * ld, es), ld, key_side(c.x->v, c.vends, es), d, 1.0f,
+              query_side(o, m * d, sizeof(float)), d, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
-    gpu_gemm(false, false, m, d, g->nfmax, 1.0f, c.S + g->ns * m, ld, m * ld, c.Vf, d, g->nfmax * d,
-             1.0f, o, d, m * d, c.g1 - c.g0);
+    gpu_gemm_as(c.x->type, false, false, m, d, g->nfmax, 1.0f,
+                static_cast<const char *>(c.P) + g->ns * m * es, ld, m * ld, c.Vf, d, g->nfmax * d,
+                1.0f, o, d, m * d, c.g1 - c.g0);
   }
+}
+
+// The probabilities' bf16 array, where the products read one (nullptr: in place in S).
+__nv_bfloat16 *bf16_of(const chunk &c) {
+  return c.P == c.S ? nullptr : static_cast<__nv_bfloat16 *>(c.P);
 }
 
 void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   const gpu_op_time t(TIMER_P2P);  // the fused softmax over [near | far] counts as near field
   const long rows = (c.g1 - c.g0) * g->m;
-  softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(c.S, lse, (int)c.ld,
-                                                                             mask_of(g), (int)c.g0);
+  softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(
+      c.S, lse, (int)c.ld, mask_of(g), (int)c.g0, bf16_of(c));
   LAUNCH_CHECK(softmax_forward);
 }
 
-void launch_gather(const gfma *g, const chunk &c, const float *XK, const float *XV) {
+template <class T>
+void gather_as(const gfma *g, const chunk &c, long pairs) {
+  const size_t blocks = gpu_blocks((size_t)pairs, kGather);
+  gather_far<T>
+      <<<(unsigned)(blocks < 65535 ? blocks : 65535), dim3(kRow, kGather), 0, gpu_stream()>>>(
+          reinterpret_cast<T *>(c.Kf), reinterpret_cast<T *>(c.Vf),
+          reinterpret_cast<const T *>(c.x->XK), reinterpret_cast<const T *>(c.x->XV), g->far_row,
+          g->lv, (int)g->nbs, g->nfmax, (int)c.g0, gpu_int(pairs, "far pairs"));
+  LAUNCH_CHECK(gather_far<T>);
+}
+
+void launch_gather(const gfma *g, const chunk &c) {
   const long pairs = (c.g1 - c.g0) * (g->nfmax / g->p);  // (block, listed window)
   if (pairs == 0) return;
   const gpu_op_time t(TIMER_M2P);
-  const size_t blocks = gpu_blocks((size_t)pairs, kGather);
-  gather_far<<<(unsigned)(blocks < 65535 ? blocks : 65535), dim3(kRow, kGather), 0, gpu_stream()>>>(
-      c.Kf, c.Vf, XK, XV, g->far_row, g->lv, (int)g->nbs, g->nfmax, (int)c.g0,
-      gpu_int(pairs, "far pairs"));
-  LAUNCH_CHECK(gather_far);
+  if (c.x->type == GPU_BF16)
+    gather_as<__nv_bfloat16>(g, c, pairs);
+  else
+    gather_as<float>(g, c, pairs);
 }
 
 // The chunk's workspace: scores (and in backward their gradients), the gathered summaries (and
-// the gradients of their rows).
+// the gradients of their rows); with bf16 products, the probabilities (and later their gradients)
+// in bf16.
 struct workspace {
   long blocks;  // query blocks per chunk
-  float *S, *dP, *Kf, *Vf, *dKf, *dVf, *o, *D;
-  float **table;  // the near products' pointers (3 per block), reused in stream order
-  float *ends;    // k's and v's padded ends (near_ends), 2·ns·m·d floats each
+  float *S, *dP, *dKf, *dVf, *o, *D;
+  char *Kf, *Vf;     // as the operands
+  void *Pb;          // bf16 products: (blocks, m, ld) bf16
+  char *qb, *doutb;  // bf16 products: the chunk's q and dout rows, (blocks, m, d) bf16
+  void **table;      // the near products' pointers (3 per block), reused in stream order
+  char *ends;        // k's and v's padded ends (near_ends), 2·ns·m·d elements each
 };
 
-workspace workspace_open(const gfma *g, bool backward) {
+workspace workspace_open(const gfma *g, const operands &x, bool backward) {
   const long m = g->m, d = g->d, ld = g->ns * m + g->nfmax, nf = g->nfmax * d;
+  const bool bf16 = x.type == GPU_BF16;
   // per query block: S (m·ld) and Kf, Vf (nfmax·d each); backward: dP, dKf, dVf too, and for
-  // fma_linear the near field's own output and D (m·d + m); and 3 pointers of the near products
-  const size_t per =
-      sizeof(float) * (backward ? 2 * m * ld + 4 * nf + m * d + m : m * ld + 2 * nf) +
-      3 * sizeof(float *);
+  // fma_linear the near field's own output and D (m·d + m); bf16 products: P (m·ld) and the
+  // copies of q (and dout) (m·d), bf16; and 3 pointers of the near products
+  const size_t per = sizeof(float) * (backward ? 2 * m * ld + 2 * nf + m * d + m : m * ld) +
+                     x.es * 2 * nf +
+                     (bf16 ? sizeof(__nv_bfloat16) * (m * ld + (backward ? 2 : 1) * m * d) : 0) +
+                     3 * sizeof(void *);
   workspace w = {};
   w.blocks = chunk_size(g, per);
+  auto bytes = [&](size_t n) { return static_cast<char *>(gpu_alloc(MEM_WORKSPACE, n)); };
   auto get = [&](long floats) {
-    return static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (w.blocks * floats + 1)));
+    return reinterpret_cast<float *>(bytes(sizeof(float) * (w.blocks * floats + 1)));
   };
-  w.table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * w.blocks));
-  w.ends = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * 4 * g->ns * m * d));
+  w.table = reinterpret_cast<void **>(bytes(3 * sizeof(void *) * w.blocks));
+  w.ends = bytes(x.es * 4 * g->ns * m * d);
   w.S = get(m * ld);
-  w.Kf = get(nf);
-  w.Vf = get(nf);
+  w.Kf = bytes(x.es * (w.blocks * nf + 1));
+  w.Vf = bytes(x.es * (w.blocks * nf + 1));
+  if (bf16) {
+    w.Pb = bytes(sizeof(__nv_bfloat16) * (w.blocks * m * ld + 1));
+    w.qb = bytes(sizeof(__nv_bfloat16) * (w.blocks * m * d + 1));
+    if (backward) w.doutb = bytes(sizeof(__nv_bfloat16) * (w.blocks * m * d + 1));
+  }
   if (!backward) return w;
   w.dP = get(m * ld);
   w.dKf = get(nf);
@@ -467,24 +580,37 @@ workspace workspace_open(const gfma *g, bool backward) {
 }
 
 void workspace_close(workspace *w) {
-  for (float *p : {w->S, w->dP, w->Kf, w->Vf, w->dKf, w->dVf, w->o, w->D, w->ends}) gpu_free(p);
-  gpu_free(w->table);
+  for (void *p : {(void *)w->S, (void *)w->dP, (void *)w->Kf, (void *)w->Vf, (void *)w->dKf,
+                  (void *)w->dVf, (void *)w->o, (void *)w->D, (void *)w->ends, w->Pb, (void *)w->qb,
+                  (void *)w->doutb, (void *)w->table})
+    gpu_free(p);
 }
 
-chunk chunk_of(const gfma *g, const workspace &w, long g0, const float *q, const float *k,
-               const float *v, long klo, long kstride) {
+chunk chunk_of(const gfma *g, const workspace &w, long g0, const operands *x, long klo,
+               long kstride) {
   chunk c = {};
   c.g0 = g0;
   c.g1 = g0 + w.blocks < total_blocks(g) ? g0 + w.blocks : total_blocks(g);
-  c.q = q, c.k = k, c.v = v;
+  c.x = x;
   c.klo = klo, c.kstride = kstride;
   c.S = w.S, c.Kf = w.Kf, c.Vf = w.Vf;
+  c.P = w.Pb ? w.Pb : static_cast<void *>(w.S);
+  // the chunk's q and dout rows: in place, or copied into bf16
+  const size_t at = (size_t)(c.g0 * g->m * g->d), rows = (size_t)((c.g1 - c.g0) * g->m * g->d);
+  auto chunk_rows = [&](const float *src, char *copy) -> const char * {
+    if (!src) return nullptr;
+    if (!copy) return reinterpret_cast<const char *>(src + at);
+    gpu_to_bf16(copy, src + at, rows);
+    return copy;
+  };
+  c.q = chunk_rows(x->q, w.qb);
+  c.dout = chunk_rows(x->dout, w.doutb);
   c.ld = g->ns * g->m + g->nfmax;
   c.geo = geom_of(g, klo, kstride);
   c.table = w.table;
   const long half = 2 * g->ns * g->m * g->d;  // k's ends, then v's
-  c.kends = ends_of(g, c.geo, k, c.g0, c.g1, w.ends);
-  c.vends = ends_of(g, c.geo, v, c.g0, c.g1, w.ends + half);
+  c.kends = ends_of(g, c.geo, x->k, x->es, c.g0, c.g1, w.ends);
+  c.vends = ends_of(g, c.geo, x->v, x->es, c.g0, c.g1, w.ends + x->es * half);
   return c;
 }
 
@@ -497,69 +623,81 @@ void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) 
 
 // The chunk's transposes after its scores are in c.S (fma_evaluate_backward's block loop): P from
 // lse, dP = dout·[v_near | V_far]ᵀ, dv += P_nᵀ·dout, dVf = P_fᵀ·dout, dS from D (the chunk's
-// rows), dq += dS·[k_near | K_far]/√d, dk += dS_nᵀ·q/√d, dKf = dS_fᵀ·q/√d.
+// rows), dq += dS·[k_near | K_far]/√d, dk += dS_nᵀ·q/√d, dKf = dS_fᵀ·q/√d. With bf16 products P
+// and then dS are the bf16 array c.P (dS written once dv and dVf have read P, in stream order).
 void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq, float *dk,
                     float *dv, const float *dout, const float *lse, const float *D) {
-  const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax;
+  const long m = g->m, d = g->d, ld = c.ld, nc = c.g1 - c.g0, nf = g->nfmax, es = c.x->es;
   const float scale = 1.0f / sqrtf((float)d);
   const unsigned rows = gpu_int(nc * m, "score rows");
+  const gpu_elem type = c.x->type;
+  const long f4 = sizeof(float);
   // device time: the near field's products and the fused softmax's passes TIMER_P2P, the far
   // field's products TIMER_M2P
   int span = gpu_op_begin(TIMER_P2P);
-  probabilities<<<rows, kSoft, 0, gpu_stream()>>>(c.S, lse, (int)ld, mask_of(g), (int)c.g0);
+  probabilities<<<rows, kSoft, 0, gpu_stream()>>>(c.S, lse, (int)ld, mask_of(g), (int)c.g0,
+                                                  bf16_of(c));
   LAUNCH_CHECK(probabilities);
   gpu_op_end(span);
-  const float *dout0 = dout + c.g0 * m * d, *q0 = c.q + c.g0 * m * d;
+  const char *dout0 = rows_at(c, c.dout, c.g0, m * d), *q0 = rows_at(c, c.q, c.g0, m * d);
+  const char *P = static_cast<const char *>(c.P);
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
     values(g, c, w.o);
-    launch_rowdot(w.D, dout0, w.o, nc * m, d);
+    launch_rowdot(w.D, dout + c.g0 * m * d, w.o, nc * m, d);
     D = w.D;
   }
   span = gpu_op_begin(TIMER_P2P);
   const int ns = g->ns;
   // dP of the near columns, every offset at once; dv key block by key block (one product per
   // offset over the blocks whose key block it is in the array: outputs of one product must differ)
-  near_gemm(c.geo, c.table, false, true, m, ns * m, d, 1.0f, query_side(dout0, m * d), d,
-            key_side(c.v, c.vends), d, 0.0f, query_side(w.dP, m * ld), ld, c.g0, c.g1, 0, ns * m,
-            ns);
-  const near_operand dv_side = {nullptr, 0, true, dv, nullptr, nullptr};
+  near_gemm(type, c.geo, c.table, false, true, m, ns * m, d, 1.0f, query_side(dout0, m * d, es), d,
+            key_side(c.x->v, c.vends, es), d, 0.0f, query_side(w.dP, m * ld, f4), ld, c.g0, c.g1, 0,
+            ns * m, ns);
+  const near_operand dv_side = {nullptr, 0,       true, reinterpret_cast<char *>(dv),
+                                nullptr, nullptr, f4};
   for (int s = 0; s < ns; s++) {
     long ga, gb;
     blocks_in_keys(c.geo, c.g0, c.g1, s, &ga, &gb);
-    near_gemm(c.geo, c.table, true, false, m, d, m, 1.0f,
-              query_side(c.S + (ga - c.g0) * m * ld + s * m, m * ld), ld,
-              query_side(dout + ga * m * d, m * d), d, 1.0f, dv_side, d, ga, gb, s, m, ns);
+    near_gemm(type, c.geo, c.table, true, false, m, d, m, 1.0f,
+              query_side(P + ((ga - c.g0) * m * ld + s * m) * es, m * ld, es), ld,
+              query_side(rows_at(c, c.dout, ga, m * d), m * d, es), d, 1.0f, dv_side, d, ga, gb, s,
+              m, ns);
   }
   gpu_op_end(span);
   if (nf) {
     const gpu_op_time t(TIMER_M2P);
-    gpu_gemm(false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f, w.dP + g->ns * m,
-             ld, m * ld, nc);
-    gpu_gemm(true, false, nf, d, m, 1.0f, c.S + g->ns * m, ld, m * ld, dout0, d, m * d, 0.0f, w.dVf,
-             d, nf * d, nc);
+    gpu_gemm_as(type, false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f,
+                w.dP + g->ns * m, ld, m * ld, nc);
+    gpu_gemm_as(type, true, false, nf, d, m, 1.0f, P + g->ns * m * es, ld, m * ld, dout0, d, m * d,
+                0.0f, w.dVf, d, nf * d, nc);
   }
   span = gpu_op_begin(TIMER_P2P);
-  softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0);
+  // dS: in place in dP, or (bf16 products) into c.P from the scores in c.S
+  const char *dS = w.Pb ? P : reinterpret_cast<const char *>(w.dP);
+  softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0,
+                                                     lse, bf16_of(c));
   LAUNCH_CHECK(softmax_backward);
   // dq from every near key block at once; dk key block by key block
-  near_gemm(c.geo, c.table, false, false, m, d, ns * m, scale, query_side(w.dP, m * ld), ld,
-            key_side(c.k, c.kends), d, 1.0f, query_side(dq + c.g0 * m * d, m * d), d, c.g0, c.g1, 0,
-            ns * m, ns);
-  const near_operand dk_side = {nullptr, 0, true, dk, nullptr, nullptr};
+  near_gemm(type, c.geo, c.table, false, false, m, d, ns * m, scale, query_side(dS, m * ld, es), ld,
+            key_side(c.x->k, c.kends, es), d, 1.0f, query_side(dq + c.g0 * m * d, m * d, f4), d,
+            c.g0, c.g1, 0, ns * m, ns);
+  const near_operand dk_side = {nullptr, 0,       true, reinterpret_cast<char *>(dk),
+                                nullptr, nullptr, f4};
   for (int s = 0; s < ns; s++) {
     long ga, gb;
     blocks_in_keys(c.geo, c.g0, c.g1, s, &ga, &gb);
-    near_gemm(c.geo, c.table, true, false, m, d, m, scale,
-              query_side(w.dP + (ga - c.g0) * m * ld + s * m, m * ld), ld,
-              query_side(c.q + ga * m * d, m * d), d, 1.0f, dk_side, d, ga, gb, s, m, ns);
+    near_gemm(type, c.geo, c.table, true, false, m, d, m, scale,
+              query_side(dS + ((ga - c.g0) * m * ld + s * m) * es, m * ld, es), ld,
+              query_side(rows_at(c, c.q, ga, m * d), m * d, es), d, 1.0f, dk_side, d, ga, gb, s, m,
+              ns);
   }
   gpu_op_end(span);
   if (nf) {
     const gpu_op_time t(TIMER_M2P);
-    gpu_gemm(false, false, m, d, nf, scale, w.dP + g->ns * m, ld, m * ld, c.Kf, d, nf * d, 1.0f,
-             dq + c.g0 * m * d, d, m * d, nc);
-    gpu_gemm(true, false, nf, d, m, scale, w.dP + g->ns * m, ld, m * ld, q0, d, m * d, 0.0f, w.dKf,
-             d, nf * d, nc);
+    gpu_gemm_as(type, false, false, m, d, nf, scale, dS + g->ns * m * es, ld, m * ld, c.Kf, d,
+                nf * d, 1.0f, dq + c.g0 * m * d, d, m * d, nc);
+    gpu_gemm_as(type, true, false, nf, d, m, scale, dS + g->ns * m * es, ld, m * ld, q0, d, m * d,
+                0.0f, w.dKf, d, nf * d, nc);
   }
 }
 
@@ -579,15 +717,17 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
                            const float *v, long klo, long kstride, const float *XK,
                            const float *XV) {
   check_heads(g);
-  workspace w = workspace_open(g, false);
+  const operands x = operands_open(g, q, k, v, nullptr, kstride, XK, XV);
+  workspace w = workspace_open(g, x, false);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
-    launch_gather(g, c, XK, XV);
+    const chunk c = chunk_of(g, w, g0, &x, klo, kstride);
+    launch_gather(g, c);
     scores(g, c);
     launch_softmax(g, c, lse);
     values(g, c, out + g0 * g->m * g->d);
   }
   workspace_close(&w);
+  gpu_free(x.copies);
 }
 
 void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK, float *dXV,
@@ -601,10 +741,11 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
     D = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (rows + 1)));
     launch_rowdot(D, dout, out, rows, g->d);
   }
-  workspace w = workspace_open(g, true);
+  const operands x = operands_open(g, q, k, v, dout, kstride, XK, XV);
+  workspace w = workspace_open(g, x, true);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
-    const chunk c = chunk_of(g, w, g0, q, k, v, klo, kstride);
-    launch_gather(g, c, XK, XV);
+    const chunk c = chunk_of(g, w, g0, &x, klo, kstride);
+    launch_gather(g, c);
     scores(g, c);
     chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
     if (g->far_refs.nrows && g->nfmax) {
@@ -617,5 +758,6 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
     }
   }
   workspace_close(&w);
+  gpu_free(x.copies);
   gpu_free(D);
 }

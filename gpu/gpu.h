@@ -31,8 +31,12 @@ void gpu_counts_read(struct device_counts *out);
 /* Called by the back end: one of its kernels launched; a product. */
 void gpu_count_launch(void);
 /* batch products reading nA distinct A matrices and nB distinct B matrices (an operand of
- * stride 0 is one matrix every product reads: counted once) */
-void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool reads_c);
+ * stride 0 is one matrix every product reads: counted once) of elem_bytes bytes per element (C,
+ * read where reads_c, is fp32) */
+void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool reads_c,
+                    size_t elem_bytes);
+/* n elements converted to another precision (copies in bf16 of fp32 arrays) */
+void gpu_count_convert(size_t n);
 /* Called by the pool (memory.cu): a cudaMalloc, and the pool's bytes in use and cached now. */
 void gpu_count_malloc(void);
 void gpu_count_pool(size_t live_bytes, size_t cached_bytes);
@@ -112,6 +116,17 @@ void gpu_add_rows(float *dst, size_t dst_stride, const float *src, size_t src_st
 void gpu_gemm(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
               long sA, const float *B, long ldb, long sB, float beta, float *C, long ldc, long sC,
               long batch);
+/* How a product's A and B are stored (C is fp32 either way). */
+typedef enum { GPU_F32 = 0, GPU_BF16 = 1 } gpu_elem;
+size_t gpu_elem_bytes(gpu_elem type);
+/* gpu_gemm on A and B stored as `type` (strides and leading dimensions in elements): GPU_F32 is
+ * gpu_gemm; GPU_BF16 reads bf16 operands (a caller's copies, gpu_to_bf16) with fp32 accumulation
+ * into fp32 C. */
+void gpu_gemm_as(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha,
+                 const void *A, long lda, long sA, const void *B, long ldb, long sB, float beta,
+                 float *C, long ldc, long sC, long batch);
+/* dst (n bf16 values) = src rounded to nearest even: a conversion pass (counted). */
+void gpu_to_bf16(void *dst, const float *src, size_t n);
 
 /* The device's GEMM rate, GFLOP/s, as gpu_gemm runs products: square products of random fp32
  * operands, fp32 or bf16 tensor-core math (fp32 accumulation), sized up from 1024 until one takes
@@ -124,11 +139,13 @@ double gpu_gemm_gflops(bool bf16);
 void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
                long sA1, long sA2, const float *B, long ldb, long sB1, long sB2, float beta,
                float *C, long ldc, long sC1, long sC2, long b1, long b2);
-/* gpu_gemm batched over a device table of the products' pointers that the caller's kernel built:
- * table[e], table[count + e], table[2·count + e] are product e's B, A and C (cuBLAS's column-major
- * order); nA, nB how many distinct A and B matrices the products read (the counts, gpu.h). */
-void gpu_gemm_table(bool ta, bool tb, long M, long N, long K, float alpha, long lda, long ldb,
-                    float beta, long ldc, long count, float *const *table, long nA, long nB);
+/* gpu_gemm_as batched over a device table of the products' pointers that the caller's kernel
+ * built: table[e], table[count + e], table[2·count + e] are product e's B, A (stored as `type`)
+ * and C (fp32), cuBLAS's column-major order; nA, nB how many distinct A and B matrices the
+ * products read (the counts, gpu.h). */
+void gpu_gemm_table(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha, long lda,
+                    long ldb, float beta, long ldc, long count, void *const *table, long nA,
+                    long nB);
 
 /* ---- the per-token layers (layers.cu): layers.h's contracts on device arrays */
 

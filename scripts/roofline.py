@@ -5,15 +5,18 @@
               [--json bounds.json]
 
 bench.h5's /gpu table (run.mode = bench on the CUDA back end, or on its emulation) holds, per case
-and repetition, the cuBLAS products' FLOPs and the elements their operands read, the kernel
-launches and the products' calls. On a device with peak rate F (dense, of the run's precision:
-bf16 tensor cores, or fp32 CUDA cores for fp32), bandwidth W and a launch costing at least L:
+and repetition, the cuBLAS products' FLOPs and the bytes their operands read, the elements copied
+into bf16, the kernel launches and the products' calls. On a device with peak rate F (dense, of
+the run's precision: bf16 tensor cores, or fp32 CUDA cores for fp32), bandwidth W and a launch
+costing at least L:
 
-  bound = max(gemm_flops / F, 4 · gemm_operand_elements / W, (kernel_launches + gemm_calls) · L)
+  bound = max(gemm_flops / F, (gemm_operand_bytes + 6 · elements_converted) / W,
+              (kernel_launches + gemm_calls) · L)
 
-(the operands are fp32 in memory in both precisions: bf16 products read them as they lie). It is
-a lower bound, not an estimate: the element-wise kernels' traffic, the products' outputs and any
-imperfect overlap only add to it. Each case's bound is printed beside the time bench measured
+(an operand element is 2 bytes in bf16, 4 in fp32; a conversion reads 4 bytes and writes 2; a
+file from before gemm_operand_bytes counts 4 bytes per operand element). It is a lower bound, not
+an estimate: the element-wise kernels' traffic, the products' outputs and any imperfect overlap
+only add to it. Each case's bound is printed beside the time bench measured
 for it where there is one (the /attention row's forward + backward, the /train row's step), with
 the measured time over the bound; --plot draws both against n, --json writes them. The device figures and their
 sources are in docs/gpu.md.
@@ -64,9 +67,13 @@ def bounds(f, dev, launch_s):
     for i, (kind, variant, prec) in enumerate(zip(text(g["kind"][()]), text(g["variant"][()]),
                                                   text(g["precision"][()]))):
         flops = float(g["gemm_flops"][i])
-        elems = float(g["gemm_operand_elements"][i])
+        if "gemm_operand_bytes" in g:
+            nbytes = float(g["gemm_operand_bytes"][i])
+        else:  # written before the bytes were counted: every operand fp32
+            nbytes = 4.0 * float(g["gemm_operand_elements"][i])
+        nbytes += 6.0 * float(g["elements_converted"][i])
         calls = float(g["gemm_calls"][i]) + float(g["kernel_launches"][i])
-        parts = {"flops": flops / dev[prec], "bytes": 4.0 * elems / dev["bw"],
+        parts = {"flops": flops / dev[prec], "bytes": nbytes / dev["bw"],
                  "launches": calls * launch_s}
         limit = max(parts, key=parts.get)
         rows.append({"kind": kind, "variant": variant, "n": int(g["n"][i]), "precision": prec,

@@ -27,8 +27,9 @@ struct device_counts {
   double gemm_flops;            /* 2·M·N·K·batch over them */
   double gemm_operand_elements; /* distinct elements they read: A and B (an operand of stride 0
                                  * in a batch once), and C where beta ≠ 0 */
-  double elements_converted;    /* elements converted between precisions by a pass of their own
-                                 * (0: bf16 products read the fp32 operands, gpu/blas.cu) */
+  double gemm_operand_bytes;    /* the bytes of those elements: 2 for a bf16 operand, 4 for fp32 */
+  double elements_converted;    /* elements copied into another precision: bf16 copies of fp32
+                                 * arrays that bf16 products read (gpu_to_bf16) */
   double kernel_launches;       /* gpu/'s own kernels (cuBLAS's not included) */
   double mallocs;               /* cudaMalloc calls of the pool */
   double pool_live_peak_bytes;  /* the pool's blocks in use, and with its cache, at their peaks */

@@ -6,7 +6,7 @@
 . "$TESTDIR/tap.sh"
 . "$EMU_SRC/tap_cmocka.sh"
 G="$EMU_BUILD/test_gpu_fma_emu"
-SEQ=test_gpu_fma_seq
+SEQ="test_gpu_fma_seq*"  # fp32 and bf16
 cmocka_tap "index order" env CUDAEMU_ORDER=index "$G"
 cmocka_tap "reversed order, no memory pool (every block exactly its size)" env CUDAEMU_ORDER=reverse FMATTN_GPU_POOL=0 "$G"
 cmocka_tap "shuffled order (seed 12345)" env CUDAEMU_ORDER=shuffle:12345 "$G"
