@@ -537,7 +537,8 @@ struct workspace {
   float *S, *dP, *dKf, *dVf, *o, *D;
   char *Kf, *Vf;     // as the operands
   void *Pb;          // bf16 products: (blocks, m, ld) bf16
-  char *qb, *doutb;  // bf16 products: the chunk's q and dout rows, (blocks, m, d) bf16
+  char *qb, *doutb;  // bf16 products: the chunk's q and dout rows, (blocks, m, d) bf16, in Pb's
+                     // block after P
   void **table;      // the near products' pointers (3 per block), reused in stream order
   char *ends;        // k's and v's padded ends (near_ends), 2·ns·m·d elements each
 };
@@ -563,10 +564,11 @@ workspace workspace_open(const gfma *g, const operands &x, bool backward) {
   w.S = get(m * ld);
   w.Kf = bytes(x.es * (w.blocks * nf + 1));
   w.Vf = bytes(x.es * (w.blocks * nf + 1));
-  if (bf16) {
-    w.Pb = bytes(sizeof(__nv_bfloat16) * (w.blocks * m * ld + 1));
-    w.qb = bytes(sizeof(__nv_bfloat16) * (w.blocks * m * d + 1));
-    if (backward) w.doutb = bytes(sizeof(__nv_bfloat16) * (w.blocks * m * d + 1));
+  if (bf16) {  // P, then q and dout, in one block (fewer blocks for the pool to fit)
+    const size_t np = w.blocks * m * ld, nq = w.blocks * m * d;
+    w.Pb = bytes(sizeof(__nv_bfloat16) * (np + (backward ? 2 : 1) * nq + 1));
+    w.qb = static_cast<char *>(w.Pb) + sizeof(__nv_bfloat16) * np;
+    if (backward) w.doutb = w.qb + sizeof(__nv_bfloat16) * nq;
   }
   if (!backward) return w;
   w.dP = get(m * ld);
@@ -580,9 +582,9 @@ workspace workspace_open(const gfma *g, const operands &x, bool backward) {
 }
 
 void workspace_close(workspace *w) {
-  for (void *p : {(void *)w->S, (void *)w->dP, (void *)w->Kf, (void *)w->Vf, (void *)w->dKf,
-                  (void *)w->dVf, (void *)w->o, (void *)w->D, (void *)w->ends, w->Pb, (void *)w->qb,
-                  (void *)w->doutb, (void *)w->table})
+  for (void *p :
+       {(void *)w->S, (void *)w->dP, (void *)w->Kf, (void *)w->Vf, (void *)w->dKf, (void *)w->dVf,
+        (void *)w->o, (void *)w->D, (void *)w->ends, w->Pb, (void *)w->table})
     gpu_free(p);
 }
 

@@ -268,6 +268,15 @@ static void test_gpu_fma_chunks(void **state) {
   gpu_fma_set_workspace(0);
 }
 
+/* Teardown of the tests that set the precision or the workspace budget: the defaults again, also
+ * after a failure (fail_msg leaves the test at once), so that no later test runs in their mode. */
+static int defaults_again(void **state) {
+  (void)state;
+  gpu_set_bf16(false);
+  gpu_fma_set_workspace(0);
+  return 0;
+}
+
 /* bf16 operands with fp32 accumulation against the fp32 CPU op (the evaluation's products read
  * bf16 copies and bf16 probabilities), in one chunk and in chunks of about 6 query blocks. */
 static void test_gpu_fma_bf16(void **state) {
@@ -425,11 +434,16 @@ static void test_gpu_fma_seq_bf16(void **state) {
 }
 
 static const struct CMUnitTest gpu_fma_tests[] = {
-    cmocka_unit_test(test_gpu_fma_conv),       cmocka_unit_test(test_gpu_fma_avg),
-    cmocka_unit_test(test_gpu_fma_m2m),        cmocka_unit_test(test_gpu_fma_linear_conv),
-    cmocka_unit_test(test_gpu_fma_linear_m2m), cmocka_unit_test(test_gpu_fma_chunks),
-    cmocka_unit_test(test_gpu_fma_bf16),       cmocka_unit_test(test_gpu_fma_causality),
-    cmocka_unit_test(test_gpu_fma_seq),        cmocka_unit_test(test_gpu_fma_seq_bf16),
+    cmocka_unit_test(test_gpu_fma_conv),
+    cmocka_unit_test(test_gpu_fma_avg),
+    cmocka_unit_test(test_gpu_fma_m2m),
+    cmocka_unit_test(test_gpu_fma_linear_conv),
+    cmocka_unit_test(test_gpu_fma_linear_m2m),
+    cmocka_unit_test_teardown(test_gpu_fma_chunks, defaults_again),
+    cmocka_unit_test_teardown(test_gpu_fma_bf16, defaults_again),
+    cmocka_unit_test(test_gpu_fma_causality),
+    cmocka_unit_test(test_gpu_fma_seq),
+    cmocka_unit_test_teardown(test_gpu_fma_seq_bf16, defaults_again),
 };
 
 /* main: the tests on the device of this rank (its attention implementations registered), or one
