@@ -2,9 +2,9 @@
 // budget; per chunk the near (P2P) and far (M2P, gathered listed summaries) scores as batched
 // GEMMs, one fused SIMT softmax over [near | far], then the value GEMMs. Backward recomputes the
 // scores from lse; gradients several blocks touch are summed per target row in a fixed order.
-// With bf16 products the products read bf16 operands: q, k, v, dout and the summaries copied
-// into bf16 once per evaluation, the probabilities and their gradients written in bf16 by the
-// softmax kernels themselves (the products' fp32 outputs, the scores, stay fp32).
+// With bf16 products the products read bf16 operands: k, v and the summaries copied into bf16
+// once per evaluation, q and dout per chunk, the probabilities and their gradients written in bf16
+// by the softmax kernels themselves (the products' fp32 outputs, the scores, stay fp32).
 #include <cuda_bf16.h>
 
 #include "check.h"
@@ -396,7 +396,7 @@ void blocks_in_keys(const near_geom &k, long g0, long g1, int s, long *ga, long 
 // XV, as they lie (fp32 products), or bf16 copies (bf16 products: cuBLAS takes no mix of the two,
 // and the probabilities the softmax writes are bf16). k, v and the summaries are copied once per
 // evaluation (a block's near keys and far summaries lie anywhere), q and dout per chunk, only the
-// chunk's rows (chunk_of), so the copies hold half of what the chunk loop's inputs do.
+// chunk's rows (chunk_of, into the chunk's workspace).
 struct operands {
   gpu_elem type;
   long es;                // bytes per element
@@ -460,18 +460,17 @@ void scores(const gfma *g, const chunk &c) {
   const long m = g->m, d = g->d, ld = c.ld, es = c.x->es;
   const float scale = 1.0f / sqrtf((float)d);
   const int ns = g->ns;
-  const char *q0 = rows_at(c, c.q, c.g0, m * d);
   // one product over the chunk's blocks and every near key block they read (key block b − 1 + s
   // at column s·m of block b's scores)
   {
     const gpu_op_time t(TIMER_P2P);
     near_gemm(c.x->type, c.geo, c.table, false, true, m, ns * m, d, scale,
-              query_side(q0, m * d, es), d, key_side(c.x->k, c.kends, es), d, 0.0f,
+              query_side(c.q, m * d, es), d, key_side(c.x->k, c.kends, es), d, 0.0f,
               query_side(c.S, m * ld, sizeof(float)), ld, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
     const gpu_op_time t(TIMER_M2P);
-    gpu_gemm_as(c.x->type, false, true, m, g->nfmax, d, scale, q0, d, m * d, c.Kf, d, g->nfmax * d,
+    gpu_gemm_as(c.x->type, false, true, m, g->nfmax, d, scale, c.q, d, m * d, c.Kf, d, g->nfmax * d,
                 0.0f, c.S + g->ns * m, ld, m * ld, c.g1 - c.g0);
   }
 }
@@ -641,7 +640,6 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
                                                   bf16_of(c));
   LAUNCH_CHECK(probabilities);
   gpu_op_end(span);
-  const char *dout0 = rows_at(c, c.dout, c.g0, m * d), *q0 = rows_at(c, c.q, c.g0, m * d);
   const char *P = static_cast<const char *>(c.P);
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
     values(g, c, w.o);
@@ -652,7 +650,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const int ns = g->ns;
   // dP of the near columns, every offset at once; dv key block by key block (one product per
   // offset over the blocks whose key block it is in the array: outputs of one product must differ)
-  near_gemm(type, c.geo, c.table, false, true, m, ns * m, d, 1.0f, query_side(dout0, m * d, es), d,
+  near_gemm(type, c.geo, c.table, false, true, m, ns * m, d, 1.0f, query_side(c.dout, m * d, es), d,
             key_side(c.x->v, c.vends, es), d, 0.0f, query_side(w.dP, m * ld, f4), ld, c.g0, c.g1, 0,
             ns * m, ns);
   const near_operand dv_side = {nullptr, 0,       true, reinterpret_cast<char *>(dv),
@@ -668,9 +666,9 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   gpu_op_end(span);
   if (nf) {
     const gpu_op_time t(TIMER_M2P);
-    gpu_gemm_as(type, false, true, m, nf, d, 1.0f, dout0, d, m * d, c.Vf, d, nf * d, 0.0f,
+    gpu_gemm_as(type, false, true, m, nf, d, 1.0f, c.dout, d, m * d, c.Vf, d, nf * d, 0.0f,
                 w.dP + g->ns * m, ld, m * ld, nc);
-    gpu_gemm_as(type, true, false, nf, d, m, 1.0f, P + g->ns * m * es, ld, m * ld, dout0, d, m * d,
+    gpu_gemm_as(type, true, false, nf, d, m, 1.0f, P + g->ns * m * es, ld, m * ld, c.dout, d, m * d,
                 0.0f, w.dVf, d, nf * d, nc);
   }
   span = gpu_op_begin(TIMER_P2P);
@@ -698,7 +696,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
     const gpu_op_time t(TIMER_M2P);
     gpu_gemm_as(type, false, false, m, d, nf, scale, dS + g->ns * m * es, ld, m * ld, c.Kf, d,
                 nf * d, 1.0f, dq + c.g0 * m * d, d, m * d, nc);
-    gpu_gemm_as(type, true, false, nf, d, m, scale, dS + g->ns * m * es, ld, m * ld, q0, d, m * d,
+    gpu_gemm_as(type, true, false, nf, d, m, scale, dS + g->ns * m * es, ld, m * ld, c.q, d, m * d,
                 0.0f, w.dKf, d, nf * d, nc);
   }
 }
