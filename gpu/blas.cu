@@ -169,8 +169,10 @@ constexpr double kProbeSeconds = 1.0;  // of timed products per rate, at least 5
 
 extern "C" double gpu_gemm_gflops(bool bf16) {
   const float one = 1.0f, zero = 0.0f;
-  // as gpu_gemm runs them: fp32 operands, bf16 tensor-core math when bf16
-  const cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  // fp32: fp32 operands and math, as gpu_gemm runs them. bf16: bf16 operands (gpu_gemm_as's), the
+  // device's tensor-core rate. gpu_gemm's fp32 operands with bf16 math (COMPUTE_32F_FAST_16BF)
+  // ran at 0.45x that rate on an H200 (docs/gpu.md): not the machine's ceiling.
+  const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
@@ -180,11 +182,19 @@ extern "C" double gpu_gemm_gflops(bool bf16) {
   for (int n = 1024; rate == 0.0; n *= 2) {
     const size_t nn = (size_t)n * n;
     float *a = random_matrix(nn, 1), *b = random_matrix(nn, 2);
+    void *a16 = nullptr, *b16 = nullptr;
+    if (bf16) {
+      a16 = gpu_alloc(MEM_WORKSPACE, 2 * nn);
+      b16 = gpu_alloc(MEM_WORKSPACE, 2 * nn);
+      gpu_to_bf16(a16, a, nn);
+      gpu_to_bf16(b16, b, nn);
+    }
+    const void *A = bf16 ? a16 : a, *B = bf16 ? b16 : b;
     auto *c = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * nn));
     auto product_ms = [&] {
       CUDA_CHECK(cudaEventRecord(e0, gpu_stream()));
-      CUBLAS_CHECK(cublasGemmEx(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a,
-                                CUDA_R_32F, n, b, CUDA_R_32F, n, &zero, c, CUDA_R_32F, n, compute,
+      CUBLAS_CHECK(cublasGemmEx(gpu_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, in, n, B,
+                                in, n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
       CUDA_CHECK(cudaEventRecord(e1, gpu_stream()));
       CUDA_CHECK(cudaEventSynchronize(e1));
@@ -204,6 +214,8 @@ extern "C" double gpu_gemm_gflops(bool bf16) {
     }
     gpu_free(a);
     gpu_free(b);
+    gpu_free(a16);
+    gpu_free(b16);
     gpu_free(c);
   }
   CUDA_CHECK(cudaEventDestroy(e0));

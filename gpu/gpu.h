@@ -128,9 +128,10 @@ void gpu_gemm_as(gpu_elem type, bool ta, bool tb, long M, long N, long K, float 
 /* dst (n bf16 values) = src rounded to nearest even: a conversion pass (counted). */
 void gpu_to_bf16(void *dst, const float *src, size_t n);
 
-/* The device's GEMM rate, GFLOP/s, as gpu_gemm runs products: square products of random fp32
- * operands, fp32 or bf16 tensor-core math (fp32 accumulation), sized up from 1024 until one takes
- * 20 ms (at most 16384), then repeated until a second of them is timed: the median. */
+/* The device's GEMM rate, GFLOP/s: square products of random operands, fp32 (fp32 math, as
+ * gpu_gemm runs them) or bf16 (tensor-core math, as gpu_gemm_as runs bf16 operands), fp32
+ * accumulation, sized up from 1024 until one takes 20 ms (at most 16384), then repeated until a
+ * second of them is timed: the median. */
 double gpu_gemm_gflops(bool bf16);
 /* gpu_gemm batched over two indices: product (i, j), i < b1, j < b2, reads A + i·sA1 + j·sA2
  * and B likewise and writes C + i·sC1 + j·sC2 (a stride may be 0 for A and B; C's pairs must

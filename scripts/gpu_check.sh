@@ -78,7 +78,7 @@ if [ -z "$FMATTN" ]; then
         say "compute-sanitizer --tool $tool tests/$t"
         env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
           "$WORK/tree/tests/$t" > "$WORK/sanitizer_${tool}_$t.log" 2>&1 || true
-        summary=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$WORK/sanitizer_${tool}_$t.log" | tail -n 1)
+        summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' "$WORK/sanitizer_${tool}_$t.log" | tail -n 1)
         echo "$tool $t: ${summary:-no summary (see sanitizer_${tool}_$t.log)}" >> "$WORK/sanitizer.txt"
       done
     done

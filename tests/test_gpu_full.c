@@ -175,8 +175,10 @@ static void test_gpu_full_chunks(void **state) {
   gpu_set_exact_workspace(0);
 }
 
-/* bf16 operands in every product of the blocked form (gpu_set_bf16): within TOL_BF16 of the fp32
- * CPU op, and measurably not the fp32 result (the products did round). */
+/* bf16 in every product of the blocked form (gpu_set_bf16): within TOL_BF16 of the fp32 CPU op.
+ * Its products take fp32 operands with bf16 math permitted (CUBLAS_COMPUTE_32F_FAST_16BF), which
+ * cuBLAS may keep in fp32 for a shape (on an H200: d = 16); under the emulation, which always
+ * rounds, the result must also be measurably not the fp32 one (the products did round). */
 static void test_gpu_full_bf16(void **state) {
   const struct exact_case cases[] = {
       {0, true, 64}, {0, false, 32}, {12, true, 16}, {70, false, 64}};
@@ -191,7 +193,7 @@ static void test_gpu_full_bf16(void **state) {
       print_message("# %s: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", name, x.e[0], x.e[1],
                     x.e[2], x.e[3], x.e[4]);
     errs_assert(&x, TOL_BF16, TOL_BF16, name);
-    if (!(x.e[0] > 10 * TOL_OUT))
+    if (TU_GPU_EMU && !(x.e[0] > 10 * TOL_OUT))
       fail_msg("%s: out within fp32's tolerance: were the operands bf16?", name);
   }
 }

@@ -260,7 +260,7 @@ bool tu_gpu_begin(int *argc, char ***argv, const char *name, tu_gpu_open_fn open
     return false;
   }
   cmocka_set_message_output(CM_OUTPUT_TAP);
-  const char *filter = emulated ? getenv("CUDAEMU_TEST_FILTER") : NULL;
+  const char *filter = getenv(emulated ? "CUDAEMU_TEST_FILTER" : "FMATTN_TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);
   *rc = 0;
   return true;

@@ -193,9 +193,10 @@ int tu_causality(struct attn_ctx *ctx, const float *params, const float *q, cons
  * tests/cudaemu/, which define TU_GPU_EMULATED and include them). tu_gpu_begin: MPI up, rank 0's
  * TAP stream, the device opened by open (0, or the reason in err); true to go on, else *rc is the
  * exit status: 0 with TAP's skip-all plan natively (no GPU here), 1 under the emulation (there is
- * always a device: a skip would hide a failure). Emulated, the test filter CUDAEMU_TEST_FILTER
- * (the mutation check's) applies. tu_gpu_end: the device closed, device memory still allocated
- * (leaked; NULL natively) a failure, MPI down; returns the exit status. */
+ * always a device: a skip would hide a failure). The test filter applies: CUDAEMU_TEST_FILTER
+ * emulated (the mutation check's), FMATTN_TEST_FILTER natively (a sanitizer run of a few tests).
+ * tu_gpu_end: the device closed, device memory still allocated (leaked; NULL natively) a failure,
+ * MPI down; returns the exit status. */
 typedef int (*tu_gpu_open_fn)(char *err, size_t len);
 bool tu_gpu_begin(int *argc, char ***argv, const char *name, tu_gpu_open_fn open, bool emulated,
                   int *rc);

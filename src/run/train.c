@@ -321,9 +321,13 @@ static struct step_stats train_step(struct run_state *rs, long step, bool diag_n
   sums[1] = (double)c;
   model_backward(m, step);
 
+  /* the phase timers wait for the device's queue (a no-op on the CPU): the backward's queued tail
+   * is neither the allreduce's time nor the optimizer's */
+  m->be->sync();
   timer_start(TIMER_COMM);
   model_allreduce_grads(m);
   comm_allreduce_sum_double(comm, COMM_WORLD, sums, 2);
+  m->be->sync();
   timer_stop(TIMER_COMM);
   float poison; /* the test suite's faults (fault.h) */
   if (fault_poison(FAULT_GRAD, step + 1, &poison)) model_poison_grad(m, poison);
