@@ -95,6 +95,9 @@ struct attn_row {
   char downsample[64]; /* the variant's option label (fma: conv, m2m or avg); "-" otherwise */
   double n, open, heads, head_dim, causal;
   double fwd_ms, bwd_ms, workspace_bytes, gflops, p2p_gflops;
+  /* per forward + backward, mean over the repetitions: the FMM phases' timers (the device's time
+   * of the operators on a GPU; thread-milliseconds on the CPU) */
+  double p2p_ms, m2p_ms, p2m_ms, m2m_ms;
 };
 
 /* One attention op to time, on the back end of the deck's parallel.device: its context, its
@@ -321,18 +324,25 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   const size_t ws0 = workspace_reset(o.be);
   double *tf = xmalloc(sizeof(double) * (size_t)repeats),
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
-  double p2p_ms = 0.0;
+  static const enum timer_id phases[4] = {TIMER_P2P, TIMER_M2P, TIMER_P2M, TIMER_M2M};
+  double phase_ms[4] = {0};
   for (int r = -1; r < repeats; r++) { /* r = −1: warm-up */
     if (r == 0) counts_begin(o.be);
-    const double p0 = timer_total_ms(TIMER_P2P);
+    double p0[4];
+    for (int i = 0; i < 4; i++) p0[i] = timer_total_ms(phases[i]);
     double f, b;
     timed_op_run(&o, &f, &b);
     if (r >= 0) {
       tf[r] = 1e3 * f;
       tb[r] = 1e3 * b;
-      p2p_ms += timer_total_ms(TIMER_P2P) - p0;
+      for (int i = 0; i < 4; i++) phase_ms[i] += timer_total_ms(phases[i]) - p0[i];
     }
   }
+  const double p2p_ms = phase_ms[0];
+  row->p2p_ms = phase_ms[0] / repeats;
+  row->m2p_ms = phase_ms[1] / repeats;
+  row->p2m_ms = phase_ms[2] / repeats;
+  row->m2m_ms = phase_ms[3] / repeats;
   snprintf(row->variant, sizeof row->variant, "%s%s", v->name,
            cfg->attention.heads_mode == HEADS_FISH ? "+fish" : "");
   counts_end(o.be, cfg, "attention", row->variant, n, 1, repeats);
@@ -367,6 +377,15 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
   if (!isnan(row->p2p_gflops))
     message("  %-10s             near field (P2P): %.1f GFLOP/s (%.1f%% of GEMM)", "",
             row->p2p_gflops, 100.0 * row->p2p_gflops / rate);
+  /* on a GPU the phases are the device's time of their operators, in one stream: what they leave
+   * of the forward + backward is the rest (head copies, zeroing, the kernels outside an operator)
+   */
+  const double phased = row->p2p_ms + row->m2p_ms + row->p2m_ms + row->m2m_ms;
+  if (be->device == DEVICE_GPU && phased > 0)
+    message(
+        "  %-10s             per forward + backward: P2P %.2f ms, M2P %.2f, P2M %.2f, M2M %.2f, "
+        "the rest %.2f",
+        "", row->p2p_ms, row->m2p_ms, row->p2m_ms, row->m2m_ms, row->fwd_ms + row->bwd_ms - phased);
   return true;
 }
 
@@ -881,6 +900,12 @@ static const struct column attn_columns[] = {
     NUM(attn_row, workspace_bytes, "bytes of peak workspace, forward+backward"),
     NUM(attn_row, gflops, "GFLOP/s: 3 x forward model FLOPs / (fwd + bwd time)"),
     NUM(attn_row, p2p_gflops, "GFLOP/s of the near field (NaN when none)"),
+    NUM(attn_row, p2p_ms,
+        "milliseconds of the near field (P2P) per forward + backward, mean: the device's time of "
+        "its operators on a GPU, the threads' summed time on the CPU"),
+    NUM(attn_row, m2p_ms, "milliseconds of the far field (M2P), as p2p_ms"),
+    NUM(attn_row, p2m_ms, "milliseconds of the summaries' first level (P2M), as p2p_ms"),
+    NUM(attn_row, m2m_ms, "milliseconds of the coarser levels (M2M), as p2p_ms"),
 };
 static const struct column train_columns[] = {
     NUM(train_row, n, "tokens per sequence"),
