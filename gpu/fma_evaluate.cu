@@ -15,10 +15,11 @@
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr unsigned kSoft = 64;   // threads per score row in the softmax
-constexpr unsigned kRow = 32;    // threads per summary row in the gathers
-constexpr unsigned kWarps = 8;   // warps per summary row in scatter_far, each a share of its refs
-constexpr unsigned kGather = 8;  // listed windows per block in gather_far
+constexpr unsigned kLanes = 32;    // a warp: one score row in the softmax kernels
+constexpr unsigned kSoftRows = 8;  // score rows (warps) per block of the softmax kernels
+constexpr unsigned kRow = 32;      // threads per summary row in the gathers
+constexpr unsigned kWarps = 8;     // warps per summary row in scatter_far, each a share of its refs
+constexpr unsigned kGather = 8;    // listed windows per block in gather_far
 
 size_t budget_bytes = 0;  // 0: kDefaultBudget
 constexpr size_t kDefaultBudget = size_t(1) << 30;
@@ -56,83 +57,92 @@ __device__ inline bool visible(const gfma_mask &mk, int lb, int r, int c, float 
   return true;
 }
 
-// Block-wide max or sum of v over kSoft threads through red (kSoft floats); every thread gets it.
-__device__ float block_reduce(float v, float *red, bool take_max) {
-  red[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned o = kSoft / 2; o > 0; o >>= 1) {
-    if (threadIdx.x < o)
-      red[threadIdx.x] = take_max ? fmaxf(red[threadIdx.x], red[threadIdx.x + o])
-                                  : red[threadIdx.x] + red[threadIdx.x + o];
-    __syncthreads();
-  }
-  const float r = red[0];
-  __syncthreads();  // red is written again by the next reduction
-  return r;
+// Max and sum over a warp's lanes; every lane gets it.
+__device__ inline float warp_max(float v) {
+  for (unsigned o = kLanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline float warp_sum(float v) {
+  for (unsigned o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
-// grid (rows of the chunk), block kSoft: one query row per block — its scores S (ld columns) become
-// probabilities, masked columns 0, in place or (bf16 products) into Pb, and lse = max + log Σ.
-// Chunk row `row` is query r of flattened block g0 + row/m (head h, slab block lb). CPU twin:
-// rows_softmax (evaluate.c), with the masks and log-weights of fma_P2P_scores and fma_M2P_scores.
-__global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int g0,
+// The softmax kernels: grid (rows / kSoftRows, rounded up), block (kLanes, kSoftRows), one score
+// row of ld columns per warp, its lanes along the row (no block barrier; a warp past the last
+// row leaves whole). Chunk row `row` is query r of flattened block g0 + row/m (head h, slab block
+// lb); which columns it sees, and their log-weights, `visible` says, in every pass.
+struct soft_row {
+  int row, gl, lb, r;
+};
+__device__ inline bool soft_row_of(const gfma_mask &mk, int g0, int rows, soft_row *x) {
+  x->row = (int)(blockIdx.x * kSoftRows + threadIdx.y);
+  if (x->row >= rows) return false;
+  x->gl = g0 + x->row / mk.m;
+  x->lb = x->gl % mk.nbs;
+  x->r = x->row % mk.m;
+  return true;
+}
+
+// One query row's scores S become probabilities, masked columns 0, in place or (bf16 products)
+// into Pb (S then left as it is), and lse = max + log Σ. Three passes over the row (the max, the
+// sum, the probabilities), the re-reads from cache. CPU twin: rows_softmax (evaluate.c), with the
+// masks and log-weights of fma_P2P_scores and fma_M2P_scores.
+__global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int g0, int rows,
                                 __nv_bfloat16 *Pb) {
-  __shared__ float red[kSoft];
-  const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
-  float *s = S + (size_t)row * ld;
-  float mx = -INFINITY;
-  for (int c = threadIdx.x; c < ld; c += kSoft) {
-    float add;
-    const float v = visible(mk, lb, r, c, &add) ? s[c] + add : -INFINITY;
-    s[c] = v;
-    mx = fmaxf(mx, v);
-  }
-  mx = block_reduce(mx, red, true);
+  soft_row x;
+  if (!soft_row_of(mk, g0, rows, &x)) return;
+  float *s = S + (size_t)x.row * ld;
+  float mx = -INFINITY, add;
+  for (int c = threadIdx.x; c < ld; c += kLanes)
+    if (visible(mk, x.lb, x.r, c, &add)) mx = fmaxf(mx, s[c] + add);
+  mx = warp_max(mx);
   float sum = 0.0f;
-  for (int c = threadIdx.x; c < ld; c += kSoft) sum += expf(s[c] - mx);
-  sum = block_reduce(sum, red, false);
+  for (int c = threadIdx.x; c < ld; c += kLanes)
+    if (visible(mk, x.lb, x.r, c, &add)) sum += expf(s[c] + add - mx);
+  sum = warp_sum(sum);
   const float inv = 1.0f / sum;  // sum ≥ 1: the query sees itself
-  for (int c = threadIdx.x; c < ld; c += kSoft) {
-    const float pr = expf(s[c] - mx) * inv;
+  for (int c = threadIdx.x; c < ld; c += kLanes) {
+    const float pr = visible(mk, x.lb, x.r, c, &add) ? expf(s[c] + add - mx) * inv : 0.0f;
     if (Pb)
-      Pb[(size_t)row * ld + c] = __float2bfloat16(pr);
+      Pb[(size_t)x.row * ld + c] = __float2bfloat16(pr);
     else
       s[c] = pr;
   }
-  if (threadIdx.x == 0) lse[(size_t)gl * mk.m + r] = mx + logf(sum);
+  if (threadIdx.x == 0) lse[(size_t)x.gl * mk.m + x.r] = mx + logf(sum);
 }
 
-// grid (rows of the chunk), block kSoft: P = exp(S + log-weight − lse) of one score row, masked
-// 0, in place or (bf16 products) into Pb, S left as it is. CPU twin: rows_probabilities.
-__global__ void probabilities(float *S, const float *lse, int ld, gfma_mask mk, int g0,
+// P = exp(S + log-weight − lse) of one score row, masked 0, in place or (bf16 products) into Pb,
+// S left as it is. CPU twin: rows_probabilities.
+__global__ void probabilities(float *S, const float *lse, int ld, gfma_mask mk, int g0, int rows,
                               __nv_bfloat16 *Pb) {
-  const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
-  const float L = lse[(size_t)gl * mk.m + r];
-  float *s = S + (size_t)row * ld;
-  for (int c = threadIdx.x; c < ld; c += kSoft) {
+  soft_row x;
+  if (!soft_row_of(mk, g0, rows, &x)) return;
+  const float L = lse[(size_t)x.gl * mk.m + x.r];
+  float *s = S + (size_t)x.row * ld;
+  for (int c = threadIdx.x; c < ld; c += kLanes) {
     float add;
-    const float pr = visible(mk, lb, r, c, &add) ? expf(s[c] + add - L) : 0.0f;
+    const float pr = visible(mk, x.lb, x.r, c, &add) ? expf(s[c] + add - L) : 0.0f;
     if (Pb)
-      Pb[(size_t)row * ld + c] = __float2bfloat16(pr);
+      Pb[(size_t)x.row * ld + c] = __float2bfloat16(pr);
     else
       s[c] = pr;
   }
 }
 
-// grid (rows of the chunk), block kSoft: dS = P ∘ (dP − D) of one row, masked 0: in place in dP
-// with P the probabilities; or (bf16 products) into dSb, with P the scores, whose probabilities
-// it recomputes from lse as `probabilities` did (the same bits). D: the chunk's rows. CPU twin:
-// rows_softmax_backward.
+// dS = P ∘ (dP − D) of one row, masked 0: in place in dP with P the probabilities; or (bf16
+// products) into dSb, with P the scores, whose probabilities it recomputes from lse as
+// `probabilities` did (the same bits). D: the chunk's rows. CPU twin: rows_softmax_backward.
 __global__ void softmax_backward(float *dP, const float *P, const float *D, int ld, gfma_mask mk,
-                                 int g0, const float *lse, __nv_bfloat16 *dSb) {
-  const int row = blockIdx.x, gl = g0 + row / mk.m, lb = gl % mk.nbs, r = row % mk.m;
-  const size_t at = (size_t)row * ld;
-  const float L = dSb ? lse[(size_t)gl * mk.m + r] : 0.0f;
-  for (int c = threadIdx.x; c < ld; c += kSoft) {
+                                 int g0, int rows, const float *lse, __nv_bfloat16 *dSb) {
+  soft_row x;
+  if (!soft_row_of(mk, g0, rows, &x)) return;
+  const size_t at = (size_t)x.row * ld;
+  const float L = dSb ? lse[(size_t)x.gl * mk.m + x.r] : 0.0f;
+  for (int c = threadIdx.x; c < ld; c += kLanes) {
     float add, ds = 0.0f;
-    if (visible(mk, lb, r, c, &add)) {
+    if (visible(mk, x.lb, x.r, c, &add)) {
       const float pr = dSb ? expf(P[at + c] + add - L) : P[at + c];
-      ds = pr * (dP[at + c] - D[row]);
+      ds = pr * (dP[at + c] - D[x.row]);
     }
     if (dSb)
       dSb[at + c] = __float2bfloat16(ds);
@@ -499,11 +509,16 @@ __nv_bfloat16 *bf16_of(const chunk &c) {
   return c.P == c.S ? nullptr : static_cast<__nv_bfloat16 *>(c.P);
 }
 
+unsigned soft_grid(long rows) {
+  return gpu_int((rows + kSoftRows - 1) / kSoftRows, "softmax row groups");
+}
+dim3 soft_block() { return dim3(kLanes, kSoftRows); }
+
 void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   const gpu_op_time t(TIMER_P2P);  // the fused softmax over [near | far] counts as near field
   const long rows = (c.g1 - c.g0) * g->m;
-  softmax_forward<<<gpu_int(rows, "softmax rows"), kSoft, 0, gpu_stream()>>>(
-      c.S, lse, (int)c.ld, mask_of(g), (int)c.g0, bf16_of(c));
+  softmax_forward<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+      c.S, lse, (int)c.ld, mask_of(g), (int)c.g0, gpu_int(rows, "softmax rows"), bf16_of(c));
   LAUNCH_CHECK(softmax_forward);
 }
 
@@ -636,8 +651,8 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   // device time: the near field's products and the fused softmax's passes TIMER_P2P, the far
   // field's products TIMER_M2P
   int span = gpu_op_begin(TIMER_P2P);
-  probabilities<<<rows, kSoft, 0, gpu_stream()>>>(c.S, lse, (int)ld, mask_of(g), (int)c.g0,
-                                                  bf16_of(c));
+  probabilities<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+      c.S, lse, (int)ld, mask_of(g), (int)c.g0, (int)rows, bf16_of(c));
   LAUNCH_CHECK(probabilities);
   gpu_op_end(span);
   const char *P = static_cast<const char *>(c.P);
@@ -674,8 +689,8 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   span = gpu_op_begin(TIMER_P2P);
   // dS: in place in dP, or (bf16 products) into c.P from the scores in c.S
   const char *dS = w.Pb ? P : reinterpret_cast<const char *>(w.dP);
-  softmax_backward<<<rows, kSoft, 0, gpu_stream()>>>(w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0,
-                                                     lse, bf16_of(c));
+  softmax_backward<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+      w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0, (int)rows, lse, bf16_of(c));
   LAUNCH_CHECK(softmax_backward);
   // dq from every near key block at once; dk key block by key block
   near_gemm(type, c.geo, c.table, false, false, m, d, ns * m, scale, query_side(dS, m * ld, es), ld,
