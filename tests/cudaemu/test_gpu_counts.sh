@@ -187,12 +187,18 @@ assert list(b["seq_ranks"][()]) == [2], b["seq_ranks"][()]
 g1, g2 = a["gemm_calls"][()][0], b["gemm_calls"][()][0]
 assert 0 < g2 <= 1.2 * g1, (g1, g2)
 PY
-check "the FMA operators' device times fill bench's columns (near field rate; near and far per step)" py - <<'PY'
+check "the FMA operators' device times fill bench's columns (near field rate, the phases of an attention row; near and far per step)" py - <<'PY'
 import math, h5py
 a = h5py.File("out/r2/bench.h5", "r")["attention"]
 variants = [v.decode() for v in a["variant"][()]]
-p2p = a["p2p_gflops"][()][variants.index("fma")]
+i = variants.index("fma")
+p2p = a["p2p_gflops"][()][i]
 assert math.isfinite(p2p) and p2p > 0, p2p
+# the phases per forward + backward: filled (M2M may be 0: at this n summaries have one level),
+# together within the forward + backward's time
+phases = [a[c][()][i] for c in ("p2p_ms", "m2p_ms", "p2m_ms", "m2m_ms")]
+assert all(x > 0 for x in phases[:3]) and phases[3] >= 0, phases
+assert sum(phases) < a["fwd_ms"][()][i] + a["bwd_ms"][()][i], (phases, a["fwd_ms"][()][i], a["bwd_ms"][()][i])
 t = h5py.File("out/s1/bench.h5", "r")["train"]
 near, far, step = t["near_ms"][()][0], t["far_ms"][()][0], t["step_ms"][()][0]
 assert 0 < near and 0 < far and near + far < step, (near, far, step)
