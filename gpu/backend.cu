@@ -40,6 +40,7 @@ void fill_table() {
   table.counts_reset = gpu_counts_reset;
   table.counts_read = gpu_counts_read;
   table.trim = gpu_release_cache;
+  table.fill_normal = gpu_fill_normal;
   table.alloc = cuda_alloc;
   table.free = gpu_free;
   table.zero = cuda_zero;

@@ -165,7 +165,30 @@ float *random_matrix(size_t n, uint64_t seed) {
 
 constexpr double kProbeSeconds = 1.0;  // of timed products per rate, at least 5 of them
 
+// x[r·len + j] = rng_normal(seed, stream, a, r·key_stride + key0 + j, 0) of core/rng.c, its
+// Box–Muller in double rounded to float: rows along y, each row grid-stride along x (no division)
+__global__ void fill_normal(float *x, long rows, long len, long key_stride, long key0,
+                            uint64_t seed, uint64_t stream, uint64_t a) {
+  for (long r = blockIdx.y; r < rows; r += gridDim.y)
+    for (long j = (long)blockIdx.x * blockDim.x + threadIdx.x; j < len;
+         j += (long)gridDim.x * blockDim.x) {
+      const uint64_t bits = gpu_rng_bits(seed, stream, a, (uint64_t)(r * key_stride + key0 + j), 0);
+      const double u1 = ((double)(bits >> 11) + 1.0) * (1.0 / 9007199254740993.0); /* (0, 1] */
+      const double u2 = (double)(gpu_mix64(bits) >> 11) * (1.0 / 9007199254740992.0);
+      x[r * len + j] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
 }  // namespace
+
+extern "C" void gpu_fill_normal(float *x, long rows, long len, long key_stride, long key0,
+                                uint64_t seed, uint64_t stream, uint64_t a) {
+  if (rows <= 0 || len <= 0) return;
+  const size_t bx = gpu_blocks((size_t)len, 256);
+  const dim3 grid((unsigned)(bx < 1024 ? bx : 1024), (unsigned)(rows < 65535 ? rows : 65535));
+  fill_normal<<<grid, 256, 0, gpu_stream()>>>(x, rows, len, key_stride, key0, seed, stream, a);
+  LAUNCH_CHECK(fill_normal);
+}
 
 extern "C" double gpu_gemm_gflops(bool bf16) {
   const float one = 1.0f, zero = 0.0f;

@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/memory.h"
 
@@ -125,6 +126,12 @@ size_t gpu_elem_bytes(gpu_elem type);
 void gpu_gemm_as(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha,
                  const void *A, long lda, long sA, const void *B, long ldb, long sB, float beta,
                  float *C, long ldc, long sC, long batch);
+/* x (rows of len floats) = normal draws keyed by position: x[r·len + j] =
+ * (float)rng_normal(seed, stream, a, r·key_stride + key0 + j, 0), core/rng.c's function computed
+ * on the device (its double log and cos may differ from the host's in the last bit of a double,
+ * rarely of the float). */
+void gpu_fill_normal(float *x, long rows, long len, long key_stride, long key0, uint64_t seed,
+                     uint64_t stream, uint64_t a);
 /* dst (n bf16 values) = src rounded to nearest even: a conversion pass (counted). */
 void gpu_to_bf16(void *dst, const float *src, size_t n);
 

@@ -9,6 +9,7 @@
 
 #include "../gpu/gpu.h"
 #include "../src/attention/attention.h"
+#include "../src/core/rng.h"
 #include "../src/deck/config.h"
 #include "../src/model/backend.h"
 #include "../src/nn/layers.h"
@@ -284,6 +285,29 @@ static void test_gpu_gemm_bf16(void **state) {
   gpu_free(ga), gpu_free(gb), gpu_free(gc), gpu_free(ha), gpu_free(hb);
 }
 
+/* Normal draws on the device (bench's inputs): row r, element j keyed r·key_stride + key0 + j,
+ * the host's rng_normal rounded to float; natively within a rounding of it (the device's double
+ * log and cos), under the emulation the same bits. Rows of 1000 and a stride of 1500 keys. */
+static void test_gpu_fill_normal(void **state) {
+  const long rows = 3, len = 1000, key_stride = 1500, key0 = 77;
+  float *g = dev(sizeof(float) * rows * len), *x = malloc(sizeof(float) * rows * len);
+  gpu_fill_normal(g, rows, len, key_stride, key0, 7, RNG_TEST, 3);
+  gpu_download(x, g, sizeof(float) * rows * len);
+  double worst = 0.0;
+  for (long r = 0; r < rows; r++)
+    for (long j = 0; j < len; j++) {
+      const float want =
+          (float)rng_normal(7, RNG_TEST, 3, (uint64_t)(r * key_stride + key0 + j), 0);
+      const double e = fabs((double)x[r * len + j] - want) / fmax(fabs((double)want), 1e-30);
+      worst = fmax(worst, e);
+    }
+  if (TU_GPU_EMU && worst != 0.0) fail_msg("fill_normal: %.3e from the host's draws", worst);
+  if (!(worst <= 2e-7))
+    fail_msg("fill_normal: %.3e from the host's draws, above a rounding", worst);
+  free(x);
+  gpu_free(g);
+}
+
 /* Sinusoidal positions and rope (forward and its transpose) against the CPU ops. */
 static void test_gpu_positions(void **state) {
   const long B = 2, T = 9, t0 = 1000, H = 3;
@@ -544,6 +568,7 @@ static const struct CMUnitTest gpu_tests[] = {
     cmocka_unit_test(test_gpu_softmax_xent),
     cmocka_unit_test(test_gpu_gemm),
     cmocka_unit_test(test_gpu_gemm_bf16),
+    cmocka_unit_test(test_gpu_fill_normal),
     cmocka_unit_test(test_gpu_positions),
     cmocka_unit_test(test_gpu_dropout),
     cmocka_unit_test(test_gpu_heads),

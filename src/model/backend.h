@@ -53,6 +53,11 @@ struct backend {
    * after each case, so that the next case's reserved peak is its own, not its predecessors'. */
   void (*trim)(void);
 
+  /* x (rows of len floats) = (float)rng_normal(seed, stream, a, r·key_stride + key0 + j, 0) for
+   * element j of row r, drawn where x lies (NULL on the CPU: the caller draws on the host). */
+  void (*fill_normal)(float *x, long rows, long len, long key_stride, long key0, uint64_t seed,
+                      uint64_t stream, uint64_t a);
+
   /* Memory on the device, zeroed, labelled as memory.c's arenas are. */
   void *(*alloc)(enum mem_label label, size_t bytes);
   void (*free)(void *p);

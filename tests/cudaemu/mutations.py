@@ -159,6 +159,10 @@ MUTANTS = [
     ("adamw-off-by-one", "optimizer.cu", "void adamw(",
      "if (e >= n) return;", "if (e > n) return;",
      "adamw: one element past the end", "test_gpu_adamw", {}, 1),
+    ("fill-normal-row-keys", "blas.cu", "void fill_normal(",
+     "(uint64_t)(r * key_stride + key0 + j)", "(uint64_t)(r * len + key0 + j)",
+     "fill_normal: a row's keys at the row's offset in x, not in the key space (bench's inputs "
+     "would not be the same draws on every layout)", "test_gpu_fill_normal", {}, 1),
     ("allreduce-wrong-op", "comm.cu", "void allreduce_sum_float(",
      "ncclFloat32, ncclSum,", "ncclFloat32, ncclMax,",
      "the NCCL transport's allreduce: max instead of sum (2 ranks)", "test_gpu_nccl*", {}, 2),
