@@ -6,7 +6,14 @@
 # with the clocks logged beside each run, per-kernel times of fma at 128K (nsys, where it is
 # installed), PyTorch's SDPA with each backend pinned, and write docs/gpu/<device>.csv and the
 # roofline bound beside the measured times (<device>-roofline.txt). Usage, from the repository
-# root: sh scripts/gpu_check.sh [--quick]
+# root: sh scripts/gpu_check.sh [--quick] [--lease]
+#   --quick  the pipeline at toy sizes (minutes, and no claim worth keeping)
+#   --lease  sized for a lent GPU's 15 minutes (about 5 of running): fma at 16K, 128K and 1M in bf16
+#            and fp32, full attention at 16K, 3 repetitions (the long step 2), every sanitizer and
+#            benchmark step under a time limit, SDPA with Flash and cuDNN pinned
+# FMATTN=path: a program built --with-cuda elsewhere (no build here); GPU_TESTS=dir: its test
+# programs (test_gpu, test_gpu_model, test_gpu_full, test_gpu_fma), run natively and under the
+# sanitizers as a build here would.
 set -eu
 
 me=gpu_check.sh
@@ -16,8 +23,20 @@ die() {
   exit 1
 }
 
-QUICK=0 # --quick: the pipeline at toy sizes (minutes, and no claim worth keeping)
-[ "${1:-}" = --quick ] && QUICK=1
+QUICK=0 LEASE=0
+for a in "$@"; do
+  case $a in
+    --quick) QUICK=1 ;;
+    --lease) LEASE=1 ;;
+    *) die "unknown option $a (usage: sh scripts/gpu_check.sh [--quick] [--lease])" ;;
+  esac
+done
+# each sanitizer run and benchmark under a limit where `timeout` exists (--lease), else unbounded
+limit() {
+  secs=$1
+  shift
+  if [ "$LEASE" = 1 ] && command -v timeout >/dev/null 2>&1; then timeout "$secs" "$@"; else "$@"; fi
+}
 WORK=${WORK:-build-gpu}               # the scratch build and the runs
 FMATTN=${FMATTN:-}                    # a built fmattn to use instead of building one
 OUT_DIR=${OUT_DIR:-docs/gpu}
@@ -44,6 +63,7 @@ rm -f "$WORK/clocks.csv"
 command -v nvidia-smi >/dev/null 2>&1 || say "no nvidia-smi: clocks not logged"
 
 # ---- build (skipped when FMATTN names a program already built with a GPU back end) -------------
+GPU_TESTS=${GPU_TESTS:-}
 if [ -z "$FMATTN" ]; then
   CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
   [ -x "$CUDA_HOME/bin/nvcc" ] || die "no nvcc under CUDA_HOME=$CUDA_HOME (set CUDA_HOME)"
@@ -56,43 +76,62 @@ if [ -z "$FMATTN" ]; then
     make -C tests -j"$(nproc)" test_gpu test_gpu_model test_gpu_full test_gpu_fma) \
     > "$WORK/build.log" 2>&1 || die "the build failed: tail $WORK/build.log"
   FMATTN="$WORK/tree/src/fmattn"
-  # ---- the GPU tests, natively: every op, the whole model, the attentions; 2 ranks on 2 GPUs ---
+  GPU_TESTS="$WORK/tree/tests"
+fi
+# ---- the GPU tests, natively: every op, the whole model, the attentions; 2 ranks on 2 GPUs -----
+if [ -n "$GPU_TESTS" ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=4
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   for t in test_gpu test_gpu_model test_gpu_full test_gpu_fma; do
     say "tests/$t"
-    "$WORK/tree/tests/$t" > "$WORK/$t.tap" 2>&1 || die "tests/$t failed: $WORK/$t.tap"
+    "$GPU_TESTS/$t" > "$WORK/$t.tap" 2>&1 || die "tests/$t failed: $WORK/$t.tap"
     grep -c '^ok' "$WORK/$t.tap" | sed "s/^/$me:   passed: /"
   done
   if [ "$gpus" -ge 2 ]; then
-    mpirun -n 2 "$WORK/tree/tests/test_gpu_model" > "$WORK/test_gpu_model_2.tap" 2>&1 ||
+    mpirun -n 2 "$GPU_TESTS/test_gpu_model" > "$WORK/test_gpu_model_2.tap" 2>&1 ||
       die "tests/test_gpu_model on 2 ranks failed: $WORK/test_gpu_model_2.tap"
     say "tests/test_gpu_model on 2 GPUs (NCCL): passed"
   fi
   # ---- compute-sanitizer: memcheck without the pool (every block exactly its size), then the
-  # race, synchronisation and initialisation checkers; their error counts in sanitizer.txt ----
+  # race, synchronisation and initialisation checkers; their error counts in sanitizer.txt. With
+  # --lease each run has 90 s, racecheck (the slow one: test_gpu_fma took about 150 s on an H200)
+  # 180; a run out of time says so, and how many tests it finished, in its row. ----
   if command -v compute-sanitizer >/dev/null 2>&1; then
     : > "$WORK/sanitizer.txt"
     for tool in memcheck racecheck synccheck initcheck; do
+      secs=90
+      [ "$tool" = racecheck ] && secs=180
       for t in test_gpu test_gpu_fma; do
+        log="$WORK/sanitizer_${tool}_$t.log"
         say "compute-sanitizer --tool $tool tests/$t"
-        env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
-          "$WORK/tree/tests/$t" > "$WORK/sanitizer_${tool}_$t.log" 2>&1 || true
-        summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' "$WORK/sanitizer_${tool}_$t.log" | tail -n 1)
-        echo "$tool $t: ${summary:-no summary (see sanitizer_${tool}_$t.log)}" >> "$WORK/sanitizer.txt"
+        rc=0
+        limit "$secs" env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
+          "$GPU_TESTS/$t" > "$log" 2>&1 || rc=$?
+        summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' "$log" |
+          tail -n 1)
+        # stopped: no summary, but the tool prints each error or hazard as it finds it
+        [ "$rc" = 124 ] && summary="out of time after $(grep -c '^ok' "$log") tests, \
+$(grep -cE '^========= (Invalid|Error|Race|Barrier|Uninitialized)' "$log") errors printed"
+        echo "$tool $t: ${summary:-no summary (see $(basename "$log"))}" >> "$WORK/sanitizer.txt"
       done
     done
     sed "s/^/$me:   /" "$WORK/sanitizer.txt"
   else
     say "no compute-sanitizer on PATH: the sanitizer runs are skipped"
   fi
+else
+  say "FMATTN given without GPU_TESTS: the native tests and the sanitizer runs are skipped"
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------------------
 NS=4096,8192,16384,32768,65536,131072,262144,524288,1048576
 STEP_N=1024 LONG_N=1048576 BATCH=32 REPEATS=5
+VARIANTS=full,fma LONG_REPEATS=$REPEATS
+if [ "$LEASE" = 1 ]; then # full attention only at the first n (it is the correctness path)
+  NS=16384,131072,1048576 REPEATS=3 LONG_REPEATS=2 VARIANTS=fma
+fi
 if [ "$QUICK" = 1 ]; then
-  NS=256,512 STEP_N=128 LONG_N=1024 BATCH=2 REPEATS=1
+  NS=256,512 STEP_N=128 LONG_N=1024 BATCH=2 REPEATS=1 LONG_REPEATS=1
 fi
 small=""
 [ "$QUICK" = 1 ] && small="--set model.layers=2 --set model.dim=64 --set model.heads=2"
@@ -102,12 +141,15 @@ bench() { # name, then --set arguments
   say "bench $name"
   clocks "before $name"
   # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
-  "$FMATTN" inputs/bench_gpu.in --set run.name="$name" --set output.dir="$WORK/runs" \
+  limit 300 "$FMATTN" inputs/bench_gpu.in --set run.name="$name" --set output.dir="$WORK/runs" \
     --set bench.repeats=$REPEATS $small "$@" $EXTRA > "$WORK/$name.log" 2>&1 ||
     die "fmattn bench $name failed: $WORK/$name.log"
   clocks "after $name"
 }
-bench attention --set bench.n_list=$NS
+bench attention --set bench.n_list=$NS --set bench.variants=$VARIANTS
+if [ "$LEASE" = 1 ] && [ "$QUICK" = 0 ]; then
+  bench attention_full --set bench.n_list=16384 --set bench.variants=full
+fi
 bench attention_fp32 --set bench.n_list=$NS --set bench.variants=fma --set parallel.precision=fp32
 bench step --set bench.what=train --set bench.n_list=$STEP_N --set train.batch=$BATCH
 # 1M tokens: the enwik8 model's 28 activation buffers of T x dim floats are 84 GiB at dim 768, so
@@ -116,7 +158,8 @@ long_width="--set model.dim=512 --set model.heads=8"
 [ "$QUICK" = 1 ] && long_width=""
 # shellcheck disable=SC2086 # $long_width is a list of words
 bench long --set bench.what=train --set bench.n_list=$LONG_N --set train.batch=1 \
-  --set train.recompute=true --set model.position=sinusoidal $long_width
+  --set train.recompute=true --set model.position=sinusoidal --set bench.repeats=$LONG_REPEATS \
+  $long_width
 
 # ---- per-kernel times: fma forward + backward at 128K under Nsight Systems, where installed ------
 PROFILE_N=131072
@@ -133,8 +176,23 @@ if command -v nsys >/dev/null 2>&1; then
   else
     say "nsys failed (see $WORK/nsys.log); no per-kernel times"
   fi
+elif NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1) &&
+  [ -n "$NCU" ]; then
+  # Nsight Compute instead (the lent machines have no nsys): each kernel's device time inside the
+  # FMA operators' NVTX ranges, clocks as they are
+  say "ncu: per-kernel times of fma at n = $PROFILE_N (the operators' NVTX ranges)"
+  # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
+  if limit 180 "$NCU" --clock-control none --metrics gpu__time_duration.sum --nvtx \
+    --nvtx-include "P2P/" --nvtx-include "M2P/" --nvtx-include "P2M/" --nvtx-include "M2M/" --csv \
+    --log-file "$WORK/fma_kernels_ncu.csv" "$FMATTN" inputs/bench_gpu.in --set run.name=profile \
+    --set output.dir="$WORK/runs" --set bench.n_list=$PROFILE_N --set bench.variants=fma \
+    --set bench.repeats=1 $small $EXTRA > "$WORK/ncu.log" 2>&1; then
+    say "ncu: $WORK/fma_kernels_ncu.csv"
+  else
+    say "ncu failed (see $WORK/ncu.log); no per-kernel times"
+  fi
 else
-  say "no nsys on PATH: no per-kernel times"
+  say "no nsys or ncu on PATH: no per-kernel times"
 fi
 
 # ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU: each backend pinned --
@@ -142,8 +200,10 @@ sdpa=""
 if TORCH_PYTHON=$(python_with 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'); then
   say "PyTorch scaled_dot_product_attention, Flash, cuDNN and memory-efficient ($TORCH_PYTHON)"
   clocks "before sdpa"
-  "$TORCH_PYTHON" scripts/sdpa_bench.py --n "$NS" --dtype bf16 --repeats $REPEATS \
-    --backends flash,cudnn,efficient --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 ||
+  sdpa_ns=$NS sdpa_backends=flash,cudnn,efficient
+  [ "$LEASE" = 1 ] && [ "$QUICK" = 0 ] && sdpa_ns=16384,131072 sdpa_backends=flash,cudnn
+  limit 180 "$TORCH_PYTHON" scripts/sdpa_bench.py --n "$sdpa_ns" --dtype bf16 --repeats $REPEATS \
+    --backends "$sdpa_backends" --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 ||
     die "sdpa_bench.py failed: $WORK/sdpa.log"
   sdpa="--sdpa $WORK/sdpa.json"
 else
@@ -155,8 +215,10 @@ device=$(grep -o 'bench on device [0-9]*: [^,]*' "$WORK/attention.log" | head -n
   sed 's/^bench on device [0-9]*: //; s/[^A-Za-z0-9._-]/_/g')
 [ -n "$device" ] || die "$WORK/attention.log does not name a GPU: was fmattn built --with-cuda?"
 [ "$QUICK" = 1 ] && device="$device-quick"
-# shellcheck disable=SC2086 # $sdpa is one option and its value, or nothing
-"$H5_PYTHON" scripts/gpu_csv.py "$OUT_DIR/$device.csv" "$WORK/runs/attention/bench.h5" \
+full=""
+[ -f "$WORK/runs/attention_full/bench.h5" ] && full="$WORK/runs/attention_full/bench.h5"
+# shellcheck disable=SC2086 # $full is one file or nothing, $sdpa one option and its value or nothing
+"$H5_PYTHON" scripts/gpu_csv.py "$OUT_DIR/$device.csv" "$WORK/runs/attention/bench.h5" $full \
   "$WORK/runs/attention_fp32/bench.h5" "$WORK/runs/step/bench.h5" "$WORK/runs/long/bench.h5" $sdpa
 # the roofline bound from the code's own counts beside each measured time (scripts/roofline.py)
 case "$device" in
@@ -171,4 +233,6 @@ done > "$OUT_DIR/$device-roofline.txt" || die "roofline.py failed"
 [ -s "$WORK/sanitizer.txt" ] && cp "$WORK/sanitizer.txt" "$OUT_DIR/$device-sanitizer.txt"
 [ -s "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" ] &&
   cp "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" "$OUT_DIR/$device-fma-kernels.csv"
+[ -s "$WORK/fma_kernels_ncu.csv" ] &&
+  grep '^"' "$WORK/fma_kernels_ncu.csv" > "$OUT_DIR/$device-fma-kernels-ncu.csv"  || true
 say "done: $OUT_DIR/$device.csv and $device-roofline.txt (logs and bench.h5 files in $WORK)"
