@@ -344,7 +344,6 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
       for (int i = 0; i < 4; i++) phase_ms[i] += timer_total_ms(phases[i]) - p0[i];
     }
   }
-  const double p2p_ms = phase_ms[0];
   row->p2p_ms = phase_ms[0] / repeats;
   row->m2p_ms = phase_ms[1] / repeats;
   row->p2m_ms = phase_ms[2] / repeats;
@@ -369,7 +368,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
    * threads); on the GPU the timer holds the device's time (events around the operator). */
   const double lanes = o.be->device == DEVICE_GPU ? 1.0 : (double)threads_count();
   row->p2p_gflops =
-      p2p > 0 && p2p_ms > 0 ? 3.5 * p2p / (p2p_ms / repeats / 1e3 / lanes) / 1e9 : NAN;
+      p2p > 0 && row->p2p_ms > 0 ? 3.5 * p2p / (row->p2p_ms / 1e3 / lanes) / 1e9 : NAN;
   free(tf);
   free(tb);
   const struct backend *be = o.be;
