@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install, as root on Debian 12, the packages needed to build, run and test fmattn (compilers and
-# Autotools, Open MPI, parallel and serial HDF5, SimGrid, OpenBLAS, libinih, cmocka, clang-format,
+# Autotools, Open MPI, parallel and serial HDF5, SimGrid, OpenBLAS, libxsmm, libinih, cmocka, clang-format,
 # clang's libFuzzer, SLURM and munge for the cluster test, the KJV corpus, and Debian's Python 3
 # with h5py, numpy, matplotlib and torch for the scripts and reference tests).
 # Idempotent: when every package is already installed it does not touch apt at all (and needs no
@@ -25,6 +25,7 @@ zlib1g-dev
 hdf5-tools
 libopenblas-dev
 libopenblas-openmp-dev
+libxsmm-dev
 libinih-dev
 libcmocka-dev
 clang-format

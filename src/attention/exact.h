@@ -92,6 +92,11 @@ struct exact_rows {
   int d, tile;
   int ktile; /* keys per tile: a multiple of tile (wider key tiles make larger GEMMs) */
   long unit; /* which unit: b·H + h (full), b (FiSH) */
+  /* Where the hook asks for them (transposed_kv): this range's keys and values transposed, (d, ld)
+   * from its key 0, so that the scores and dP are NN products (core/tilegemm.h); else NULL. The
+   * forward has kt only. */
+  const float *kt, *vt;
+  long kt_ld;
 };
 
 /* What one unit's backward adds to: dq, dk as q, k; dv as v; dpar the hook's parameter
@@ -110,10 +115,13 @@ struct exact_hook {
    * the loop's own tiles come first (the heads' logits, and in backward one dP tile), a hook's
    * own start at tile heads + 1. */
   int scratch_forward, scratch_backward;
-  /* Where 1/√d enters the softmax backward: dS = P ∘ ((dP − D) · ds_scale). full: 1, its dq, dk
-   * GEMMs carry 1/√d as alpha; FiSH: 1/√d, before the mixing's transpose (the two orders round
-   * differently, and each keeps its own). */
+  /* Where 1/√d enters the softmax backward: dS = P ∘ ((dP − D) · ds_scale). 1/√d for both hooks:
+   * full's dq and dk products then have alpha 1, which libxsmm's kernels need (core/tilegemm.h);
+   * FiSH applies it before the mixing's transpose. */
   float ds_scale;
+  /* Lay k and v out transposed once per unit and key range (exact_rows kt, vt): one head per unit
+   * and qk head only. */
+  bool transposed_kv;
   size_t param_floats; /* parameter gradient floats per unit, summed in unit order; 0: none */
   /* Keep the gathered halo keys until their gradients have gone home (FiSH) rather than freeing
    * them first (full): no numerical effect, but it sets FiSH-local's memory high-water mark under

@@ -3,7 +3,6 @@
  * saved log-sum-exp. The tile loops take a logits hook (exact.h), so FiSH heads run on them too.
  * Under sequence parallelism `local` gathers its band's halo and `full` runs the ring (ring.c): no
  * rank may hold the whole sequence's k, v. `full` is the reference every variant is measured by. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include "attention/exact.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/tilegemm.h"
 #include "nn/vecmath.h" /* SIMD expf for the softmax loops: it sets the rounding */
 #include "parallel/halo.h"
 #include "parallel/ring.h"
@@ -73,8 +73,8 @@ static void exact_block_forward(const struct exact_hook *hk, const struct exact_
         tile_columns(mk, x->qoff + i0 + r, x->koff + j0, bj, &c0, &c1);
         online_row(S + r * bj, bj, c0, c1, o.m + row, o.l + row, o.acc + row * d, d);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, 1.0f, S, (int)bj,
-                  x->v + (h * x->kstride + j0) * d, d, 1.0f, o.acc + (h * o.stride + i0) * d, d);
+      tile_sgemm(false, false, (int)bi, d, (int)bj, 1.0f, S, (int)bj,
+                 x->v + (h * x->kstride + j0) * d, d, 1.0f, o.acc + (h * o.stride + i0) * d, d);
     }
   }
 }
@@ -99,11 +99,15 @@ static void softmax_tile_backward(const struct exact_hook *hk, const struct exac
     for (long c = c1; c < bj; c++) s[c] = 0.0f;
   }
   /* dv_j += Pᵀ dO_i */
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, alpha, P, (int)bj, dO,
-              d, 1.0f, g->dv + (h * x->kstride + j0) * d, d);
+  tile_sgemm(true, false, (int)bj, d, (int)bi, alpha, P, (int)bj, dO, d, 1.0f,
+             g->dv + (h * x->kstride + j0) * d, d);
   /* dP = dO_i v_jᵀ */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, alpha, dO, d,
-              x->v + (h * x->kstride + j0) * d, d, 0.0f, dP, (int)bj);
+  if (x->vt)
+    tile_sgemm(false, false, (int)bi, (int)bj, d, alpha, dO, d, x->vt + j0, (int)x->kt_ld, 0.0f, dP,
+               (int)bj);
+  else
+    tile_sgemm(false, true, (int)bi, (int)bj, d, alpha, dO, d, x->v + (h * x->kstride + j0) * d, d,
+               0.0f, dP, (int)bj);
   for (long r = 0; r < bi; r++) {
     const float Di = D[r], *dp = dP + r * bj;
     float *p = P + r * bj;
@@ -144,19 +148,22 @@ static void full_logits(const struct exact_hook *hk, const struct exact_rows *x,
                         long j0, long bj, float *L, float *scratch) {
   const int d = x->d;
   const float scale = 1.0f / sqrtf((float)d);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, scale, x->q + i0 * d, d,
-              x->k + j0 * d, d, 0.0f, L, (int)bj);
+  if (x->kt)
+    tile_sgemm(false, false, (int)bi, (int)bj, d, scale, x->q + i0 * d, d, x->kt + j0,
+               (int)x->kt_ld, 0.0f, L, (int)bj);
+  else
+    tile_sgemm(false, true, (int)bi, (int)bj, d, scale, x->q + i0 * d, d, x->k + j0 * d, d, 0.0f, L,
+               (int)bj);
 }
 
 static void full_grad(const struct exact_hook *hk, const struct exact_rows *x,
                       const struct exact_grads *g, long i0, long bi, long j0, long bj,
                       const float *dS, float *scratch) {
-  const int d = x->d;
-  const float scale = 1.0f / sqrtf((float)d);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, scale, dS, (int)bj,
-              x->k + j0 * d, d, 1.0f, g->dq + i0 * d, d);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, scale, dS, (int)bj,
-              x->q + i0 * d, d, 1.0f, g->dk + j0 * d, d);
+  const int d = x->d; /* 1/√d is in dS already (the hook's ds_scale) */
+  tile_sgemm(false, false, (int)bi, d, (int)bj, 1.0f, dS, (int)bj, x->k + j0 * d, d, 1.0f,
+             g->dq + i0 * d, d);
+  tile_sgemm(true, false, (int)bj, d, (int)bi, 1.0f, dS, (int)bj, x->q + i0 * d, d, 1.0f,
+             g->dk + j0 * d, d);
 }
 
 static const struct exact_hook full_hook = {.heads = 1,
@@ -164,7 +171,8 @@ static const struct exact_hook full_hook = {.heads = 1,
                                             .key_tiles = 8,
                                             .scratch_forward = 1,
                                             .scratch_backward = 2,
-                                            .ds_scale = 1.0f,
+                                            .ds_scale = 1.0f, /* 1/√d: backward's copy */
+                                            .transposed_kv = true,
                                             .logits = full_logits,
                                             .grad = full_grad};
 
@@ -212,6 +220,14 @@ static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct ex
                            .head_scale = head_scale};
 }
 
+/* Whether the loops lay k and v out transposed for hk: where it asks, with one head per unit, and
+ * where tile_sgemm has kernels that pay for the transposes (an NT product runs as fast on CBLAS).
+ */
+static bool transposed_kv(const struct exact_hook *hk) {
+  return hk->transposed_kv && hk->heads == 1 && hk->qk_heads == 1 &&
+         strcmp(tile_gemm_kernels(), "blas") != 0;
+}
+
 /* Where a step's query or key rows lie: `pieces` pieces of `len` tokens in rows of `stride`
  * tokens, piece p from global token off[p]. */
 struct exact_span {
@@ -232,10 +248,23 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
   const long nh = hk->heads, ng = hk->qk_heads, ntp = (qs.len + op->tile - 1) / op->tile;
   const long lrows = op->units * nh * qs.stride; /* where l starts in ml */
   const int d = op->d, tile = op->tile;
+  /* the keys transposed, (d, ks.len) per (unit, piece), shared by the unit's query tiles */
+  const size_t kt_piece = (size_t)ks.len * d;
+  float *kt =
+      transposed_kv(hk)
+          ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)op->units * ks.pieces * kt_piece)
+          : NULL;
 #pragma omp parallel
   {
     float *scratch =
         mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)hk->scratch_forward * tile * op->ktile);
+    if (kt) {
+#pragma omp for schedule(static) collapse(2)
+      for (long u = 0; u < op->units; u++)
+        for (int kp = 0; kp < ks.pieces; kp++)
+          tile_transpose(ks.len, d, k + (u * ks.stride + kp * ks.len) * d, d,
+                         kt + (u * ks.pieces + kp) * kt_piece, ks.len);
+    }
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (long u = 0; u < op->units; u++)
       for (long it = 0; it < qs.pieces * ntp; it++) {
@@ -259,7 +288,9 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
                                        .d = d,
                                        .tile = tile,
                                        .ktile = op->ktile,
-                                       .unit = u};
+                                       .unit = u,
+                                       .kt = kt ? kt + (u * ks.pieces + kp) * kt_piece : NULL,
+                                       .kt_ld = ks.len};
           exact_block_forward(hk, &x, o, ks.len, op->mk, i0, i1, scratch);
         }
         for (long h = 0; last && h < nh; h++)
@@ -272,6 +303,7 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
       }
     mem_free(scratch);
   }
+  mem_free(kt);
 }
 
 /* Gradients of the queries q (as exact_fold's) against the keys k, v: dq (as q), dk, dv (as k, v)
@@ -283,18 +315,25 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
   const struct exact_hook *hk = op->hk;
   const long nh = hk->heads, ng = hk->qk_heads;
   const int d = op->d, tile = op->tile;
+  const bool tr = transposed_kv(hk);
 #pragma omp parallel
   {
     float *scratch =
         mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)hk->scratch_backward * tile * op->ktile);
+    /* this unit's keys and values transposed, (d, ks.len) each */
+    float *kvt = tr ? mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)ks.len * d) : NULL;
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < op->units; u++)
-      for (int p = 0; p < qs.pieces; p++)
-        for (int kp = 0; kp < ks.pieces; kp++) {
+      for (int kp = 0; kp < ks.pieces; kp++)
+        for (int p = 0; p < qs.pieces; p++) {
           const long qr = u * nh * qs.stride + p * qs.len,
                      qg = (u * ng * qs.stride + p * qs.len) * d;
           const long kg = (u * ng * ks.stride + kp * ks.len) * d;
           const long vg = (u * nh * ks.stride + kp * ks.len) * d;
+          if (kvt && p == 0) {
+            tile_transpose(ks.len, d, k + kg, d, kvt, ks.len);
+            tile_transpose(ks.len, d, v + vg, d, kvt + ks.len * d, ks.len);
+          }
           const struct exact_rows x = {.q = q + qg,
                                        .k = k + kg,
                                        .v = v + vg,
@@ -305,7 +344,10 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
                                        .d = d,
                                        .tile = tile,
                                        .ktile = op->ktile,
-                                       .unit = u};
+                                       .unit = u,
+                                       .kt = kvt,
+                                       .vt = kvt ? kvt + ks.len * d : NULL,
+                                       .kt_ld = ks.len};
           const struct exact_grads g = {
               dq + qg,       dk + kg,
               dv + vg,       op->dpar ? op->dpar + u * hk->param_floats : NULL,
@@ -313,6 +355,7 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
               D + qr,        op->head_scale ? op->head_scale + (u * nh) % op->H : NULL};
           exact_block_backward(hk, &x, &g, qs.len, ks.len, op->mk, scratch);
         }
+    mem_free(kvt);
     mem_free(scratch);
   }
 }
@@ -534,8 +577,9 @@ void exact_attention_forward(struct attn_ctx *ctx, long band, float *out, float 
 void exact_attention_backward(struct attn_ctx *ctx, long band, const float *head_scale, float *dq,
                               float *dk, float *dv, const float *dout, const float *q,
                               const float *k, const float *v, const float *out, const float *lse) {
-  exact_hooked_backward(ctx, &full_hook, band, head_scale, dq, dk, dv, NULL, dout, q, k, v, out,
-                        lse);
+  struct exact_hook hk = full_hook; /* 1/√d in dS, so that dq and dk's products have alpha 1 */
+  hk.ds_scale = 1.0f / sqrtf((float)ctx->dims.d);
+  exact_hooked_backward(ctx, &hk, band, head_scale, dq, dk, dv, NULL, dout, q, k, v, out, lse);
 }
 
 bool exact_attention_allows(bool causal, long band, long i, long j) {

@@ -9,6 +9,7 @@
 #include "core/blascore.h"
 #include "core/fault.h"
 #include "core/threads.h"
+#include "core/tilegemm.h"
 #include "nn/adamw.h"
 
 #ifdef FMATTN_GPU /* built --with-cuda, or --enable-cuda-emulation (FMATTN_GPU_EMULATED too) */
@@ -39,8 +40,9 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
 
 static void cpu_describe(char *out, size_t len) {
   const char *from = blas_core_corrected_from();
-  snprintf(out, len, "CPU, %d thread(s) per rank, BLAS core %s%s%s%s", threads_count(),
-           threads_blas_core(), from ? " (corrected from " : "", from ? from : "", from ? ")" : "");
+  snprintf(out, len, "CPU, %d thread(s) per rank, BLAS core %s%s%s%s, attention tiles on %s",
+           threads_count(), threads_blas_core(), from ? " (corrected from " : "", from ? from : "",
+           from ? ")" : "", tile_gemm_kernels());
 }
 
 static const struct backend cpu = {

@@ -19,6 +19,7 @@
 #include "core/peak.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "core/tilegemm.h"
 #include "core/timer.h"
 #include "io/data.h"
 #include "model/backend.h"
@@ -1100,6 +1101,7 @@ int bench_run(const struct config *cfg, struct comm *comm) {
   h5_attr_string(f, "/", "blas_core", threads_blas_core());
   const char *from = blas_core_corrected_from();
   h5_attr_string(f, "/", "blas_core_corrected_from", from ? from : "");
+  h5_attr_string(f, "/", "tile_gemm", tile_gemm_kernels());
   h5_attr_double(f, "/", "fma_peak_gflops", peak);
   h5_attr_double(f, "/", "published_peak_gflops", published);
   h5_attr_double(f, "/", "fma_peak_gflops_per_thread", peak_thread);
