@@ -220,11 +220,13 @@ static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct ex
                            .head_scale = head_scale};
 }
 
-/* Whether the loops lay k and v out transposed for hk: where it asks, with one head per unit, and
- * where tile_sgemm has kernels that pay for the transposes (an NT product runs as fast on CBLAS).
- */
-static bool transposed_kv(const struct exact_hook *hk) {
-  return hk->transposed_kv && hk->heads == 1 && hk->qk_heads == 1 &&
+/* Whether the loops lay k and v out transposed: where the hook asks, with one head per unit; where
+ * tile_sgemm has kernels that pay for the transposes (CBLAS runs an NT product as fast); and not
+ * for a band, whose query tiles read only tile + band − 1 keys each: the whole range transposed
+ * would cost a workspace the size of k (a gigabyte at 1M tokens) for products that small. */
+static bool transposed_kv(const struct exact_op *op) {
+  const struct exact_hook *hk = op->hk;
+  return hk->transposed_kv && hk->heads == 1 && hk->qk_heads == 1 && op->mk.band <= 0 &&
          strcmp(tile_gemm_kernels(), "blas") != 0;
 }
 
@@ -251,7 +253,7 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
   /* the keys transposed, (d, ks.len) per (unit, piece), shared by the unit's query tiles */
   const size_t kt_piece = (size_t)ks.len * d;
   float *kt =
-      transposed_kv(hk)
+      transposed_kv(op)
           ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)op->units * ks.pieces * kt_piece)
           : NULL;
 #pragma omp parallel
@@ -315,7 +317,7 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
   const struct exact_hook *hk = op->hk;
   const long nh = hk->heads, ng = hk->qk_heads;
   const int d = op->d, tile = op->tile;
-  const bool tr = transposed_kv(hk);
+  const bool tr = transposed_kv(op);
 #pragma omp parallel
   {
     float *scratch =
