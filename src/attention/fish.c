@@ -3,7 +3,6 @@
  * values and the three paths (one slab, the band's halo, the ring); this file forms the mixed
  * logits and their gradients and must not copy those loops. fma and the kernelized variants cannot
  * take FiSH heads (docs/nystrom_fish.md). */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include "attention/exact.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/tilegemm.h"
 #include "core/rng.h"
 
 /* G = fish.global_heads query/key heads give global scores s_k(i, j) = q_k,i·k_k,j, k < G; each of
@@ -140,9 +140,8 @@ static void tile_logits(const struct fish_state *st, const struct fish_params *f
   const int d = x->d;
   for (int k = 0; k < st->G; k++) {
     float *s = Sg + k * tt;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)bj, d, 1.0f,
-                x->q + (k * x->qstride + i0) * d, d, x->k + (k * x->kstride + j0) * d, d, 0.0f, s,
-                (int)bj);
+    tile_sgemm(false, true, (int)bi, (int)bj, d, 1.0f, x->q + (k * x->qstride + i0) * d, d,
+               x->k + (k * x->kstride + j0) * d, d, 0.0f, s, (int)bj);
     if (st->sigma > 0.0f && ctx->train) {
       const uint64_t b = (uint64_t)(ctx->sample0 + x->unit); /* a unit is a batch element */
       const uint64_t head = ((uint64_t)(ctx->layer * st->G + k) << 40) | b;
@@ -276,12 +275,10 @@ static void fish_grad(const struct exact_hook *hk, const struct exact_rows *x,
     mlp_backward(st, fp, &dfp, &w, L, tt);
   }
   for (int k = 0; k < G; k++) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, d, (int)bj, 1.0f, dS + k * tt,
-                (int)bj, x->k + (k * x->kstride + j0) * d, d, 1.0f,
-                g->dq + (k * x->qstride + i0) * d, d);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bj, d, (int)bi, 1.0f, dS + k * tt,
-                (int)bj, x->q + (k * x->qstride + i0) * d, d, 1.0f,
-                g->dk + (k * x->kstride + j0) * d, d);
+    tile_sgemm(false, false, (int)bi, d, (int)bj, 1.0f, dS + k * tt, (int)bj,
+               x->k + (k * x->kstride + j0) * d, d, 1.0f, g->dq + (k * x->qstride + i0) * d, d);
+    tile_sgemm(true, false, (int)bj, d, (int)bi, 1.0f, dS + k * tt, (int)bj,
+               x->q + (k * x->qstride + i0) * d, d, 1.0f, g->dk + (k * x->kstride + j0) * d, d);
   }
 }
 
