@@ -111,6 +111,46 @@ __global__ void softmax_forward(float *S, float *lse, int ld, gfma_mask mk, int 
   if (threadIdx.x == 0) lse[(size_t)x.gl * mk.m + x.r] = mx + logf(sum);
 }
 
+// softmax_forward with the row in registers, K columns per lane (ld ≤ K·kLanes): the scores, the
+// mask and the log-weights read once, one expf per column, where softmax_forward reads them in
+// each of its three passes and evaluates expf twice. The same arithmetic in the same order (the
+// lanes' columns in turn, then the warp's reduction), so the same bits; a masked column is held
+// as −inf, whose probability is 0 either way.
+template <int K>
+__global__ void softmax_forward_held(float *S, float *lse, int ld, gfma_mask mk, int g0, int rows,
+                                     __nv_bfloat16 *Pb) {
+  soft_row x;
+  if (!soft_row_of(mk, g0, rows, &x)) return;
+  float *s = S + (size_t)x.row * ld;
+  float e[K], mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < K; i++) {
+    const int c = (int)threadIdx.x + i * (int)kLanes;
+    float add;
+    e[i] = c < ld && visible(mk, x.lb, x.r, c, &add) ? s[c] + add : -INFINITY;
+    mx = fmaxf(mx, e[i]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < K; i++) {
+    e[i] = e[i] == -INFINITY ? 0.0f : expf(e[i] - mx);
+    sum += e[i];
+  }
+  sum = warp_sum(sum);
+  const float inv = 1.0f / sum;  // sum ≥ 1: the query sees itself
+#pragma unroll
+  for (int i = 0; i < K; i++) {
+    const int c = (int)threadIdx.x + i * (int)kLanes;
+    if (c >= ld) break;
+    if (Pb)
+      Pb[(size_t)x.row * ld + c] = __float2bfloat16(e[i] * inv);
+    else
+      s[c] = e[i] * inv;
+  }
+  if (threadIdx.x == 0) lse[(size_t)x.gl * mk.m + x.r] = mx + logf(sum);
+}
+
 // P = exp(S + log-weight − lse) of one score row, masked 0, in place or (bf16 products) into Pb,
 // S left as it is. CPU twin: rows_probabilities.
 __global__ void probabilities(float *S, const float *lse, int ld, gfma_mask mk, int g0, int rows,
@@ -517,9 +557,21 @@ dim3 soft_block() { return dim3(kLanes, kSoftRows); }
 void launch_softmax(const gfma *g, const chunk &c, float *lse) {
   const gpu_op_time t(TIMER_P2P);  // the fused softmax over [near | far] counts as near field
   const long rows = (c.g1 - c.g0) * g->m;
-  softmax_forward<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-      c.S, lse, (int)c.ld, mask_of(g), (int)c.g0, gpu_int(rows, "softmax rows"), bf16_of(c));
-  LAUNCH_CHECK(softmax_forward);
+  const int nrows = gpu_int(rows, "softmax rows"), ld = (int)c.ld;
+  const gfma_mask mk = mask_of(g);
+  if (ld <= 8 * (int)kLanes) {  // rows up to 256 columns, or 512, held in registers
+    softmax_forward_held<8><<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+        c.S, lse, ld, mk, (int)c.g0, nrows, bf16_of(c));
+    LAUNCH_CHECK(softmax_forward_held<8>);
+  } else if (ld <= 16 * (int)kLanes) {
+    softmax_forward_held<16><<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+        c.S, lse, ld, mk, (int)c.g0, nrows, bf16_of(c));
+    LAUNCH_CHECK(softmax_forward_held<16>);
+  } else {
+    softmax_forward<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(c.S, lse, ld, mk, (int)c.g0,
+                                                                        nrows, bf16_of(c));
+    LAUNCH_CHECK(softmax_forward);
+  }
 }
 
 template <class T>

@@ -158,7 +158,7 @@ def per_chunk(log):
                 cur[1].add(k.group(1))
     fwd, bwd = [], []  # per chunk evaluated: the scores' range, the softmax's, then the values'
     for i, (n, kernels) in enumerate(ranges):
-        if "softmax_forward" in kernels:
+        if any(k.startswith("softmax_forward") for k in kernels):  # held in registers or not
             fwd.append(ranges[i - 1][0] + n + ranges[i + 1][0])
         if "probabilities" in kernels:  # the scores again; then dP, dv; then dq, dk
             bwd.append(ranges[i - 1][0] + n + ranges[i + 1][0] + ranges[i + 2][0])
