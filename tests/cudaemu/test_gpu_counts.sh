@@ -160,7 +160,7 @@ def per_chunk(log):
     for i, (n, kernels) in enumerate(ranges):
         if any(k.startswith("softmax_forward") for k in kernels):  # held in registers or not
             fwd.append(ranges[i - 1][0] + n + ranges[i + 1][0])
-        if "probabilities" in kernels:  # the scores again; then dP, dv; then dq, dk
+        if any(k.startswith("probabilities") for k in kernels):  # the scores again; dP, dv; dq, dk
             bwd.append(ranges[i - 1][0] + n + ranges[i + 1][0] + ranges[i + 2][0])
     return fwd, bwd
 for run, ns in (("nc", 2), ("nb", 3)):
