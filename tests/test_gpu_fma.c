@@ -293,6 +293,21 @@ static void test_gpu_fma_bf16(void **state) {
   gpu_set_bf16(false);
 }
 
+/* Score rows of every length the softmax kernels tell apart (gpu/fma_evaluate.cu): up to 256
+ * columns held in registers 8 a lane (every case above), up to 512 held 16 a lane (m = 128,
+ * causal: 2 near blocks and the far slots), longer in the plain kernels (m = 192,
+ * bidirectional: 3 near blocks, 576 columns and more), in fp32 and bf16. */
+static void test_gpu_fma_long_rows(void **state) {
+  const struct fcase cases[] = {{"fma", "m2m", true, true, 1024, 128, 4, 8},
+                                {"fma", "conv", false, true, 768, 192, 4, 8}};
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    gpu_set_bf16(bf16);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+      check_case(&cases[c], bf16 ? TOL_BF16 : TOL);
+  }
+  gpu_set_bf16(false);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * causality by perturbation on the device */
 
@@ -441,6 +456,7 @@ static const struct CMUnitTest gpu_fma_tests[] = {
     cmocka_unit_test(test_gpu_fma_linear_m2m),
     cmocka_unit_test_teardown(test_gpu_fma_chunks, defaults_again),
     cmocka_unit_test_teardown(test_gpu_fma_bf16, defaults_again),
+    cmocka_unit_test_teardown(test_gpu_fma_long_rows, defaults_again),
     cmocka_unit_test(test_gpu_fma_causality),
     cmocka_unit_test(test_gpu_fma_seq),
     cmocka_unit_test_teardown(test_gpu_fma_seq_bf16, defaults_again),
