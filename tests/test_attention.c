@@ -201,6 +201,63 @@ static void test_causality(void **state) {
   check_causality("local");
 }
 
+/* The arrays by token (attn_ctx.rows): q, k, v read in place from a (B, T, 3C) buffer, the
+ * output written into a (B, T, C) one and the gradients into a (B, T, 3C) one give what the
+ * head-split arrays give, bit for bit (the same products over other strides), and touch nothing
+ * between the heads' columns: 3 heads, ragged tiles, a band and none, both masks. */
+static void check_rows(const char *variant, long band, bool causal) {
+  const long B = 2, H = 3, d = 16, n = 70, C = H * d, N = B * n, count = N * C;
+  struct config cfg;
+  make_config(&cfg, variant, n, H, d, causal, 16, band);
+  float *qkv = malloc(sizeof(float) * 3 * count), *dy = malloc(sizeof(float) * count);
+  tu_randn(qkv, (size_t)(3 * count), 71, 1.0f);
+  tu_randn(dy, (size_t)count, 72, 1.0f);
+  /* the same values by head: (B, H, T, d) */
+  float *q = malloc(sizeof(float) * count), *k = malloc(sizeof(float) * count),
+        *v = malloc(sizeof(float) * count), *dout = malloc(sizeof(float) * count);
+  for (long b = 0; b < B; b++)
+    for (long h = 0; h < H; h++)
+      for (long t = 0; t < n; t++)
+        for (long c = 0; c < d; c++) {
+          const long by_head = ((b * H + h) * n + t) * d + c, row = (b * n + t);
+          q[by_head] = qkv[row * 3 * C + h * d + c];
+          k[by_head] = qkv[row * 3 * C + C + h * d + c];
+          v[by_head] = qkv[row * 3 * C + 2 * C + h * d + c];
+          dout[by_head] = dy[row * C + h * d + c];
+        }
+  struct tu_run ref = run_variant(&cfg, B, q, k, v, dout);
+
+  struct attn_ctx ctx = tu_attn_open(&cfg, B);
+  assert_true(attention_takes_rows(&ctx));
+  ctx.rows = (struct attn_rows){3 * C, C};
+  float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
+  float *y = malloc(sizeof(float) * count), *dqkv = calloc((size_t)(3 * count), sizeof(float));
+  attention_forward(&ctx, y, saved, qkv, qkv + C, qkv + 2 * C, NULL);
+  attention_backward(&ctx, dqkv, dqkv + C, dqkv + 2 * C, NULL, dy, qkv, qkv + C, qkv + 2 * C, NULL,
+                     y, saved);
+  for (long b = 0; b < B; b++)
+    for (long h = 0; h < H; h++)
+      for (long t = 0; t < n; t++) {
+        const long by_head = ((b * H + h) * n + t) * d, row = b * n + t;
+        assert_memory_equal(y + row * C + h * d, ref.out + by_head, sizeof(float) * d);
+        assert_memory_equal(dqkv + row * 3 * C + h * d, ref.dq + by_head, sizeof(float) * d);
+        assert_memory_equal(dqkv + row * 3 * C + C + h * d, ref.dk + by_head, sizeof(float) * d);
+        assert_memory_equal(dqkv + row * 3 * C + 2 * C + h * d, ref.dv + by_head,
+                            sizeof(float) * d);
+      }
+  attention_close(&ctx);
+  tu_run_free(&ref);
+  free(saved), free(y), free(dqkv), free(q), free(k), free(v), free(dout), free(qkv), free(dy);
+  config_free(&cfg);
+}
+
+static void test_rows_in_place(void **state) {
+  for (int causal = 0; causal < 2; causal++) {
+    check_rows("full", 0, causal);
+    check_rows("local", 20, causal);
+  }
+}
+
 /* Memory stays O(n·d): the workspace of n = 2048 is a few tiles, not n². */
 static void test_full_workspace(void **state) {
   const long B = 1, H = 1, n = 2048, d = 16, count = B * H * n * d;
@@ -303,6 +360,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_causality),
     cmocka_unit_test(test_full_workspace),
     cmocka_unit_test(test_diagnostics),
+    cmocka_unit_test(test_rows_in_place),
 };
 
 TU_MAIN(tests)

@@ -16,7 +16,8 @@ static void make_config(struct config *cfg, const char *variant, const char *pos
                     tu_fmt("model.tie_embeddings=%s", tied ? "true" : "false"),
                     tu_fmt("model.dropout=%g", dropout),
                     tu_fmt("train.recompute=%s", recompute ? "true" : "false"), "model.layers=2",
-                    "attention.full.block=8", "attention.fma.m=8", "attention.fma.p=2"));
+                    "attention.full.block=8", "attention.fma.m=8", "attention.fma.p=2",
+                    "attention.local.band=12"));
 }
 
 static void fill_batch(struct model *m) {
@@ -168,6 +169,46 @@ static void test_recompute_identical(void **state) {
   free(grads[1]);
 }
 
+/* q, k, v read in place from the q|k|v product and the output written where the projection reads
+ * it (model.heads_in_place): the same loss and gradient bit for bit as with the head split and
+ * merge copies (FMATTN_HEAD_COPIES=1), for full and local, both objectives, with recomputation;
+ * rope and FiSH keep the copies. */
+static void test_heads_in_place_identical(void **state) {
+  const struct {
+    const char *variant, *position, *objective;
+    bool recompute, in_place;
+  } cases[] = {{"full", "learned", "clm", false, true},  {"full", "sinusoidal", "mlm", true, true},
+               {"local", "learned", "clm", false, true}, {"local", "learned", "mlm", false, true},
+               {"full", "rope", "clm", false, false},    {"fma", "learned", "clm", false, false}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    float *grads[2];
+    size_t total = 0;
+    double loss[2];
+    for (int r = 0; r < 2; r++) {
+      if (r == 1) setenv("FMATTN_HEAD_COPIES", "1", 1);
+      struct config cfg;
+      make_config(&cfg, cases[c].variant, cases[c].position, cases[c].objective, true, 0.1,
+                  cases[c].recompute);
+      struct model m;
+      model_build(&m, &cfg, NULL, 2);
+      assert_int_equal(m.heads_in_place, r == 0 && cases[c].in_place);
+      model_init_params(&m);
+      fill_batch(&m);
+      loss[r] = grad_at(&m, 3);
+      total = m.plist.total;
+      grads[r] = malloc(sizeof(float) * total);
+      memcpy(grads[r], m.grads, sizeof(float) * total);
+      model_free(&m);
+      config_free(&cfg);
+      unsetenv("FMATTN_HEAD_COPIES");
+    }
+    assert_true(loss[0] == loss[1]);
+    assert_memory_equal(grads[0], grads[1], sizeof(float) * total);
+    free(grads[0]);
+    free(grads[1]);
+  }
+}
+
 /* More rows than one MLP chunk (8192): the chunked MLP of backward, and of forward under
  * recomputation, gives the same gradient bit for bit either way, and the right one. */
 static void test_chunked_mlp(void **state) {
@@ -285,7 +326,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_gradient_positions), cmocka_unit_test(test_gradient_head_and_objective),
     cmocka_unit_test(test_gradient_dropout),   cmocka_unit_test(test_recompute_identical),
     cmocka_unit_test(test_chunked_mlp),        cmocka_unit_test(test_init),
-    cmocka_unit_test(test_optimizer_lr_scale),
+    cmocka_unit_test(test_optimizer_lr_scale), cmocka_unit_test(test_heads_in_place_identical),
 };
 
 TU_MAIN(tests)

@@ -210,6 +210,10 @@ void attention_close(struct attn_ctx *ctx) {
   ctx->state = ctx->impl_state = NULL;
 }
 
+bool attention_takes_rows(const struct attn_ctx *ctx) {
+  return ctx->impl->takes_rows && ctx->impl->takes_rows(ctx);
+}
+
 size_t attention_saved_floats(const struct attn_ctx *ctx) {
   return ctx->impl->saved_floats ? ctx->impl->saved_floats(ctx) : 0;
 }

@@ -67,6 +67,14 @@ struct attn_ctx {
   bool train;
   long sample0;
   struct attn_open_diag open_diag; /* set by the caller of diagnostics, or zeroed */
+  /* Set by the caller where attention_takes_rows allows it, else zeroed: the arrays by token rather
+   * than by head. ld_qkv > 0: q, k, v, dq, dk, dv are (B, T, ·) with rows of ld_qkv floats, head h
+   * of token t of batch element b at (b·T + t)·ld_qkv + h·d (q, k, v read in place from the
+   * (B, T, 3C) product that makes them); out, dout likewise with rows of ld_out floats (the
+   * (B, T, C) input of the output projection). The model then skips its head split and merge. */
+  struct attn_rows {
+    long ld_qkv, ld_out;
+  } rows;
 };
 
 /* Why a variant refuses a configuration: the deck keys at fault, space separated ("model.context
@@ -89,6 +97,9 @@ struct attn_impl {
   bool (*refuses)(const struct config *cfg, struct attn_refusal *r);
   /* Floats that forward saves for backward (per layer). */
   size_t (*saved_floats)(const struct attn_ctx *ctx);
+  /* Whether forward and backward take the arrays by token (attn_ctx.rows) for this context. NULL:
+   * never (the caller splits q, k, v by head and merges out). */
+  bool (*takes_rows)(const struct attn_ctx *ctx);
   /* out (B, H, T, d) = attention(q, k, v); params: this layer's variant parameters (or NULL). */
   void (*forward)(struct attn_ctx *ctx, float *out, float *saved, const float *q, const float *k,
                   const float *v, const float *params);
@@ -203,6 +214,8 @@ struct attn_ctx attention_open(const struct config *cfg, const struct attn_varia
                                enum device_kind dev, struct comm *comm, int layer,
                                struct attn_dims dims);
 void attention_close(struct attn_ctx *ctx);
+/* Whether the context's implementation takes its arrays by token (attn_ctx.rows, attn_impl). */
+bool attention_takes_rows(const struct attn_ctx *ctx);
 /* The entry points of the context's implementation (struct attn_impl). */
 size_t attention_saved_floats(const struct attn_ctx *ctx);
 void attention_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,

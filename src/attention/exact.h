@@ -85,9 +85,12 @@ double exact_attention_flops(const struct attn_ctx *ctx, long band);
  * (units·heads, T). full: a unit is one (b, h); FiSH: one batch element's H heads over G. */
 
 /* Where one call reads: one unit's q (qk_heads, qstride, d) from global query qoff, and its k
- * (qk_heads, kstride, d) and v (heads, kstride, d) from global key koff; and the loops' tile. */
+ * (qk_heads, kstride, d) and v (heads, kstride, d) from global key koff, each row ld floats after
+ * the last (head h's row i at h·stride·d + i·ld: ld = d, or the caller's rows with one head per
+ * unit, attn_ctx.rows); and the loops' tile. */
 struct exact_rows {
   const float *q, *k, *v;
+  long ld;
   long qstride, kstride, qoff, koff;
   int d, tile;
   int ktile; /* keys per tile: a multiple of tile (wider key tiles make larger GEMMs) */
@@ -99,12 +102,14 @@ struct exact_rows {
   long kt_ld;
 };
 
-/* What one unit's backward adds to: dq, dk as q, k; dv as v; dpar the hook's parameter
- * gradients of this unit (param_floats); dout, lse and D = scale·rowsum(dout ∘ out) as (heads,
- * qstride[, d]); scale (heads) the output gradient's factor per head (NULL: 1). */
+/* What one unit's backward adds to: dq, dk as q, k; dv as v (rows of exact_rows' ld); dpar the
+ * hook's parameter gradients of this unit (param_floats); dout (rows of ld_dout floats), lse and
+ * D = scale·rowsum(dout ∘ out) as (heads, qstride[, d]); scale (heads) the output gradient's factor
+ * per head (NULL: 1). */
 struct exact_grads {
   float *dq, *dk, *dv, *dpar;
   const float *dout, *lse, *D, *scale;
+  long ld_dout;
 };
 
 struct exact_hook {

@@ -20,10 +20,11 @@
  * the tile loops: one unit (exact.h), a tile of queries against the live tiles of a key range */
 
 /* Online-softmax state of a unit's queries: m, l (heads, stride) the running max and sum, acc
- * (heads, stride, d). */
+ * (heads, stride, d) in rows of ld floats (head h's row i at acc + h·stride·d + i·ld): the output,
+ * accumulated in place. */
 struct online_state {
   float *m, *l, *acc;
-  long stride;
+  long stride, ld;
 };
 
 /* One row's update by a tile of logits s (bj): the columns [c0, c1) the mask allows join the
@@ -71,10 +72,12 @@ static void exact_block_forward(const struct exact_hook *hk, const struct exact_
         const long row = h * o.stride + i0 + r;
         long c0, c1;
         tile_columns(mk, x->qoff + i0 + r, x->koff + j0, bj, &c0, &c1);
-        online_row(S + r * bj, bj, c0, c1, o.m + row, o.l + row, o.acc + row * d, d);
+        online_row(S + r * bj, bj, c0, c1, o.m + row, o.l + row,
+                   o.acc + h * o.stride * d + (i0 + r) * o.ld, d);
       }
       tile_sgemm(false, false, (int)bi, d, (int)bj, 1.0f, S, (int)bj,
-                 x->v + (h * x->kstride + j0) * d, d, 1.0f, o.acc + (h * o.stride + i0) * d, d);
+                 x->v + h * x->kstride * d + j0 * x->ld, (int)x->ld, 1.0f,
+                 o.acc + h * o.stride * d + i0 * o.ld, (int)o.ld);
     }
   }
 }
@@ -87,7 +90,8 @@ static void softmax_tile_backward(const struct exact_hook *hk, const struct exac
   const int d = x->d;
   const float alpha = g->scale ? g->scale[h] : 1.0f, f = hk->ds_scale;
   const float *lse = g->lse + h * x->qstride + i0, *D = g->D + h * x->qstride + i0;
-  const float *dO = g->dout + (h * x->qstride + i0) * d;
+  const float *dO = g->dout + h * x->qstride * d + i0 * g->ld_dout;
+  const int ldo = (int)g->ld_dout, ld = (int)x->ld;
   for (long r = 0; r < bi; r++) {
     float *s = P + r * bj;
     const float L = lse[r];
@@ -99,15 +103,15 @@ static void softmax_tile_backward(const struct exact_hook *hk, const struct exac
     for (long c = c1; c < bj; c++) s[c] = 0.0f;
   }
   /* dv_j += Pᵀ dO_i */
-  tile_sgemm(true, false, (int)bj, d, (int)bi, alpha, P, (int)bj, dO, d, 1.0f,
-             g->dv + (h * x->kstride + j0) * d, d);
+  tile_sgemm(true, false, (int)bj, d, (int)bi, alpha, P, (int)bj, dO, ldo, 1.0f,
+             g->dv + h * x->kstride * d + j0 * ld, ld);
   /* dP = dO_i v_jᵀ */
   if (x->vt)
-    tile_sgemm(false, false, (int)bi, (int)bj, d, alpha, dO, d, x->vt + j0, (int)x->kt_ld, 0.0f, dP,
-               (int)bj);
+    tile_sgemm(false, false, (int)bi, (int)bj, d, alpha, dO, ldo, x->vt + j0, (int)x->kt_ld, 0.0f,
+               dP, (int)bj);
   else
-    tile_sgemm(false, true, (int)bi, (int)bj, d, alpha, dO, d, x->v + (h * x->kstride + j0) * d, d,
-               0.0f, dP, (int)bj);
+    tile_sgemm(false, true, (int)bi, (int)bj, d, alpha, dO, ldo,
+               x->v + h * x->kstride * d + j0 * ld, ld, 0.0f, dP, (int)bj);
   for (long r = 0; r < bi; r++) {
     const float Di = D[r], *dp = dP + r * bj;
     float *p = P + r * bj;
@@ -146,24 +150,24 @@ static void exact_block_backward(const struct exact_hook *hk, const struct exact
  * The masked waste is unchanged: the key range still ends at the query tile's last whole tile. */
 static void full_logits(const struct exact_hook *hk, const struct exact_rows *x, long i0, long bi,
                         long j0, long bj, float *L, float *scratch) {
-  const int d = x->d;
+  const int d = x->d, ld = (int)x->ld;
   const float scale = 1.0f / sqrtf((float)d);
   if (x->kt)
-    tile_sgemm(false, false, (int)bi, (int)bj, d, scale, x->q + i0 * d, d, x->kt + j0,
+    tile_sgemm(false, false, (int)bi, (int)bj, d, scale, x->q + i0 * ld, ld, x->kt + j0,
                (int)x->kt_ld, 0.0f, L, (int)bj);
   else
-    tile_sgemm(false, true, (int)bi, (int)bj, d, scale, x->q + i0 * d, d, x->k + j0 * d, d, 0.0f, L,
-               (int)bj);
+    tile_sgemm(false, true, (int)bi, (int)bj, d, scale, x->q + i0 * ld, ld, x->k + j0 * ld, ld,
+               0.0f, L, (int)bj);
 }
 
 static void full_grad(const struct exact_hook *hk, const struct exact_rows *x,
                       const struct exact_grads *g, long i0, long bi, long j0, long bj,
                       const float *dS, float *scratch) {
-  const int d = x->d; /* 1/√d is in dS already (the hook's ds_scale) */
-  tile_sgemm(false, false, (int)bi, d, (int)bj, 1.0f, dS, (int)bj, x->k + j0 * d, d, 1.0f,
-             g->dq + i0 * d, d);
-  tile_sgemm(true, false, (int)bj, d, (int)bi, 1.0f, dS, (int)bj, x->q + i0 * d, d, 1.0f,
-             g->dk + j0 * d, d);
+  const int d = x->d, ld = (int)x->ld; /* 1/√d is in dS already (the hook's ds_scale) */
+  tile_sgemm(false, false, (int)bi, d, (int)bj, 1.0f, dS, (int)bj, x->k + j0 * ld, ld, 1.0f,
+             g->dq + i0 * ld, ld);
+  tile_sgemm(true, false, (int)bj, d, (int)bi, 1.0f, dS, (int)bj, x->q + i0 * ld, ld, 1.0f,
+             g->dk + j0 * ld, ld);
 }
 
 static const struct exact_hook full_hook = {.heads = 1,
@@ -203,12 +207,30 @@ struct exact_op {
   float *lse_out;          /* forward: (units·heads, T) */
   const float *lse;        /* backward: as forward left it */
   float *dpar, *dparams;   /* backward: (units, param_floats); the caller's += */
+  /* The caller's layout (attn_ctx.rows): false, q, k, v, out and their gradients (units·heads,
+   * stride, d); true, by token (B, T, H, d) in rows of ldi floats (q, k, v, dq, dk, dv) and of ldo
+   * floats (out, dout), read and written in place. ldi = ldo = d when false. */
+  bool rows;
+  long ldi, ldo;
 };
+
+/* Where row `row` of unit u's block starts: in the (units·heads, stride, d) layout, per_unit rows
+ * to a unit; in the caller's rows (one head per unit, u = b·H + h), at row pitch ld. */
+static long unit_row(const struct exact_op *op, long u, long per_unit, long row, long ld) {
+  if (!op->rows) return (u * per_unit + row) * op->d;
+  return (u / op->H * op->T + row) * ld + u % op->H * op->d;
+}
 
 static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct exact_hook *hk,
                                      long band, const float *head_scale) {
   const struct attn_dims *dm = &ctx->dims;
+  const bool rows = ctx->rows.ld_qkv > 0;
+  if (rows && !(hk->heads == 1 && hk->qk_heads == 1 && !(ctx->comm && ctx->comm->S > 1)))
+    error("exact attention: rows in place need one head per unit on one sequence rank");
   return (struct exact_op){.hk = hk,
+                           .rows = rows,
+                           .ldi = rows ? ctx->rows.ld_qkv : dm->d,
+                           .ldo = rows ? ctx->rows.ld_out : dm->d,
                            .mk = {dm->causal, band},
                            .d = (int)dm->d,
                            .tile = exact_tile(ctx->opt.full_block, band),
@@ -264,7 +286,7 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
 #pragma omp for schedule(static) collapse(2)
       for (long u = 0; u < op->units; u++)
         for (int kp = 0; kp < ks.pieces; kp++)
-          tile_transpose(ks.len, d, k + (u * ks.stride + kp * ks.len) * d, d,
+          tile_transpose(ks.len, d, k + unit_row(op, u, ks.stride, kp * ks.len, op->ldi), op->ldi,
                          kt + (u * ks.pieces + kp) * kt_piece, ks.len);
     }
 #pragma omp for schedule(dynamic, 1) collapse(2)
@@ -273,39 +295,58 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
         const int p = (int)(it / ntp);
         const long i0 = it % ntp * tile, i1 = i0 + tile < qs.len ? i0 + tile : qs.len;
         const long qr = u * nh * qs.stride + p * qs.len; /* head 0's row in (units·heads, stride) */
-        const struct online_state o = {op->ml + qr, op->ml + lrows + qr, out + qr * d, qs.stride};
-        for (long h = 0; first && h < nh; h++) {
-          for (long i = i0; i < i1; i++)
+        const struct online_state o = {op->ml + qr, op->ml + lrows + qr,
+                                       out + unit_row(op, u, nh * qs.stride, p * qs.len, op->ldo),
+                                       qs.stride, op->ldo};
+        for (long h = 0; first && h < nh; h++)
+          for (long i = i0; i < i1; i++) {
             o.m[h * o.stride + i] = -INFINITY, o.l[h * o.stride + i] = 0.0f;
-          memset(o.acc + (h * o.stride + i0) * d, 0, sizeof(float) * (size_t)((i1 - i0) * d));
-        }
+            memset(o.acc + h * o.stride * d + i * o.ld, 0, sizeof(float) * (size_t)d);
+          }
         for (int kp = 0; kp < ks.pieces; kp++) {
-          const struct exact_rows x = {.q = q + (u * ng * qs.stride + p * qs.len) * d,
-                                       .k = k + (u * ng * ks.stride + kp * ks.len) * d,
-                                       .v = v + (u * nh * ks.stride + kp * ks.len) * d,
-                                       .qstride = qs.stride,
-                                       .kstride = ks.stride,
-                                       .qoff = qs.off[p],
-                                       .koff = ks.off[kp],
-                                       .d = d,
-                                       .tile = tile,
-                                       .ktile = op->ktile,
-                                       .unit = u,
-                                       .kt = kt ? kt + (u * ks.pieces + kp) * kt_piece : NULL,
-                                       .kt_ld = ks.len};
+          const struct exact_rows x = {
+              .q = q + unit_row(op, u, ng * qs.stride, p * qs.len, op->ldi),
+              .k = k + unit_row(op, u, ng * ks.stride, kp * ks.len, op->ldi),
+              .v = v + unit_row(op, u, nh * ks.stride, kp * ks.len, op->ldi),
+              .ld = op->ldi,
+              .qstride = qs.stride,
+              .kstride = ks.stride,
+              .qoff = qs.off[p],
+              .koff = ks.off[kp],
+              .d = d,
+              .tile = tile,
+              .ktile = op->ktile,
+              .unit = u,
+              .kt = kt ? kt + (u * ks.pieces + kp) * kt_piece : NULL,
+              .kt_ld = ks.len};
           exact_block_forward(hk, &x, o, ks.len, op->mk, i0, i1, scratch);
         }
         for (long h = 0; last && h < nh; h++)
           for (long i = i0; i < i1; i++) {
             const long row = h * o.stride + i;
             const float inv = 1.0f / o.l[row];
-            for (int c = 0; c < d; c++) o.acc[row * d + c] *= inv;
+            float *acc = o.acc + h * o.stride * d + i * o.ld;
+            for (int c = 0; c < d; c++) acc[c] *= inv;
             op->lse_out[qr + row] = o.m[row] + logf(o.l[row]);
           }
       }
     mem_free(scratch);
   }
   mem_free(kt);
+}
+
+/* rows × d floats from src (rows ld_src apart) to dst (ld_dst apart): copied, or added. */
+static void rows_copy(float *dst, long ld_dst, const float *src, long ld_src, long rows, int d) {
+  for (long r = 0; r < rows; r++) memcpy(dst + r * ld_dst, src + r * ld_src, sizeof(float) * d);
+}
+
+static void rows_add(float *dst, long ld_dst, const float *src, long ld_src, long rows, int d) {
+  for (long r = 0; r < rows; r++) {
+    float *o = dst + r * ld_dst;
+    const float *i = src + r * ld_src;
+#pragma omp simd
+    for (int c = 0; c < d; c++) o[c] += i[c];
+  }
 }
 
 /* Gradients of the queries q (as exact_fold's) against the keys k, v: dq (as q), dk, dv (as k, v)
@@ -324,21 +365,43 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
         mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)hk->scratch_backward * tile * op->ktile);
     /* this unit's keys and values transposed, (d, ks.len) each */
     float *kvt = tr ? mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)ks.len * d) : NULL;
+    /* By token (op->rows, one slab): the unit's q, k, v, dout gathered by head and its dq, dk, dv
+     * formed so, then added to the caller's rows, in the thread's buffers (T, d) each: products
+     * that read and accumulate rows ld floats apart ran backward a third slower. */
+    float *pack =
+        op->rows ? mem_alloc(MEM_WORKSPACE, sizeof(float) * 7 * (size_t)ks.len * d) : NULL;
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < op->units; u++)
       for (int kp = 0; kp < ks.pieces; kp++)
         for (int p = 0; p < qs.pieces; p++) {
           const long qr = u * nh * qs.stride + p * qs.len,
-                     qg = (u * ng * qs.stride + p * qs.len) * d;
-          const long kg = (u * ng * ks.stride + kp * ks.len) * d;
-          const long vg = (u * nh * ks.stride + kp * ks.len) * d;
-          if (kvt && p == 0) {
-            tile_transpose(ks.len, d, k + kg, d, kvt, ks.len);
-            tile_transpose(ks.len, d, v + vg, d, kvt + ks.len * d, ks.len);
+                     qg = unit_row(op, u, ng * qs.stride, p * qs.len, op->ldi);
+          const long kg = unit_row(op, u, ng * ks.stride, kp * ks.len, op->ldi);
+          const long vg = unit_row(op, u, nh * ks.stride, kp * ks.len, op->ldi);
+          const long og = unit_row(op, u, nh * qs.stride, p * qs.len, op->ldo);
+          /* where the unit's rows are read and formed: in place, or packed */
+          const float *uq = q + qg, *uk = k + kg, *uv = v + vg, *udo = dout + og;
+          float *udq = dq + qg, *udk = dk + kg, *udv = dv + vg;
+          long ld = op->ldi, ldo = op->ldo;
+          const long Td = ks.len * d;
+          if (pack) {
+            rows_copy(pack, d, uq, op->ldi, qs.len, d);
+            rows_copy(pack + Td, d, uk, op->ldi, ks.len, d);
+            rows_copy(pack + 2 * Td, d, uv, op->ldi, ks.len, d);
+            rows_copy(pack + 3 * Td, d, udo, op->ldo, qs.len, d);
+            memset(pack + 4 * Td, 0, sizeof(float) * 3 * (size_t)Td);
+            uq = pack, uk = pack + Td, uv = pack + 2 * Td, udo = pack + 3 * Td;
+            udq = pack + 4 * Td, udk = pack + 5 * Td, udv = pack + 6 * Td;
+            ld = ldo = d;
           }
-          const struct exact_rows x = {.q = q + qg,
-                                       .k = k + kg,
-                                       .v = v + vg,
+          if (kvt && p == 0) {
+            tile_transpose(ks.len, d, uk, ld, kvt, ks.len);
+            tile_transpose(ks.len, d, uv, ld, kvt + ks.len * d, ks.len);
+          }
+          const struct exact_rows x = {.q = uq,
+                                       .k = uk,
+                                       .v = uv,
+                                       .ld = ld,
                                        .qstride = qs.stride,
                                        .kstride = ks.stride,
                                        .qoff = qs.off[p],
@@ -351,12 +414,23 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
                                        .vt = kvt ? kvt + ks.len * d : NULL,
                                        .kt_ld = ks.len};
           const struct exact_grads g = {
-              dq + qg,       dk + kg,
-              dv + vg,       op->dpar ? op->dpar + u * hk->param_floats : NULL,
-              dout + qr * d, op->lse + qr,
-              D + qr,        op->head_scale ? op->head_scale + (u * nh) % op->H : NULL};
+              .dq = udq,
+              .dk = udk,
+              .dv = udv,
+              .dpar = op->dpar ? op->dpar + u * hk->param_floats : NULL,
+              .dout = udo,
+              .lse = op->lse + qr,
+              .D = D + qr,
+              .scale = op->head_scale ? op->head_scale + (u * nh) % op->H : NULL,
+              .ld_dout = ldo};
           exact_block_backward(hk, &x, &g, qs.len, ks.len, op->mk, scratch);
+          if (pack) {
+            rows_add(dq + qg, op->ldi, udq, d, qs.len, d);
+            rows_add(dk + kg, op->ldi, udk, d, ks.len, d);
+            rows_add(dv + vg, op->ldi, udv, d, ks.len, d);
+          }
         }
+    mem_free(pack);
     mem_free(kvt);
     mem_free(scratch);
   }
@@ -369,13 +443,16 @@ static float head_alpha(const float *head_scale, long bh, long H) {
 }
 
 /* D (B·H·T) = rowsum(alpha·dout ∘ out), the softmax backward's per-row correction. */
-static void exact_rowdot(float *D, const float *dout, const float *out, long BH, long T, long H,
-                         int d, const float *head_scale) {
+static void exact_rowdot(const struct exact_op *op, float *D, const float *dout, const float *out,
+                         long BH) {
+  const long T = op->T;
+  const int d = op->d;
 #pragma omp parallel for schedule(static)
   for (long r = 0; r < BH * T; r++) {
+    const long at = unit_row(op, r / T, T, r % T, op->ldo);
     float s = 0.0f;
-    for (int c = 0; c < d; c++) s += dout[r * d + c] * out[r * d + c];
-    D[r] = head_alpha(head_scale, r / T, H) * s;
+    for (int c = 0; c < d; c++) s += dout[at + c] * out[at + c];
+    D[r] = head_alpha(op->head_scale, r / T, op->H) * s;
   }
 }
 
@@ -386,7 +463,7 @@ static float *grads_open(struct exact_op *op, const float *dout, const float *ou
   float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(rows * op->T));
   const size_t np = op->hk->param_floats;
   if (np) op->dpar = mem_alloc(MEM_WORKSPACE, sizeof(float) * np * (size_t)op->units);
-  exact_rowdot(D, dout, out, rows, op->T, op->H, op->d, op->head_scale);
+  exact_rowdot(op, D, dout, out, rows);
   return D;
 }
 
@@ -620,6 +697,9 @@ double exact_attention_flops(const struct attn_ctx *ctx, long band) {
   return 4.0 * pairs * (double)dm->d * (double)(dm->B * dm->H) * ((double)dm->T / n);
 }
 
+/* By token on one sequence rank; the halo and the ring move slabs by head. */
+static bool exact_takes_rows(const struct attn_ctx *ctx) { return !exact_distributed(ctx); }
+
 static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                           const float *k, const float *v, const float *params) {
   exact_attention_forward(ctx, variant_band(ctx), out, saved, q, k, v);
@@ -733,6 +813,7 @@ struct attn_variant attention_full = {
     .decode_step = exact_decode_step,
     .decode_close = exact_decode_close,
     .cpu = {.saved_floats = exact_saved_floats,
+            .takes_rows = exact_takes_rows,
             .forward = exact_forward,
             .backward = exact_backward},
 };
@@ -748,6 +829,7 @@ struct attn_variant attention_local = {
     .decode_step = exact_decode_step,
     .decode_close = exact_decode_close,
     .cpu = {.saved_floats = exact_saved_floats,
+            .takes_rows = exact_takes_rows,
             .forward = exact_forward,
             .backward = exact_backward},
 };

@@ -183,10 +183,14 @@ static void alloc_activations(struct model *m) {
     x->ln1 = act(BT * C);
     x->ln1_mean = act(BT);
     x->ln1_rstd = act(BT);
-    x->q = act(BT * C);
-    x->k = act(BT * C);
-    x->v = act(BT * C);
-    x->att = act(BT * C);
+    if (m->heads_in_place) {
+      x->qkv = act(BT * 3 * C);
+    } else {
+      x->q = act(BT * C);
+      x->k = act(BT * C);
+      x->v = act(BT * C);
+      x->att = act(BT * C);
+    }
     x->att_saved = act(saved);
     x->atty = act(BT * C);
     x->res2 = act(BT * C);
@@ -210,10 +214,12 @@ static void alloc_activations(struct model *m) {
   m->dfch_gelu = act((size_t)m->mlp_chunk * R);
   m->dln = act(BT * C);
   m->dqkv = m->qkv;
-  m->dq = act(BT * C);
-  m->dk = act(BT * C);
-  m->dv = act(BT * C);
-  m->datt = act(BT * C);
+  if (!m->heads_in_place) {
+    m->dq = act(BT * C);
+    m->dk = act(BT * C);
+    m->dv = act(BT * C);
+    m->datt = act(BT * C);
+  }
   m->datty = act(BT * C);
 }
 
@@ -252,6 +258,11 @@ void model_build_on(struct model *m, const struct config *cfg, struct comm *comm
   struct attn_dims dims = {B, m->H, m->T, m->d, m->n, m->t0, m->causal};
   for (int l = 0; l < m->L; l++)
     m->actx[l] = attention_open(cfg, m->attn, be->device, comm, l, dims);
+  const char *copies = getenv("FMATTN_HEAD_COPIES");
+  m->heads_in_place = m->position != POSITION_ROPE && m->Hqk == m->H &&
+                      attention_takes_rows(&m->actx[0]) && !(copies && strcmp(copies, "1") == 0);
+  for (int l = 0; l < m->L && m->heads_in_place; l++)
+    m->actx[l].rows = (struct attn_rows){3L * m->C, m->C};
   alloc_activations(m);
   m->diag_bands = attention_diag_bands(cfg, m->n);
   m->diag_mass = xcalloc((size_t)(m->L * m->H * m->diag_bands), sizeof(double));
@@ -268,16 +279,18 @@ void model_free(struct model *m) {
   free(m->actx);
   for (int a = 0; a < m->nacts; a++) {
     struct block_acts *x = &m->acts[a];
-    float *bufs[] = {x->ln1, x->ln1_mean, x->ln1_rstd,  x->q,    x->k,
-                     x->v,   x->att,      x->att_saved, x->atty, x->res2,
-                     x->ln2, x->ln2_mean, x->ln2_rstd,  x->fch,  x->fch_gelu};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(bufs[i]);
+    float *bufs[] = {x->ln1,      x->ln1_mean, x->ln1_rstd,  x->q,       x->k,    x->v,
+                     x->att,      x->qkv,      x->att_saved, x->atty,    x->res2, x->ln2,
+                     x->ln2_mean, x->ln2_rstd, x->fch,       x->fch_gelu};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+      if (bufs[i]) m->be->free(bufs[i]);
   }
   free(m->acts);
   float *bufs[] = {m->residual, m->lnf,       m->lnf_mean, m->lnf_rstd, m->logits, m->qkv, m->proj,
                    m->dres,     m->dfch_gelu, m->dln,      m->dq,       m->dk,     m->dv,  m->datt,
                    m->datty,    m->params,    m->grads,    m->m,        m->v};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(bufs[i]);
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) m->be->free(bufs[i]);
   if (!m->be->host_visible) {
     mem_free(m->host_params);
     mem_free(m->host_m);
@@ -408,6 +421,16 @@ static void block_diagnostics(struct model *m, int l, const struct block_acts *a
   const size_t qk = (size_t)m->Hqk * m->T * m->d, vv = (size_t)m->H * m->T * m->d;
   const size_t np = m->attn_params_per_block;
   const float *q = a->q, *k = a->k, *v = a->v, *params = m->P.block[l].attn;
+  float *split = NULL; /* q, k, v by head, where the attention read them in place */
+  if (m->heads_in_place) {
+    const size_t all = (size_t)(m->B * m->T) * m->C;
+    split = buf(m, MEM_WORKSPACE, sizeof(float) * 3 * all);
+    m->be->heads_split_forward(split, split + all, split + 2 * all, a->qkv, m->B, m->T, m->Hqk,
+                               m->H, m->d);
+    q = split, k = split + all, v = split + 2 * all;
+  }
+  struct attn_rows rows = m->actx[l].rows; /* the diagnostics read by head */
+  m->actx[l].rows = (struct attn_rows){0, 0};
   float *host = NULL;
   if (!m->be->host_visible) {
     host = mem_alloc(MEM_WORKSPACE, sizeof(float) * (2 * qk + vv + np + 1));
@@ -427,6 +450,8 @@ static void block_diagnostics(struct model *m, int l, const struct block_acts *a
   ctx->open_diag = (struct attn_open_diag){NULL, NULL};
   comm_host_end(m->comm, transport);
   mem_free(host);
+  ctx->rows = rows;
+  if (split) m->be->free(split);
 }
 
 /* Block l's forward from residual[l], leaving its activations in a and, when write_out, its
@@ -440,8 +465,12 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
 
   PHASE(TIMER_NORM,
         m->be->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C));
-  PHASE(TIMER_GEMM, m->be->linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV));
-  PHASE(TIMER_COPY, m->be->heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d));
+  if (m->heads_in_place) { /* q, k, v read from the product, the output written as atty */
+    PHASE(TIMER_GEMM, m->be->linear_forward(a->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV));
+  } else {
+    PHASE(TIMER_GEMM, m->be->linear_forward(m->qkv, a->ln1, w->wqkv, w->bqkv, N, C, m->QKV));
+    PHASE(TIMER_COPY, m->be->heads_split_forward(a->q, a->k, a->v, m->qkv, B, T, m->Hqk, H, d));
+  }
   if (m->position == POSITION_ROPE) {
     PHASE(TIMER_COPY, m->be->rope_forward(a->q, B * m->Hqk, T, d, m->t0));
     PHASE(TIMER_COPY, m->be->rope_forward(a->k, B * m->Hqk, T, d, m->t0));
@@ -451,10 +480,14 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   ctx->step = step; /* the keys of any noise the variant draws (FiSH), the same in backward */
   ctx->train = train;
   ctx->sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
-  attention_forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
+  if (m->heads_in_place)
+    attention_forward(ctx, a->atty, a->att_saved, a->qkv, a->qkv + C, a->qkv + 2 * C, w->attn);
+  else
+    attention_forward(ctx, a->att, a->att_saved, a->q, a->k, a->v, w->attn);
   if (m->diag_request && m->attn->diagnostics) block_diagnostics(m, l, a);
   timer_stop(TIMER_ATTENTION);
-  PHASE(TIMER_COPY, m->be->heads_merge_forward(a->atty, a->att, B, T, H, d));
+  if (!m->heads_in_place)
+    PHASE(TIMER_COPY, m->be->heads_merge_forward(a->atty, a->att, B, T, H, d));
   PHASE(TIMER_GEMM, m->be->linear_forward(m->proj, a->atty, w->wo, w->bo, N, C, C));
   struct dropout_key k1 = drop_key(m, step, 1 + 2 * l, train);
   PHASE(TIMER_DROPOUT, m->be->residual_dropout_forward(a->res2, x, m->proj, &k1, B, T, C));
@@ -583,20 +616,29 @@ void model_backward(struct model *m, long step) {
     PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dres, m->dproj, dres, &k1, B, T, C));
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C));
-    PHASE(TIMER_COPY, m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d));
-    zero(m->dq, NC);
-    zero(m->dk, NC);
-    zero(m->dv, NC);
-    timer_start(TIMER_ATTENTION);
-    attention_backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v,
-                       w->attn, a->att, a->att_saved);
-    timer_stop(TIMER_ATTENTION);
+    if (m->heads_in_place) { /* the gradients of q, k, v land in dqkv, read from datty */
+      zero(m->dqkv, 3 * NC);
+      timer_start(TIMER_ATTENTION);
+      attention_backward(&m->actx[l], m->dqkv, m->dqkv + C, m->dqkv + 2 * C, g->attn, m->datty,
+                         a->qkv, a->qkv + C, a->qkv + 2 * C, w->attn, a->atty, a->att_saved);
+      timer_stop(TIMER_ATTENTION);
+    } else {
+      PHASE(TIMER_COPY, m->be->heads_merge_backward(m->datt, m->datty, B, T, H, d));
+      zero(m->dq, NC);
+      zero(m->dk, NC);
+      zero(m->dv, NC);
+      timer_start(TIMER_ATTENTION);
+      attention_backward(&m->actx[l], m->dq, m->dk, m->dv, g->attn, m->datt, a->q, a->k, a->v,
+                         w->attn, a->att, a->att_saved);
+      timer_stop(TIMER_ATTENTION);
+    }
     if (m->position == POSITION_ROPE) {
       PHASE(TIMER_COPY, m->be->rope_backward(m->dq, B * m->Hqk, T, d, m->t0));
       PHASE(TIMER_COPY, m->be->rope_backward(m->dk, B * m->Hqk, T, d, m->t0));
     }
-    PHASE(TIMER_COPY,
-          m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d));
+    if (!m->heads_in_place)
+      PHASE(TIMER_COPY,
+            m->be->heads_split_backward(m->dqkv, m->dq, m->dk, m->dv, B, T, m->Hqk, H, d));
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->dln, g->wqkv, g->bqkv, m->dqkv, a->ln1, w->wqkv, N, C, m->QKV));
     PHASE(TIMER_NORM, m->be->layernorm_backward(dres, g->ln1w, g->ln1b, m->dln, x, w->ln1w,

@@ -43,9 +43,11 @@ struct block_acts {
   float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
   float *q, *k, *v;                 /* (B,Hqk,T,d), (B,Hqk,T,d), (B,H,T,d), after rope */
   float *att;                       /* (B,H,T,d) attention output */
-  float *att_saved;                 /* variant's saved floats */
-  float *atty;                      /* (B,T,C) heads merged */
-  float *res2;                      /* (B,T,C) x + dropout(attn proj) */
+  float *qkv;       /* (B,T,3C) the q|k|v product, kept where the attention reads it in place
+                     * (model.heads_in_place: then q, k, v, att are NULL and the output is atty) */
+  float *att_saved; /* variant's saved floats */
+  float *atty;      /* (B,T,C) heads merged */
+  float *res2;      /* (B,T,C) x + dropout(attn proj) */
   float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
   float *fch, *fch_gelu;            /* (B,T,R) each */
 };
@@ -62,6 +64,11 @@ struct model {
   long n;                   /* global sequence length */
   long B, T, t0;            /* local batch, local tokens, global index of local token 0 */
   bool causal, recompute;
+  /* The attention reads q, k, v from the q|k|v product and writes its output where the output
+   * projection reads it (attn_ctx.rows): no head split or merge, and their gradients likewise.
+   * Where the variant's implementation takes it (full and local on the CPU, one sequence rank),
+   * without rope; FMATTN_HEAD_COPIES=1 turns it off (the copies' cost, measured). */
+  bool heads_in_place;
   enum position_kind position; /* model.position */
   bool tie_embeddings;         /* model.tie_embeddings: the head is the token embedding */
   float dropout;               /* model.dropout */
