@@ -145,22 +145,31 @@ static void test_gradient_dropout(void **state) {
 }
 
 /* train.recompute keeps only block inputs; the gradient must be bit-identical. */
+/* The mean loss and a copy of the gradient of cfg's model on the test batch at step 3 (batch 2);
+ * *in_place: whether the model read q, k, v in place (model.heads_in_place). */
+static float *gradient_copy(const struct config *cfg, double *loss, size_t *total, bool *in_place) {
+  struct model m;
+  model_build(&m, cfg, NULL, 2);
+  *in_place = m.heads_in_place;
+  model_init_params(&m);
+  fill_batch(&m);
+  *loss = grad_at(&m, 3);
+  *total = m.plist.total;
+  float *g = malloc(sizeof(float) * *total);
+  memcpy(g, m.grads, sizeof(float) * *total);
+  model_free(&m);
+  return g;
+}
+
 static void test_recompute_identical(void **state) {
   float *grads[2];
   size_t total = 0;
   double loss[2];
+  bool in_place;
   for (int r = 0; r < 2; r++) {
     struct config cfg;
     make_config(&cfg, "full", "learned", "clm", true, 0.1, r == 1);
-    struct model m;
-    model_build(&m, &cfg, NULL, 2);
-    model_init_params(&m);
-    fill_batch(&m);
-    loss[r] = grad_at(&m, 3);
-    total = m.plist.total;
-    grads[r] = malloc(sizeof(float) * total);
-    memcpy(grads[r], m.grads, sizeof(float) * total);
-    model_free(&m);
+    grads[r] = gradient_copy(&cfg, &loss[r], &total, &in_place);
     config_free(&cfg);
   }
   assert_true(loss[0] == loss[1]);
@@ -189,16 +198,9 @@ static void test_heads_in_place_identical(void **state) {
       struct config cfg;
       make_config(&cfg, cases[c].variant, cases[c].position, cases[c].objective, true, 0.1,
                   cases[c].recompute);
-      struct model m;
-      model_build(&m, &cfg, NULL, 2);
-      assert_int_equal(m.heads_in_place, r == 0 && cases[c].in_place);
-      model_init_params(&m);
-      fill_batch(&m);
-      loss[r] = grad_at(&m, 3);
-      total = m.plist.total;
-      grads[r] = malloc(sizeof(float) * total);
-      memcpy(grads[r], m.grads, sizeof(float) * total);
-      model_free(&m);
+      bool in_place;
+      grads[r] = gradient_copy(&cfg, &loss[r], &total, &in_place);
+      assert_int_equal(in_place, r == 0 && cases[c].in_place);
       config_free(&cfg);
       unsetenv("FMATTN_HEAD_COPIES");
     }
