@@ -34,6 +34,16 @@ check "resumed losses equal the uninterrupted run bit for bit" py "$TESTDIR/h5ch
 check "resumed validation equals the uninterrupted run bit for bit" py "$TESTDIR/h5check.py" same-series out/straight/diag.h5 out/resumed/diag.h5 eval 20 0
 check "resumed final parameters and moments are identical" py "$TESTDIR/h5check.py" same-tensors out/straight/ckpt_000040.h5 out/resumed/ckpt_000040.h5 0
 
+# full reads q, k, v in place from the q|k|v product (model.heads_in_place): losses, attention
+# diagnostics and the final tensors are those of the head split and merge copies, bit for bit
+inplace="$common --set train.steps=20 --set output.diag_every=5"
+check "heads in place: 20-step run with diagnostics" "$F" "$COPY" $inplace --set run.name=in-place
+check "heads copied (FMATTN_HEAD_COPIES=1): the same run" env FMATTN_HEAD_COPIES=1 "$F" "$COPY" $inplace --set run.name=copied
+for g in train eval attention; do
+  check "heads in place: the $g series equal the copies' bit for bit" py "$TESTDIR/h5check.py" same-series out/in-place/diag.h5 out/copied/diag.h5 $g 0 0
+done
+check "heads in place: the final parameters and moments equal the copies'" py "$TESTDIR/h5check.py" same-tensors out/in-place/ckpt_000020.h5 out/copied/ckpt_000020.h5 0
+
 # rmfa restarts bit for bit too: its random features come back from the checkpoint (frozen
 # tensors attn/rmfa/{degree, omega}), not from a new draw
 rm="$common --set attention.variant=rmfa --set attention.rmfa.features=16"
