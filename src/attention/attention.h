@@ -1,8 +1,9 @@
 /* The attention interface (SPEC §1, §6): one ops table per variant, the only seam between the
  * model and a variant; adding one is a new file plus one line in deck/variants.h. v and the output
- * are (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d), Hqk = H or FiSH's G global heads.
- * Under sequence parallelism a variant reaches the rest of the sequence through ctx->comm; the
- * exchange it needs is its own business, behind forward/backward. */
+ * are (B, H, T, d) over the LOCAL tokens, q and k (B, Hqk, T, d), Hqk = H or FiSH's G global heads
+ * (or all of them by token, where the implementation takes it: attn_ctx.rows). Under sequence
+ * parallelism a variant reaches the rest of the sequence through ctx->comm; the exchange it needs
+ * is its own business, behind forward/backward. */
 #ifndef FMATTN_ATTENTION_H
 #define FMATTN_ATTENTION_H
 
