@@ -180,15 +180,15 @@ static void test_recompute_identical(void **state) {
 
 /* q, k, v read in place from the q|k|v product and the output written where the projection reads
  * it (model.heads_in_place): the same loss and gradient bit for bit as with the head split and
- * merge copies (FMATTN_HEAD_COPIES=1), for full and local, both objectives, with recomputation;
- * rope and FiSH keep the copies. */
+ * merge copies (FMATTN_HEAD_COPIES=1), for full, both objectives, with recomputation; local,
+ * rope and fma keep the copies. */
 static void test_heads_in_place_identical(void **state) {
   const struct {
     const char *variant, *position, *objective;
     bool recompute, in_place;
-  } cases[] = {{"full", "learned", "clm", false, true},  {"full", "sinusoidal", "mlm", true, true},
-               {"local", "learned", "clm", false, true}, {"local", "learned", "mlm", false, true},
-               {"full", "rope", "clm", false, false},    {"fma", "learned", "clm", false, false}};
+  } cases[] = {{"full", "learned", "clm", false, true},   {"full", "sinusoidal", "mlm", true, true},
+               {"local", "learned", "clm", false, false}, {"local", "learned", "mlm", false, false},
+               {"full", "rope", "clm", false, false},     {"fma", "learned", "clm", false, false}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     float *grads[2];
     size_t total = 0;

@@ -225,8 +225,9 @@ static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct ex
                                      long band, const float *head_scale) {
   const struct attn_dims *dm = &ctx->dims;
   const bool rows = ctx->rows.ld_qkv > 0;
-  if (rows && !(hk->heads == 1 && hk->qk_heads == 1 && !(ctx->comm && ctx->comm->S > 1)))
-    error("exact attention: rows in place need one head per unit on one sequence rank");
+  if (rows &&
+      !(hk->heads == 1 && hk->qk_heads == 1 && band <= 0 && !(ctx->comm && ctx->comm->S > 1)))
+    error("exact attention: rows in place need one head per unit, no band, one sequence rank");
   return (struct exact_op){.hk = hk,
                            .rows = rows,
                            .ldi = rows ? ctx->rows.ld_qkv : dm->d,
@@ -697,8 +698,13 @@ double exact_attention_flops(const struct attn_ctx *ctx, long band) {
   return 4.0 * pairs * (double)dm->d * (double)(dm->B * dm->H) * ((double)dm->T / n);
 }
 
-/* By token on one sequence rank; the halo and the ring move slabs by head. */
-static bool exact_takes_rows(const struct attn_ctx *ctx) { return !exact_distributed(ctx); }
+/* By token on one sequence rank (the halo and the ring move slabs by head), without a band: the
+ * backward gathers a whole unit by head (7·T·d floats per thread), where a band's query tile needs
+ * only tile + band − 1 keys, so at long n `local` would spend more on the gathers than the copies
+ * cost. */
+static bool exact_takes_rows(const struct attn_ctx *ctx) {
+  return !exact_distributed(ctx) && variant_band(ctx) <= 0;
+}
 
 static void exact_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                           const float *k, const float *v, const float *params) {

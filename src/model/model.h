@@ -66,7 +66,7 @@ struct model {
   bool causal, recompute;
   /* The attention reads q, k, v from the q|k|v product and writes its output where the output
    * projection reads it (attn_ctx.rows): no head split or merge, and their gradients likewise.
-   * Where the variant's implementation takes it (full and local on the CPU, one sequence rank),
+   * Where the variant's implementation takes it (full on the CPU, one sequence rank),
    * without rope; FMATTN_HEAD_COPIES=1 turns it off (the copies' cost, measured). */
   bool heads_in_place;
   enum position_kind position; /* model.position */
