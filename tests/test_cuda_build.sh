@@ -39,6 +39,10 @@ check "./configure --with-cuda=$CUDA_HOME" ./configure --with-cuda="$CUDA_HOME"
 check "make: the program, gpu/libfmattn_gpu.a, and every test program (the GPU tests with them)" sh -c \
   "make -j2 > make.log 2>&1 && make -C tests -j2 check TESTS= TEST_LOGS= >> make.log 2>&1 && test -f gpu/libfmattn_gpu.a || { tail -n 30 make.log; exit 1; }"
 check "the CPU program still runs" sh -c "src/fmattn --version"
+# the CUDA objects follow their headers (nvcc -MD): a struct of src/ changed under them rebuilds
+# them, where they once kept the old layout and the program faulted on a GPU
+check "a header of src/ changed: make rebuilds the CUDA objects that include it" sh -c \
+  "touch src/attention/attention.h && make -C gpu -n libfmattn_gpu.a | grep -q 'fma_evaluate\.cu'"
 # issue 27 §4: the FMA kernels index in 32 bits (a 64-bit division is ~20 instructions on a GPU)
 check "no 64-bit division or remainder in the PTX of the FMA kernels" sh -c \
   "make -C gpu ptx > ptx.log 2>&1 || { tail -n 20 ptx.log; exit 1; }; ! grep -nE '(div|rem)\.[su]64' gpu/*.ptx"
