@@ -191,65 +191,6 @@ __global__ void softmax_backward(float *dP, const float *P, const float *D, int 
   }
 }
 
-// probabilities and softmax_backward with the row held in registers (ld ≤ K·kLanes): every
-// column's operands and mask loaded before any column is written, so that the loads overlap (the
-// plain kernels write the row in place between their loads, which orders them). The same
-// arithmetic, so the same bits; a masked column is held as −inf (a visible one is finite).
-template <int K>
-__global__ void probabilities_held(float *S, const float *lse, int ld, gfma_mask mk, int g0,
-                                   int rows, __nv_bfloat16 *Pb) {
-  soft_row x;
-  if (!soft_row_of(mk, g0, rows, &x)) return;
-  const float L = lse[(size_t)x.gl * mk.m + x.r];
-  float *s = S + (size_t)x.row * ld;
-  float e[K];
-#pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int c = (int)threadIdx.x + i * (int)kLanes;
-    float add;
-    e[i] = c < ld && visible(mk, x.lb, x.r, c, &add) ? s[c] + add : -INFINITY;
-  }
-#pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int c = (int)threadIdx.x + i * (int)kLanes;
-    if (c >= ld) break;
-    const float pr = e[i] == -INFINITY ? 0.0f : expf(e[i] - L);
-    if (Pb)
-      Pb[(size_t)x.row * ld + c] = __float2bfloat16(pr);
-    else
-      s[c] = pr;
-  }
-}
-
-template <int K>
-__global__ void softmax_backward_held(float *dP, const float *P, const float *D, int ld,
-                                      gfma_mask mk, int g0, int rows, const float *lse,
-                                      __nv_bfloat16 *dSb) {
-  soft_row x;
-  if (!soft_row_of(mk, g0, rows, &x)) return;
-  const size_t at = (size_t)x.row * ld;
-  const float L = dSb ? lse[(size_t)x.gl * mk.m + x.r] : 0.0f, Dr = D[x.row];
-  float e[K], g[K];  // the score plus log-weight (bf16 products) or the probability; dP
-#pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int c = (int)threadIdx.x + i * (int)kLanes;
-    float add;
-    const bool seen = c < ld && visible(mk, x.lb, x.r, c, &add);
-    e[i] = seen ? (dSb ? P[at + c] + add : P[at + c]) : -INFINITY;
-    g[i] = c < ld ? dP[at + c] : 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int c = (int)threadIdx.x + i * (int)kLanes;
-    if (c >= ld) break;
-    const float ds = e[i] == -INFINITY ? 0.0f : (dSb ? expf(e[i] - L) : e[i]) * (g[i] - Dr);
-    if (dSb)
-      dSb[at + c] = __float2bfloat16(ds);
-    else
-      dP[at + c] = ds;
-  }
-}
-
 // grid-stride: D[r] = Σ_f a[r, f]·b[r, f] over rows of d. CPU twin: rows_dot (attention/fma.c).
 __global__ void rowdot(float *D, const float *a, const float *b, int rows, int d) {
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
@@ -761,20 +702,12 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const long f4 = sizeof(float);
   // device time: the near field's products and the fused softmax's passes TIMER_P2P, the far
   // field's products TIMER_M2P
+  // (the backward's two softmax kernels read each column once either way; holding the row in
+  // registers, as the forward does, measured slower on the H200: docs/gpu.md)
   int span = gpu_op_begin(TIMER_P2P);
-  if (ld <= 8 * (long)kLanes) {  // the row held in registers, as the forward softmax
-    probabilities_held<8><<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-        c.S, lse, (int)ld, mask_of(g), (int)c.g0, (int)rows, bf16_of(c));
-    LAUNCH_CHECK(probabilities_held<8>);
-  } else if (ld <= 16 * (long)kLanes) {
-    probabilities_held<16><<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-        c.S, lse, (int)ld, mask_of(g), (int)c.g0, (int)rows, bf16_of(c));
-    LAUNCH_CHECK(probabilities_held<16>);
-  } else {
-    probabilities<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-        c.S, lse, (int)ld, mask_of(g), (int)c.g0, (int)rows, bf16_of(c));
-    LAUNCH_CHECK(probabilities);
-  }
+  probabilities<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+      c.S, lse, (int)ld, mask_of(g), (int)c.g0, (int)rows, bf16_of(c));
+  LAUNCH_CHECK(probabilities);
   gpu_op_end(span);
   const char *P = static_cast<const char *>(c.P);
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
@@ -810,19 +743,9 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   span = gpu_op_begin(TIMER_P2P);
   // dS: in place in dP, or (bf16 products) into c.P from the scores in c.S
   const char *dS = w.Pb ? P : reinterpret_cast<const char *>(w.dP);
-  if (ld <= 8 * (long)kLanes) {
-    softmax_backward_held<8><<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-        w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0, (int)rows, lse, bf16_of(c));
-    LAUNCH_CHECK(softmax_backward_held<8>);
-  } else if (ld <= 16 * (long)kLanes) {
-    softmax_backward_held<16><<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-        w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0, (int)rows, lse, bf16_of(c));
-    LAUNCH_CHECK(softmax_backward_held<16>);
-  } else {
-    softmax_backward<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
-        w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0, (int)rows, lse, bf16_of(c));
-    LAUNCH_CHECK(softmax_backward);
-  }
+  softmax_backward<<<soft_grid(rows), soft_block(), 0, gpu_stream()>>>(
+      w.dP, c.S, D, (int)ld, mask_of(g), (int)c.g0, (int)rows, lse, bf16_of(c));
+  LAUNCH_CHECK(softmax_backward);
   // dq from every near key block at once; dk key block by key block
   near_gemm(type, c.geo, c.table, false, false, m, d, ns * m, scale, query_side(dS, m * ld, es), ld,
             key_side(c.x->k, c.kends, es), d, 1.0f, query_side(dq + c.g0 * m * d, m * d, f4), d,

@@ -293,10 +293,11 @@ static void test_gpu_fma_bf16(void **state) {
   gpu_set_bf16(false);
 }
 
-/* Score rows of every length the softmax kernels tell apart (gpu/fma_evaluate.cu): up to 256
+/* Score rows of every length the forward softmax tells apart (gpu/fma_evaluate.cu): up to 256
  * columns held in registers 8 a lane (every case above), up to 512 held 16 a lane (m = 128,
- * causal: 2 near blocks and the far slots), longer in the plain kernels (m = 192,
- * bidirectional: 3 near blocks, 576 columns and more), in fp32 and bf16. */
+ * causal: 2 near blocks and the far slots), longer in the plain kernel (m = 192,
+ * bidirectional: 3 near blocks, 576 columns and more), in fp32 and bf16; backward's kernels
+ * take every length alike. */
 static void test_gpu_fma_long_rows(void **state) {
   const struct fcase cases[] = {{"fma", "m2m", true, true, 1024, 128, 4, 8},
                                 {"fma", "conv", false, true, 768, 192, 4, 8}};
