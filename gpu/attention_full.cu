@@ -121,15 +121,6 @@ __global__ void exact_fwd(float *out, float *lse, const float *q, const float *k
   lse[(size_t)blockIdx.y * T + i] = m + logf(l);
 }
 
-// Drow (B·H·T) = rowsum(dout ∘ out), the softmax backward's per-row correction.
-__global__ void rowdot(float *Drow, const float *dout, const float *out, size_t rows, int d) {
-  const size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  float s = 0.0f;
-  for (int e = 0; e < d; e++) s += dout[r * d + e] * out[r * d + e];
-  Drow[r] = s;
-}
-
 // grid (query blocks, B·H): dq of queries [blockIdx.x·kRows, +kRows) += Σ_j dS_ij k_j / √d.
 template <int D>
 __global__ void exact_bwd_dq(float *dq, const float *dout, const float *q, const float *k,
@@ -277,7 +268,7 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
   const size_t rows = (size_t)BH * T;
   if (rows == 0) return;
   float *Drow = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * rows));
-  exact_rowdot(Drow, dout, out, (long)rows, d);
+  gpu_rows_dot(Drow, dout, out, (long)rows, d);
   switch (d) {
     case 16:
       backward_d<16>(dq, dk, dv, dout, q, k, v, lse, Drow, BH, T, mk);
@@ -296,11 +287,4 @@ extern "C" void gpu_exact_attention_backward(float *dq, float *dk, float *dv, co
                "exact attention on the GPU: head size %d is not one of 16, 32, 64, 128", d);
   }
   gpu_free(Drow);  // back to the pool: work queued later on the stream runs after its readers
-}
-
-// D (rows) = rowsum(dout ∘ out) (attention_full.cuh), for the reference and the blocked form.
-void exact_rowdot(float *D, const float *dout, const float *out, long rows, int d) {
-  if (rows == 0) return;
-  rowdot<<<gpu_blocks((size_t)rows, 256), 256, 0, gpu_stream()>>>(D, dout, out, (size_t)rows, d);
-  LAUNCH_CHECK(rowdot);
 }

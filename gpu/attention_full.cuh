@@ -31,8 +31,6 @@ void exact_state_init(float *m, float *l, float *acc, long rows, int d);
 /* out = acc / l (in place when out = acc), lse = m + log l, over rows contiguous rows. */
 void exact_state_finish(float *out, float *lse, float *acc, const float *m, const float *l,
                         long rows, int d);
-/* D (rows) = rowsum(dout ∘ out), the softmax backward's per-row correction (attention_full.cu). */
-void exact_rowdot(float *D, const float *dout, const float *out, long rows, int d);
 
 /* Fold the keys k, v (key side ks) into the state of the queries (query side qs): the full form,
  * every query chunk against the contiguous range of keys it may see. */

@@ -480,7 +480,7 @@ void exact_keys_backward(const exact_job &job, exact_side qs, const float *q, co
   if (job.BH == 0 || qs.n == 0) return;
   const long rows = job.BH * qs.n;
   float *D = workspace_alloc((size_t)rows);
-  exact_rowdot(D, dout, out, rows, job.d);
+  gpu_rows_dot(D, dout, out, rows, job.d);
   if (banded(job, qs, ks))
     band_backward(job, qs, q, dout, D, lse, dq, ks, k, v, dk, dv);
   else

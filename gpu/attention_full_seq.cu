@@ -126,7 +126,7 @@ void full_ring_backward(attn_ctx *ctx, float *dq, float *dk, float *dv, const fl
   RingOp op = {job_of(ctx), nullptr, nullptr, lse};
   const long BH = op.job.BH, d = op.job.d;
   float *D = device_floats(MEM_WORKSPACE, (size_t)(BH * rg.T));  // per row: 1/d of the traffic
-  exact_rowdot(D, dout, out, BH * rg.T, op.job.d);
+  gpu_rows_dot(D, dout, out, BH * rg.T, op.job.d);
   struct ring_pass ps = {};
   ps.stay = {3, {BH, BH, BH}, {d, d, 1}};
   ps.travel = {2, {BH, BH}, {d, d}};

@@ -191,16 +191,6 @@ __global__ void softmax_backward(float *dP, const float *P, const float *D, int 
   }
 }
 
-// grid-stride: D[r] = Σ_f a[r, f]·b[r, f] over rows of d. CPU twin: rows_dot (attention/fma.c).
-__global__ void rowdot(float *D, const float *a, const float *b, int rows, int d) {
-  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
-    const float *x = a + (size_t)r * d, *y = b + (size_t)r * d;
-    float acc = 0.0f;
-    for (int f = 0; f < d; f++) acc += x[f] * y[f];
-    D[r] = acc;
-  }
-}
-
 // grid-stride over the chunk's (block, listed window) pairs, kGather per block, one warp each:
 // Kf, Vf (blocks, nfmax, d) = the window's p summary rows of XK, XV (0 where its slots are
 // empty), fp32 or bf16 (T). A window's rows are contiguous within a channel (the channels
@@ -244,24 +234,46 @@ __device__ int first_source(const gfma_refs &refs, int lo, int hi, int slots, in
 }
 
 // The references of summary row k that head h's sources [s0, s1) make: [*a, *b) in refs.ref
-// (binary searches: a coarse row has thousands).
-__device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s1, int *a, int *b) {
-  *a = first_source(refs, refs.off[k], refs.off[k + 1], slots, s0);
-  *b = first_source(refs, *a, refs.off[k + 1], slots, s1);
+// (binary searches: a coarse row has thousands; none where the chunk holds all of the head's
+// sources, [0, nbs), the row's whole range)
+__device__ void ref_range(const gfma_refs &refs, int k, int slots, int s0, int s1, int nbs, int *a,
+                          int *b) {
+  *a = s0 == 0 ? refs.off[k] : first_source(refs, refs.off[k], refs.off[k + 1], slots, s0);
+  *b = s1 == nbs ? refs.off[k + 1] : first_source(refs, *a, refs.off[k + 1], slots, s1);
 }
 
-// grid (referenced summary rows, heads of the chunk), block (kRow, kWarps): dXK, dXV += the far
-// gradients dKf, dVf (chunk blocks, nfmax, d) of every reference to the row from the chunk's
-// blocks: the transpose of the gather, per target row. The references are cut into kWarps
-// consecutive shares, one per warp (lanes along f), and the shares' sums are added in warp
-// order: a fixed order, so no atomics and no dependence on scheduling. CPU twin: scatter_add.
+// The head and the slab's sources [s0, s1) of the chunk's blocks [g0, g1) that blockIdx.y
+// stands for, in the scatter kernels.
+struct scatter_head {
+  int h, s0, s1;
+};
+__device__ inline scatter_head scatter_head_of(int nbs, int g0, int g1) {
+  scatter_head x;
+  x.h = g0 / nbs + (int)blockIdx.y;
+  x.s0 = g0 - x.h * nbs > 0 ? g0 - x.h * nbs : 0;
+  x.s1 = g1 - x.h * nbs < nbs ? g1 - x.h * nbs : nbs;
+  return x;
+}
+
+// Where reference e's gradient row lies in dKf, dVf (chunk blocks, nfmax, d).
+__device__ inline size_t far_grad_row(const gfma_refs &refs, int e, int h, int nbs, int nfmax,
+                                      int g0, int d) {
+  return ((size_t)(h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * d;
+}
+
+// grid (refs.heavy, heads of the chunk), block (kRow, kWarps): dXK, dXV += the far gradients dKf,
+// dVf (chunk blocks, nfmax, d) of every reference to a summary row with many (a coarse level's)
+// from the chunk's blocks: the transpose of the gather, per target row. The references are cut
+// into kWarps consecutive shares, one per warp (lanes along f), and the shares' sums are added in
+// warp order: a fixed order, so no atomics and no dependence on scheduling. CPU twin:
+// scatter_add.
 __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const float *dVf,
                             gfma_refs refs, gfma_levels lv, int nbs, int nfmax, int g0, int g1) {
   __shared__ float part[2][kWarps][kRow];
-  const int k = blockIdx.x, h = g0 / nbs + blockIdx.y, R = refs.row[k];
-  const int s0 = g0 - h * nbs > 0 ? g0 - h * nbs : 0, s1 = g1 - h * nbs < nbs ? g1 - h * nbs : nbs;
+  const int k = refs.heavy[blockIdx.x], R = refs.row[k];
+  const scatter_head x = scatter_head_of(nbs, g0, g1);
   int a, b;
-  ref_range(refs, k, nfmax, s0, s1, &a, &b);
+  ref_range(refs, k, nfmax, x.s0, x.s1, nbs, &a, &b);
   if (a == b) return;  // the whole block: a and b are the same for every thread
   const int l = gfma_level_of(lv, R), share = (b - a + kWarps - 1) / kWarps;
   const int e0 = a + threadIdx.y * share, e1 = e0 + share < b ? e0 + share : b;
@@ -269,8 +281,7 @@ __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const floa
     const int f = f0 + threadIdx.x;
     float ak = 0.0f, av = 0.0f;
     for (int e = e0; e < e1 && f < lv.d; e++) {
-      const size_t src =
-          ((size_t)(h * nbs + refs.ref[e] / nfmax - g0) * nfmax + refs.ref[e] % nfmax) * lv.d;
+      const size_t src = far_grad_row(refs, e, x.h, nbs, nfmax, g0, lv.d);
       ak += dKf[src + f];
       av += dVf[src + f];
     }
@@ -283,11 +294,46 @@ __global__ void scatter_far(float *dXK, float *dXV, const float *dKf, const floa
         sk += part[0][w][threadIdx.x];
         sv += part[1][w][threadIdx.x];
       }
-      const size_t at = gfma_at(lv, l, f, h, R - lv.row[l]);
+      const size_t at = gfma_at(lv, l, f, x.h, R - lv.row[l]);
       dXK[at] += sk;
       dXV[at] += sv;
     }
     __syncthreads();  // part is written again for the next channels
+  }
+}
+
+// scatter_far for the summary rows with few references (refs.light: the fine levels', most
+// rows), one warp each, kWarps rows a block: grid (refs.light / kWarps rounded up, heads of the
+// chunk), block (kRow, kWarps). The warp forms scatter_far's kWarps shares one after another
+// and adds their sums in the same order: the same bits, where a block of 8 warps per row spent
+// most of its time starting and waiting on rows of a few references.
+__global__ void scatter_far_light(float *dXK, float *dXV, const float *dKf, const float *dVf,
+                                  gfma_refs refs, gfma_levels lv, int nbs, int nfmax, int g0,
+                                  int g1) {
+  const int i = (int)(blockIdx.x * kWarps + threadIdx.y);
+  if (i >= refs.nlight) return;  // the whole warp
+  const int k = refs.light[i], R = refs.row[k];
+  const scatter_head x = scatter_head_of(nbs, g0, g1);
+  int a, b;
+  ref_range(refs, k, nfmax, x.s0, x.s1, nbs, &a, &b);
+  if (a == b) return;
+  const int l = gfma_level_of(lv, R), share = (b - a + kWarps - 1) / kWarps;
+  for (int f = threadIdx.x; f < lv.d; f += kRow) {
+    float sk = 0.0f, sv = 0.0f;
+    for (int w = 0; w < (int)kWarps; w++) {
+      const int e0 = a + w * share, e1 = e0 + share < b ? e0 + share : b;
+      float ak = 0.0f, av = 0.0f;
+      for (int e = e0; e < e1; e++) {
+        const size_t src = far_grad_row(refs, e, x.h, nbs, nfmax, g0, lv.d);
+        ak += dKf[src + f];
+        av += dVf[src + f];
+      }
+      sk += ak;
+      sv += av;
+    }
+    const size_t at = gfma_at(lv, l, f, x.h, R - lv.row[l]);
+    dXK[at] += sk;
+    dXV[at] += sv;
   }
 }
 
@@ -682,13 +728,6 @@ chunk chunk_of(const gfma *g, const workspace &w, long g0, const operands *x, lo
   return c;
 }
 
-void launch_rowdot(float *D, const float *a, const float *b, long rows, long d) {
-  if (rows == 0) return;
-  rowdot<<<grid_of((size_t)rows), kThreads, 0, gpu_stream()>>>(D, a, b, gpu_int(rows, "rows"),
-                                                               (int)d);
-  LAUNCH_CHECK(rowdot);
-}
-
 // The chunk's transposes after its scores are in c.S (fma_evaluate_backward's block loop): P from
 // lse, dP = dout·[v_near | V_far]ᵀ, dv += P_nᵀ·dout, dVf = P_fᵀ·dout, dS from D (the chunk's
 // rows), dq += dS·[k_near | K_far]/√d, dk += dS_nᵀ·q/√d, dKf = dS_fᵀ·q/√d. With bf16 products P
@@ -712,7 +751,7 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   const char *P = static_cast<const char *>(c.P);
   if (!D) {  // fma_linear: D of the near field's own output (linear_near_backward)
     values(g, c, w.o);
-    launch_rowdot(w.D, dout + c.g0 * m * d, w.o, nc * m, d);
+    gpu_rows_dot(w.D, dout + c.g0 * m * d, w.o, nc * m, d);
     D = w.D;
   }
   span = gpu_op_begin(TIMER_P2P);
@@ -770,6 +809,26 @@ void chunk_backward(const gfma *g, const chunk &c, const workspace &w, float *dq
   }
 }
 
+// dXK, dXV += the chunk's far gradients (w.dKf, w.dVf), row by referenced summary row: the
+// rows of few references a warp each, the others a block each.
+void launch_scatter(const gfma *g, const chunk &c, const workspace &w, float *dXK, float *dXV) {
+  const gfma_refs &refs = g->far_refs;
+  const unsigned heads = (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1);
+  const gpu_op_time t(TIMER_M2P);
+  if (refs.nlight) {
+    const dim3 grid(gpu_int((refs.nlight + kWarps - 1) / kWarps, "light summary rows"), heads);
+    scatter_far_light<<<grid, dim3(kRow, kWarps), 0, gpu_stream()>>>(
+        dXK, dXV, w.dKf, w.dVf, refs, g->lv, (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
+    LAUNCH_CHECK(scatter_far_light);
+  }
+  if (refs.nheavy) {
+    const dim3 grid(gpu_int(refs.nheavy, "summary rows"), heads);
+    scatter_far<<<grid, dim3(kRow, kWarps), 0, gpu_stream()>>>(
+        dXK, dXV, w.dKf, w.dVf, refs, g->lv, (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
+    LAUNCH_CHECK(scatter_far);
+  }
+}
+
 void check_heads(const gfma *g) {
   if (g->BH > 65535)
     error_at(__FILE__, __func__, __LINE__,
@@ -808,7 +867,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
   float *D = nullptr;  // fma: Σ dout·out per row; fma_linear: per chunk, of the near field alone
   if (!g->linear) {
     D = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (rows + 1)));
-    launch_rowdot(D, dout, out, rows, g->d);
+    gpu_rows_dot(D, dout, out, rows, g->d);
   }
   const operands x = operands_open(g, q, k, v, dout, kstride, XK, XV);
   workspace w = workspace_open(g, x, true);
@@ -817,14 +876,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
     launch_gather(g, c);
     scores(g, c);
     chunk_backward(g, c, w, dq, dk, dv, dout, lse, D ? D + g0 * g->m : nullptr);
-    if (g->far_refs.nrows && g->nfmax) {
-      const gpu_op_time t(TIMER_M2P);
-      const dim3 grid(gpu_int(g->far_refs.nrows, "summary rows"),
-                      (unsigned)((c.g1 - 1) / g->nbs - c.g0 / g->nbs + 1));
-      scatter_far<<<grid, dim3(kRow, kWarps), 0, gpu_stream()>>>(
-          dXK, dXV, w.dKf, w.dVf, g->far_refs, g->lv, (int)g->nbs, g->nfmax, (int)c.g0, (int)c.g1);
-      LAUNCH_CHECK(scatter_far);
-    }
+    if (g->nfmax) launch_scatter(g, c, w, dXK, dXV);
   }
   workspace_close(&w);
   gpu_free(x.copies);

@@ -40,19 +40,27 @@ gfma_refs build_refs(const std::vector<int> &table, long sources, int slots, lon
     const long k = start[(size_t)R];
     ref[(size_t)(off[(size_t)k] + fill[(size_t)k]++)] = (int)e;
   }
+  std::vector<int> light, heavy;  // the rows a warp sums, and those a block does
+  for (size_t k = 0; k < row.size(); k++)
+    (off[k + 1] - off[k] <= gfma_light_refs() ? light : heavy).push_back((int)k);
   gfma_refs refs;
   refs.nrows = (long)row.size();
   refs.row = upload_vector(row);
   refs.off = upload_vector(off);
   refs.ref = upload_vector(ref);
+  refs.nlight = (long)light.size();
+  refs.nheavy = (long)heavy.size();
+  refs.light = upload_vector(light);
+  refs.heavy = upload_vector(heavy);
   return refs;
 }
 
 void free_refs(gfma_refs *r) {
-  gpu_free(r->row);
-  gpu_free(r->off);
-  gpu_free(r->ref);
+  for (int *p : {r->row, r->off, r->ref, r->light, r->heavy}) gpu_free(p);
 }
+
+constexpr int kLightRefs = 32;  // default of gfma_light_refs
+int light_refs = kLightRefs;
 
 // fma: the far slots of every slab query block — level l's windows from fma_lists_level, p rows
 // each, in the level's nlist·p slots; the rest −1 — and each slot's log-weight (fma_block_keys'
@@ -126,6 +134,10 @@ void build_items(gfma *g) {
 }
 
 }  // namespace
+
+int gfma_light_refs(void) { return light_refs; }
+
+extern "C" void gpu_fma_set_light_refs(int refs) { light_refs = refs < 0 ? kLightRefs : refs; }
 
 void gfma_tables_build(gfma *g) {
   const fma_state *st = g->st;

@@ -134,6 +134,9 @@ void gpu_fill_normal(float *x, long rows, long len, long key_stride, long key0, 
                      uint64_t stream, uint64_t a);
 /* dst (n bf16 values) = src rounded to nearest even: a conversion pass (counted). */
 void gpu_to_bf16(void *dst, const float *src, size_t n);
+/* D[r] = Σ_f a[r, f]·b[r, f] over `rows` rows of d floats, f in order (the CPU's rows_dot): the
+ * softmax backward's row correction rowsum(dout ∘ out) of the exact and FMA attentions. */
+void gpu_rows_dot(float *D, const float *a, const float *b, long rows, long d);
 
 /* The device's GEMM rate, GFLOP/s: square products of random operands, fp32 (fp32 math, as
  * gpu_gemm runs them) or bf16 (tensor-core math, as gpu_gemm_as runs bf16 operands), fp32
@@ -237,6 +240,11 @@ void gpu_attention_fma_register(void);
  * summaries and, in backward, their gradients), in bytes (gpu.fma_workspace_mb, default 1 GiB; 0
  * restores the default). */
 void gpu_fma_set_workspace(size_t bytes);
+/* The far field's backward scatter sums a summary row's gradient with one warp where the row has
+ * at most `refs` references (default 32), with a block of 8 warps otherwise; the same sums in the
+ * same order either way. For tables built after the call; negative: the default. Tests use 0
+ * (every row to the blocks) and a large value (every row to the warps). */
+void gpu_fma_set_light_refs(int refs);
 
 /* ---- communication (comm.cu): the NCCL transport of the communicator (comm.h) */
 

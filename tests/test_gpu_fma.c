@@ -206,7 +206,18 @@ static struct errors compare(const struct result *gpu, const struct result *cpu,
 }
 
 /* One case on one rank: the GPU op against the CPU op, within tol. */
-static void check_case(const struct fcase *t, double tol) {
+/* A GPU result kept by check_case_kept, with its arrays' lengths. */
+struct kept {
+  struct result r;
+  size_t n, nl, np; /* out, dq, dk, dv; lse; dparams */
+};
+
+static void check_case_kept(const struct fcase *t, double tol, struct kept *keep);
+
+static void check_case(const struct fcase *t, double tol) { check_case_kept(t, tol, NULL); }
+
+/* check_case, keeping the GPU's result in *keep (NULL: not kept). */
+static void check_case_kept(const struct fcase *t, double tol, struct kept *keep) {
   const long B = 2, H = 2, d = head_size(t);
   struct config cfg;
   make_config(&cfg, t, H, d, 1);
@@ -223,7 +234,13 @@ static void check_case(const struct fcase *t, double tol) {
   print_message("# %s: worst %s %.2e\n", case_name(t, ""), e.what, e.worst);
   if (!(e.worst <= tol))
     fail_msg("%s: %s relative error %.3e exceeds %.1e", case_name(t, ""), e.what, e.worst, tol);
-  result_free(&rc), result_free(&rg), inputs_free(&in), params_free(&pp);
+  if (keep) {
+    const size_t nl = (size_t)(B * H * t->n);
+    *keep = (struct kept){rg, nl * (size_t)d, nl, pp.list.total};
+  } else {
+    result_free(&rg);
+  }
+  result_free(&rc), inputs_free(&in), params_free(&pp);
   attention_close(&cpu), attention_close(&gpu);
   config_free(&cfg);
 }
@@ -268,12 +285,14 @@ static void test_gpu_fma_chunks(void **state) {
   gpu_fma_set_workspace(0);
 }
 
-/* Teardown of the tests that set the precision or the workspace budget: the defaults again, also
- * after a failure (fail_msg leaves the test at once), so that no later test runs in their mode. */
+/* Teardown of the tests that set the precision, the workspace budget or the scatter's split: the
+ * defaults again, also after a failure (fail_msg leaves the test at once), so that no later test
+ * runs in their mode. */
 static int defaults_again(void **state) {
   (void)state;
   gpu_set_bf16(false);
   gpu_fma_set_workspace(0);
+  gpu_fma_set_light_refs(-1);
   return 0;
 }
 
@@ -291,6 +310,43 @@ static void test_gpu_fma_bf16(void **state) {
   }
   gpu_fma_set_workspace(0);
   gpu_set_bf16(false);
+}
+
+/* Whether two kept GPU results are the same bits. */
+static bool same_bits(const struct kept *a, const struct kept *b) {
+  const float *x[] = {a->r.out, a->r.lse, a->r.dq, a->r.dk, a->r.dv, a->r.dparams};
+  const float *y[] = {b->r.out, b->r.lse, b->r.dq, b->r.dk, b->r.dv, b->r.dparams};
+  const size_t len[] = {a->n, a->nl, a->n, a->n, a->n, a->np};
+  for (int i = 0; i < 6; i++)
+    if (len[i] && memcmp(x[i], y[i], sizeof(float) * len[i]) != 0) return false;
+  return true;
+}
+
+/* The far field's backward scatter (gpu/fma_evaluate.cu) sums a summary row's gradient with one
+ * warp (scatter_far_light) or with a block of 8 warps (scatter_far) by its number of references:
+ * every row by a block, every row by a warp, and the default split give the same bits, each the
+ * CPU's result to float rounding; in one chunk and in chunks that cut heads (the references
+ * taken from the chunk's blocks alone). */
+static void test_gpu_fma_scatter_split(void **state) {
+  const struct fcase cases[] = {{"fma", "m2m", true, true, 96, 6, 2, 8},
+                                {"fma", "conv", false, true, 48, 12, 3, 36}};
+  const size_t budgets[] = {0, 9216};   /* bytes; 0: the default */
+  const int light[] = {0, 1 << 30, -1}; /* rows by blocks, by warps, the default split */
+  for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
+    gpu_fma_set_workspace(budgets[b]);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+      struct kept k[3];
+      for (int i = 0; i < 3; i++) {
+        gpu_fma_set_light_refs(light[i]);
+        check_case_kept(&cases[c], TOL, &k[i]);
+      }
+      const bool same = same_bits(&k[0], &k[1]) && same_bits(&k[0], &k[2]);
+      for (int i = 0; i < 3; i++) result_free(&k[i].r);
+      if (!same)
+        fail_msg("%s, budget %zu: the scatter's warp and block kernels give different bits",
+                 case_name(&cases[c], ""), budgets[b]);
+    }
+  }
 }
 
 /* Score rows of every length the forward softmax tells apart (gpu/fma_evaluate.cu): up to 256
@@ -458,6 +514,7 @@ static const struct CMUnitTest gpu_fma_tests[] = {
     cmocka_unit_test_teardown(test_gpu_fma_chunks, defaults_again),
     cmocka_unit_test_teardown(test_gpu_fma_bf16, defaults_again),
     cmocka_unit_test_teardown(test_gpu_fma_long_rows, defaults_again),
+    cmocka_unit_test_teardown(test_gpu_fma_scatter_split, defaults_again),
     cmocka_unit_test(test_gpu_fma_causality),
     cmocka_unit_test(test_gpu_fma_seq),
     cmocka_unit_test_teardown(test_gpu_fma_seq_bf16, defaults_again),

@@ -73,6 +73,13 @@ typedef struct CUevent_st *cudaEvent_t;
 struct uint3 {
   unsigned int x, y, z;
 };
+// the vector types gpu/ uses, with CUDA's alignment (a 16- or 8-byte access each)
+struct alignas(8) uint2 {
+  unsigned int x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 struct dim3 {
   unsigned int x, y, z;
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1)
