@@ -44,12 +44,16 @@ struct gfma_mask {
 // Whether query row r of slab block lb sees column c, and the log-weight added to its score: the
 // lists of src/fma/lists.c as fma_block_keys lays them out (near blocks b − 1 .. b (+ 1) that
 // exist, keys after the query masked in causal mode; listed far slots with log(w_l/p)).
+// Near column c of query block qb is key (qb − 1)·m + c, of key block qb − 1 + ⌊c/m⌋: that block
+// exists when (1 − qb)·m ≤ c < (nb + 1 − qb)·m, and the key is not after query qb·m + r when
+// c ≤ m + r; compares where ⌊c/m⌋ and c mod m were two integer divisions a column (some 40
+// instructions each, in kernels that evaluate this for every score).
 __device__ inline bool visible(const gfma_mask &mk, int lb, int r, int c, float *add) {
   *add = 0.0f;
   if (c < mk.ns * mk.m) {
-    const int kb = mk.b0 + lb - 1 + c / mk.m;
-    if (kb < 0 || kb >= mk.nb) return false;
-    return !mk.causal || kb * mk.m + c % mk.m <= (mk.b0 + lb) * mk.m + r;
+    const int qb = mk.b0 + lb;
+    if (c < (1 - qb) * mk.m || c >= (mk.nb + 1 - qb) * mk.m) return false;
+    return !mk.causal || c <= mk.m + r;
   }
   const int slot = c - mk.ns * mk.m;
   if (mk.far_row[lb * mk.nfmax + slot] < 0) return false;
@@ -213,10 +217,14 @@ __global__ void gather_far(T *Kf, T *Vf, const T *XK, const T *XV, const int *fa
     const int l = gfma_level_of(lv, R0);
     const size_t base = gfma_at(lv, l, 0, gl / nbs, R0 - lv.row[l]);
     const size_t channel = (size_t)lv.BH * lv.nr[l];
+    // element t = f·p + r, stepped by kRow without a division per element
+    const int dr = (int)kRow % p, df = (int)kRow / p;
+    int r = (int)threadIdx.x % p, f = (int)threadIdx.x / p;
     for (int t = threadIdx.x; t < p * d; t += kRow) {
-      const int r = t % p, f = t / p;
       kf[r * d + f] = XK[base + f * channel + r];
       vf[r * d + f] = XV[base + f * channel + r];
+      r += dr, f += df;
+      if (r >= p) r -= p, f++;
     }
   }
 }
