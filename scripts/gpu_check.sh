@@ -3,10 +3,11 @@
 # of this checkout, run the GPU tests natively and under compute-sanitizer (memcheck with the pool
 # off, racecheck, synccheck, initcheck; where it is installed), time inputs/bench_gpu.in (fma and
 # full attention n = 4K ... 1M in bf16, fma in fp32, the enwik8 model's step, a 1M-token fma step)
-# with the clocks logged beside each run, per-kernel times of fma at 128K (nsys, where it is
-# installed), PyTorch's SDPA with each backend pinned, and write docs/gpu/<device>.csv and the
-# roofline bound beside the measured times (<device>-roofline.txt). Usage, from the repository
-# root: sh scripts/gpu_check.sh [--quick] [--lease]
+# with the clocks logged beside each run, per-kernel times of fma at 128K (nsys where it is
+# installed, else ncu: the operators' kernels, then every kernel of fmattn's own, summed by
+# scripts/ncu_kernels.py), PyTorch's SDPA with each backend pinned, and write
+# docs/gpu/<device>.csv and the roofline bound beside the measured times (<device>-roofline.txt).
+# Usage, from the repository root: sh scripts/gpu_check.sh [--quick] [--lease]
 #   --quick  the pipeline at toy sizes (minutes, and no claim worth keeping)
 #   --lease  sized for a lent GPU's 15 minutes (about 5 of running): fma at 16K, 128K and 1M in bf16
 #            and fp32, full attention at 16K, 3 repetitions (the long step 2), every sanitizer and
@@ -191,6 +192,23 @@ elif NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | h
   else
     say "ncu failed (see $WORK/ncu.log); no per-kernel times"
   fi
+  # and every kernel of fmattn's own (none of cuBLAS's), inside the operators or not: the
+  # conversions, transposes and row sums that the ranges leave out, summed per kernel over the
+  # bench's two passes (warm-up and one repetition; fill_normal is the inputs' draw, once)
+  own=$(sed -n 's/^__global__ void \([A-Za-z0-9_]*\).*/\1/p; s/^template <[^>]*> *__global__ void \([A-Za-z0-9_]*\).*/\1/p' \
+    gpu/*.cu | sort -u | paste -sd'|' -)
+  say "ncu: fmattn's own kernels of fma at n = $PROFILE_N"
+  # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
+  if limit 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum -k "regex:($own)" \
+    --csv --log-file "$WORK/fma_own_kernels_ncu.csv" "$FMATTN" inputs/bench_gpu.in \
+    --set run.name=profile_own --set output.dir="$WORK/runs" --set bench.n_list=$PROFILE_N \
+    --set bench.variants=fma --set bench.repeats=1 $small $EXTRA > "$WORK/ncu_own.log" 2>&1 &&
+    "$H5_PYTHON" scripts/ncu_kernels.py "$WORK/fma_own_kernels_ncu.csv" --runs 2 \
+      > "$WORK/fma_own_kernels.txt"; then
+    say "ncu: $WORK/fma_own_kernels.txt"
+  else
+    say "ncu of the own kernels failed (see $WORK/ncu_own.log); no table of them"
+  fi
 else
   say "no nsys or ncu on PATH: no per-kernel times"
 fi
@@ -235,4 +253,6 @@ done > "$OUT_DIR/$device-roofline.txt" || die "roofline.py failed"
   cp "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" "$OUT_DIR/$device-fma-kernels.csv"
 [ -s "$WORK/fma_kernels_ncu.csv" ] &&
   grep '^"' "$WORK/fma_kernels_ncu.csv" > "$OUT_DIR/$device-fma-kernels-ncu.csv"  || true
+[ -s "$WORK/fma_own_kernels.txt" ] &&
+  cp "$WORK/fma_own_kernels.txt" "$OUT_DIR/$device-fma-own-kernels.txt"  || true
 say "done: $OUT_DIR/$device.csv and $device-roofline.txt (logs and bench.h5 files in $WORK)"

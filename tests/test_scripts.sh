@@ -108,6 +108,35 @@ check "compare.py --check runs and writes nothing" test ! -e "$WORK/cmpcheck"
 expect_fail "compare.py --check names a refused run and quotes fmattn" "nystrom-96: " \
   "$P" scripts/compare.py --check --fmattn "$FMATTN" --out "$WORK/cmpcheck" --corpus $GPL \
   --variants full,nystrom --contexts 96 --tokens-per-step 960 --eval-tokens 960
+# ncu_kernels.py: an Nsight Compute CSV (its lines before the header, units, thousands' commas,
+# templates, namespaces, a metric that is not a time) summed per kernel and per pass
+N="$WORK/ncu.csv"
+cat > "$N" <<'CSV'
+==PROF== Connected to process 1 (fmattn)
+"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"
+"0","void <unnamed>::softmax_forward_held<8>(float *, float *, int, <unnamed>::gfma_mask)","gpu__time_duration.sum","ns","1,500,000"
+"1","void <unnamed>::softmax_forward_held<8>(float *, float *, int, <unnamed>::gfma_mask)","gpu__time_duration.sum","us","500"
+"2","<unnamed>::scatter_far(float *, const float *, gfma_refs)","gpu__time_duration.sum","ms","1.25"
+"3","void <unnamed>::gather_far<__nv_bfloat16>(T1 *, const T1 *)","gpu__time_duration.sum","ns","250,000"
+"4","<unnamed>::scatter_far(float *, const float *, gfma_refs)","sm__cycles_elapsed.avg","cycle","99"
+CSV
+check "ncu_kernels.py sums each kernel's launches per pass, slowest first" sh -c \
+  "'$P' scripts/ncu_kernels.py '$N' --runs 2 --out '$WORK/ncu_table.csv' > '$WORK/ncu.txt'"
+check "ncu_kernels.py: the names, launches and times" "$P" - "$WORK/ncu.txt" "$WORK/ncu_table.csv" <<'PY'
+import csv, sys
+text = open(sys.argv[1]).read()
+assert "3 kernels, 1.750 ms per pass (2 passes)" in text, text
+rows = list(csv.DictReader(open(sys.argv[2])))
+got = [(r["kernel"], int(r["launches"]), round(float(r["ms_per_pass"]), 6)) for r in rows]
+assert got == [("softmax_forward_held<8>", 2, 1.0), ("scatter_far", 1, 0.625),
+               ("gather_far<__nv_bfloat16>", 1, 0.125)], got
+PY
+printf '"Kernel Name","Metric Name","Metric Unit","Metric Value"\n"k()","gpu__time_duration.sum","hour","1"\n' > "$WORK/ncu_bad.csv"
+expect_fail "ncu_kernels.py names a time unit it does not know" "unknown time unit 'hour'" \
+  "$P" scripts/ncu_kernels.py "$WORK/ncu_bad.csv"
+echo "==PROF== nothing profiled" > "$WORK/ncu_empty.csv"
+expect_fail "ncu_kernels.py says when ncu profiled no kernel" "holds no CSV rows" \
+  "$P" scripts/ncu_kernels.py "$WORK/ncu_empty.csv"
 for s in scripts/slurm/*.sbatch; do
   check "$(basename "$s") parses" bash -n "$s"
 done
