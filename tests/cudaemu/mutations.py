@@ -216,7 +216,7 @@ MUTANTS = [
      "blocks_in_keys: dv and dk of the last block's key block past the array's end written",
      "test_gpu_fma_avg", {}, 1, FMA),
     ("fma-causal-diagonal", "fma_evaluate.cu", "bool visible(",
-     "c % mk.m <= (mk.b0 + lb) * mk.m + r", "c % mk.m < (mk.b0 + lb) * mk.m + r",
+     "return !mk.causal || c <= mk.m + r;", "return !mk.causal || c < mk.m + r;",
      "visible: the causal mask in the query's own block hides the diagonal",
      "test_gpu_fma_conv", {}, 1, FMA),
     ("fma-list-window", "fma_lists.cu", "void build_far(",
