@@ -43,15 +43,11 @@ struct gfma_refs {
   int *row;   /* (nrows) their global row */
   int *off;   /* (nrows + 1) where each one's references start in ref */
   int *ref;   /* (off[nrows]) source · slots + slot */
-  /* the rows (indices into row) with at most gfma_light_refs() references, and the others: the
-   * far field's scatter sums the first a warp each, the others a block each */
+  /* the rows (indices into row) with at most gpu_fma_set_light_refs's number of references, and
+   * the others: the far field's scatter sums the first a warp each, the others a block each */
   long nlight, nheavy;
   int *light, *heavy;
 };
-
-/* The most references a summary row may have to be summed by one warp (gfma_refs.light), as
- * gpu_fma_set_light_refs set it for the tables built after. */
-int gfma_light_refs(void);
 
 /* fma_linear's far field: items are (level l, query sub-segment rho) with a query in the slab,
  * level by level; item_off[l] is level l's first item, rho0[l] its first sub-segment. */

@@ -20,6 +20,9 @@ T *upload_vector(const std::vector<T> &v) {
   return d;
 }
 
+constexpr int kLightRefs = 32;  // gpu_fma_set_light_refs's default
+int light_refs = kLightRefs;    // the most references of a row the scatter sums with one warp
+
 // The transposes of table (sources × slots) of global summary rows (−1: none), over `rows` rows.
 gfma_refs build_refs(const std::vector<int> &table, long sources, int slots, long rows) {
   std::vector<int> count((size_t)rows + 1, 0);
@@ -42,7 +45,7 @@ gfma_refs build_refs(const std::vector<int> &table, long sources, int slots, lon
   }
   std::vector<int> light, heavy;  // the rows a warp sums, and those a block does
   for (size_t k = 0; k < row.size(); k++)
-    (off[k + 1] - off[k] <= gfma_light_refs() ? light : heavy).push_back((int)k);
+    (off[k + 1] - off[k] <= light_refs ? light : heavy).push_back((int)k);
   gfma_refs refs;
   refs.nrows = (long)row.size();
   refs.row = upload_vector(row);
@@ -58,9 +61,6 @@ gfma_refs build_refs(const std::vector<int> &table, long sources, int slots, lon
 void free_refs(gfma_refs *r) {
   for (int *p : {r->row, r->off, r->ref, r->light, r->heavy}) gpu_free(p);
 }
-
-constexpr int kLightRefs = 32;  // default of gfma_light_refs
-int light_refs = kLightRefs;
 
 // fma: the far slots of every slab query block — level l's windows from fma_lists_level, p rows
 // each, in the level's nlist·p slots; the rest −1 — and each slot's log-weight (fma_block_keys'
@@ -134,8 +134,6 @@ void build_items(gfma *g) {
 }
 
 }  // namespace
-
-int gfma_light_refs(void) { return light_refs; }
 
 extern "C" void gpu_fma_set_light_refs(int refs) { light_refs = refs < 0 ? kLightRefs : refs; }
 
