@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include <cuda_bf16.h>
+
 #include "check.h"
 #include "fma_gpu.h"
 #include "gpu.h"
@@ -46,10 +48,38 @@ void fma_close(void *impl_state) {
   delete g;
 }
 
-size_t fma_saved_floats(const struct attn_ctx *ctx) {
+// The saved state: lse (BH·T) and fma_linear's lse_far (BH·rows), as the CPU saves; with bf16
+// products then, from a 256-byte boundary, the bf16 copies of q, k, v (BH·T·d each) that forward
+// made (the upward pass's transposes write k's and v's) and backward reads: nothing is converted
+// twice.
+size_t state_floats(const struct attn_ctx *ctx) {
   const auto *st = static_cast<const fma_state *>(ctx->state);
   const size_t BH = (size_t)(ctx->dims.B * ctx->dims.H);
   return BH * (size_t)st->T + (st->linear ? BH * (size_t)st->rows : 0);
+}
+
+size_t copies_at(const struct attn_ctx *ctx) { return (state_floats(ctx) + 63) / 64 * 64; }
+
+size_t fma_saved_floats(const struct attn_ctx *ctx) {
+  if (!gpu_bf16()) return state_floats(ctx);
+  const auto *st = static_cast<const fma_state *>(ctx->state);
+  const size_t n = (size_t)(ctx->dims.B * ctx->dims.H) * (size_t)st->T * (size_t)st->d;
+  return copies_at(ctx) + (3 * n + 1) / 2;
+}
+
+// The bf16 copies in the saved state (all null with fp32 products).
+struct copies {
+  __nv_bfloat16 *x[FMA_NSETS];  // k, v, q: fma_set's order
+  size_t n;                     // elements each
+};
+
+copies copies_of(const struct attn_ctx *ctx, const gfma *g, const float *saved) {
+  copies c = {};
+  if (!gpu_bf16()) return c;
+  c.n = (size_t)(g->BH * g->T * g->d);
+  auto *base = reinterpret_cast<__nv_bfloat16 *>(const_cast<float *>(saved) + copies_at(ctx));
+  for (int s = 0; s < FMA_NSETS; s++) c.x[s] = base + s * c.n;
+  return c;
 }
 
 // What evaluate reads, as attention/fma.c's struct fma_inputs: the weights and summaries of every
@@ -86,16 +116,24 @@ float *device_floats(size_t n) {
   return static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (n + 1)));
 }
 
+// The upward pass of each set, then (under sequence parallelism) the LET and the halo. With bf16
+// products forward (make) fills the bf16 copies of q, k, v, and backward reads them.
 void prepare(struct attn_ctx *ctx, gfma *g, inputs *in, const float *q, const float *k,
-             const float *v, const float *params) {
+             const float *v, const float *params, const copies &cp, bool make) {
   struct comm *c = sequence_group(ctx, g);
   *in = inputs{};
   const float *src[FMA_NSETS] = {k, v, q};
-  for (int s = 0; s < nsets(g); s++) {
-    gfma_weights_get(g, params, (enum fma_set)s, &in->w[s]);
-    in->X[s] = static_cast<float *>(
-        gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (g->d * g->BH * g->st->rows + 1)));
-    gfma_upward_pass(g, in->X[s], src[s], &in->w[s]);
+  for (int s = 0; s < FMA_NSETS; s++) {
+    const bool set = s < nsets(g);
+    bool made = !make || !cp.x[s];
+    if (set) {
+      gfma_weights_get(g, params, (enum fma_set)s, &in->w[s]);
+      in->X[s] = static_cast<float *>(
+          gpu_alloc_zero(MEM_WORKSPACE, sizeof(float) * (g->d * g->BH * g->st->rows + 1)));
+      made |= gfma_upward_pass(g, in->X[s], src[s], &in->w[s], make ? nullptr : cp.x[s],
+                               make ? cp.x[s] : nullptr);
+    }
+    if (!made) gpu_to_bf16(cp.x[s], src[s], cp.n);  // no upward pass of this set wrote it
   }
   in->k = k;
   in->v = v;
@@ -114,6 +152,11 @@ void prepare(struct attn_ctx *ctx, gfma *g, inputs *in, const float *q, const fl
   in->v = in->vx;
 }
 
+// What evaluate reads of the copies: q, and k and v unless it reads the halo's.
+gfma_copies made_of(const copies &cp, const inputs &in) {
+  return gfma_copies{cp.x[FMA_Q], in.kx ? nullptr : cp.x[FMA_K], in.kx ? nullptr : cp.x[FMA_V]};
+}
+
 void release(gfma *g, inputs *in) {
   for (int s = 0; s < nsets(g); s++) {
     gfma_weights_release(&in->w[s]);
@@ -127,13 +170,16 @@ void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
                  const float *v, const float *params) {
   auto *g = static_cast<gfma *>(ctx->impl_state);
   inputs in;
-  prepare(ctx, g, &in, q, k, v, params);
+  const copies cp = copies_of(ctx, g, saved);
+  prepare(ctx, g, &in, q, k, v, params, cp, true);
+  const gfma_copies made = made_of(cp, in);
   float *lse = saved, *lse_far = saved + g->BH * g->T;
   if (g->linear)
     gfma_linear_forward(g, out, lse, lse_far, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_Q],
-                        in.X[FMA_K], in.X[FMA_V]);
+                        in.X[FMA_K], in.X[FMA_V], &made);
   else
-    gfma_evaluate_forward(g, out, lse, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_K], in.X[FMA_V]);
+    gfma_evaluate_forward(g, out, lse, q, in.k, in.v, in.klo, in.kstride, in.X[FMA_K], in.X[FMA_V],
+                          &made);
   release(g, &in);
 }
 
@@ -142,7 +188,9 @@ void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *
                   const float *params, const float *out, const float *saved) {
   auto *g = static_cast<gfma *>(ctx->impl_state);
   inputs in;
-  prepare(ctx, g, &in, q, k, v, params);
+  const copies cp = copies_of(ctx, g, saved);
+  prepare(ctx, g, &in, q, k, v, params, cp, false);
+  const gfma_copies made = made_of(cp, in);
   const size_t nx = (size_t)(g->d * g->BH * g->st->rows + 1),
                ne = (size_t)(g->BH * in.kstride * g->d);
   float *dX[FMA_NSETS] = {nullptr, nullptr, nullptr};
@@ -156,10 +204,11 @@ void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *
   const float *lse = saved, *lse_far = saved + g->BH * g->T;
   if (g->linear)
     gfma_linear_backward(g, dq, dkx, dvx, dX[FMA_Q], dX[FMA_K], dX[FMA_V], dout, q, in.k, in.v,
-                         in.klo, in.kstride, in.X[FMA_Q], in.X[FMA_K], in.X[FMA_V], lse, lse_far);
+                         in.klo, in.kstride, in.X[FMA_Q], in.X[FMA_K], in.X[FMA_V], lse, lse_far,
+                         &made);
   else
     gfma_evaluate_backward(g, dq, dkx, dvx, dX[FMA_K], dX[FMA_V], dout, out, q, in.k, in.v, in.klo,
-                           in.kstride, in.X[FMA_K], in.X[FMA_V], lse);
+                           in.kstride, in.X[FMA_K], in.X[FMA_V], lse, &made);
   if (in.kx) {  // the transposes of the exchanges, then of the local upward pass
     const struct halo *h = &g->st->let->near;
     halo_scatter_add(h, ctx->comm, dk, dkx, g->BH, g->d);

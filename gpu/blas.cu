@@ -75,15 +75,17 @@ extern "C" void gpu_gemm_as(gpu_elem type, bool ta, bool tb, long M, long N, lon
 
 namespace {
 
-// The pointer table of gpu_gemm2: for product e = i·b2 + j, (B, A, C) + i·s1 + j·s2 as cuBLAS's
-// column-major call takes them (B first). 32-bit indices (gpu_int checks b1·b2).
-__global__ void gemm_pointers(float **table, const float *A, long sA1, long sA2, const float *B,
-                              long sB1, long sB2, float *C, long sC1, long sC2, int b1, int b2) {
+// The pointer table of gpu_gemm2_as: for product e = i·b2 + j, (B, A, C) + i·s1 + j·s2 elements
+// as cuBLAS's column-major call takes them (B first); A and B of es bytes an element, C fp32.
+// 32-bit indices (gpu_int checks b1·b2).
+__global__ void gemm_pointers(void **table, const char *A, long sA1, long sA2, const char *B,
+                              long sB1, long sB2, long es, float *C, long sC1, long sC2, int b1,
+                              int b2) {
   const int n = b1 * b2;
   for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
     const long i = e / b2, j = e % b2;
-    table[e] = const_cast<float *>(B + i * sB1 + j * sB2);  // cuBLAS only reads A and B
-    table[n + e] = const_cast<float *>(A + i * sA1 + j * sA2);
+    table[e] = const_cast<char *>(B + (i * sB1 + j * sB2) * es);  // cuBLAS only reads A and B
+    table[n + e] = const_cast<char *>(A + (i * sA1 + j * sA2) * es);
     table[2 * n + e] = C + i * sC1 + j * sC2;
   }
 }
@@ -94,22 +96,30 @@ extern "C" void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha,
                           long lda, long sA1, long sA2, const float *B, long ldb, long sB1,
                           long sB2, float beta, float *C, long ldc, long sC1, long sC2, long b1,
                           long b2) {
+  gpu_gemm2_as(GPU_F32, ta, tb, M, N, K, alpha, A, lda, sA1, sA2, B, ldb, sB1, sB2, beta, C, ldc,
+               sC1, sC2, b1, b2);
+}
+
+extern "C" void gpu_gemm2_as(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha,
+                             const void *A, long lda, long sA1, long sA2, const void *B, long ldb,
+                             long sB1, long sB2, float beta, float *C, long ldc, long sC1, long sC2,
+                             long b1, long b2) {
   if (b2 == 1 || b1 == 1) {
     const bool inner = b1 == 1;
-    gpu_gemm(ta, tb, M, N, K, alpha, A, lda, inner ? sA2 : sA1, B, ldb, inner ? sB2 : sB1, beta, C,
-             ldc, inner ? sC2 : sC1, inner ? b2 : b1);
+    gpu_gemm_as(type, ta, tb, M, N, K, alpha, A, lda, inner ? sA2 : sA1, B, ldb, inner ? sB2 : sB1,
+                beta, C, ldc, inner ? sC2 : sC1, inner ? b2 : b1);
     return;
   }
   if (M == 0 || N == 0 || b1 == 0 || b2 == 0) return;
   const int count = gpu_int(b1 * b2, "gemm batch");
-  auto **table = static_cast<float **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(float *) * count));
+  auto **table = static_cast<void **>(gpu_alloc(MEM_WORKSPACE, 3 * sizeof(void *) * count));
   const size_t blocks = gpu_blocks((size_t)count, 256);
   gemm_pointers<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, gpu_stream()>>>(
-      table, A, sA1, sA2, B, sB1, sB2, C, sC1, sC2, (int)b1, (int)b2);
+      table, static_cast<const char *>(A), sA1, sA2, static_cast<const char *>(B), sB1, sB2,
+      (long)gpu_elem_bytes(type), C, sC1, sC2, (int)b1, (int)b2);
   LAUNCH_CHECK(gemm_pointers);
-  gpu_gemm_table(GPU_F32, ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count,
-                 reinterpret_cast<void *const *>(table), (sA1 ? b1 : 1) * (sA2 ? b2 : 1),
-                 (sB1 ? b1 : 1) * (sB2 ? b2 : 1));
+  gpu_gemm_table(type, ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, count, table,
+                 (sA1 ? b1 : 1) * (sA2 ? b2 : 1), (sB1 ? b1 : 1) * (sB2 ? b2 : 1));
   gpu_free(table);  // the pool reuses it in stream order, after the product
 }
 

@@ -104,6 +104,11 @@ extern "C" void gpu_count_gemm(long M, long N, long K, long batch, long nA, long
 
 extern "C" void gpu_count_convert(size_t n) { counts.elements_converted += (double)n; }
 
+extern "C" void gpu_count_convert_in_pass(size_t n) {
+  counts.elements_converted += (double)n;
+  counts.elements_converted_in_pass += (double)n;
+}
+
 extern "C" void gpu_count_malloc(void) { counts.mallocs += 1.0; }
 
 extern "C" void gpu_count_pool(size_t live_bytes, size_t cached_bytes) {

@@ -498,19 +498,22 @@ void blocks_in_keys(const near_geom &k, long g0, long g1, int s, long *ga, long 
 
 // What the products of an evaluation read: q, k, v (and dout in backward) and the summaries XK,
 // XV, as they lie (fp32 products), or bf16 copies (bf16 products: cuBLAS takes no mix of the two,
-// and the probabilities the softmax writes are bf16). k, v and the summaries are copied once per
-// evaluation (a block's near keys and far summaries lie anywhere), q and dout per chunk, only the
-// chunk's rows (chunk_of, into the chunk's workspace).
+// and the probabilities the softmax writes are bf16). The caller's copies of q, k, v where it
+// made them (gfma_copies); else k, v and the summaries are copied once per evaluation (a block's
+// near keys and far summaries lie anywhere), q and dout per chunk, only the chunk's rows
+// (chunk_of, into the chunk's workspace).
 struct operands {
   gpu_elem type;
   long es;                // bytes per element
   const float *q, *dout;  // fp32, copied per chunk with bf16 products
+  const char *q16;        // the caller's bf16 copy of q (every row), or nullptr
   const char *k, *v, *XK, *XV;
-  void *copies;  // the bf16 copies of k, v, XK, XV (nullptr with fp32 products)
+  void *copies;  // the bf16 copies this evaluation made (nullptr with fp32 products)
 };
 
 operands operands_open(const gfma *g, const float *q, const float *k, const float *v,
-                       const float *dout, long kstride, const float *XK, const float *XV) {
+                       const float *dout, long kstride, const float *XK, const float *XV,
+                       const gfma_copies *made) {
   operands o = {};
   o.q = q, o.dout = dout;
   auto fp32 = [](const float *x) { return reinterpret_cast<const char *>(x); };
@@ -522,9 +525,13 @@ operands operands_open(const gfma *g, const float *q, const float *k, const floa
   }
   o.type = GPU_BF16;
   o.es = sizeof(__nv_bfloat16);
+  const gfma_copies none = {};
+  if (!made) made = &none;
+  o.q16 = static_cast<const char *>(made->q);
   const size_t nk = (size_t)(g->BH * kstride * g->d),
                nx = XK ? (size_t)(g->d * g->BH * g->st->rows) : 0;
-  const size_t n[4] = {nk, nk, nx, XV ? nx : 0};
+  const size_t n[4] = {made->k ? 0 : nk, made->v ? 0 : nk, nx, XV ? nx : 0};
+  o.k = static_cast<const char *>(made->k), o.v = static_cast<const char *>(made->v);
   const float *src[4] = {k, v, XK, XV};
   const char **dst[4] = {&o.k, &o.v, &o.XK, &o.XV};
   auto *buf = static_cast<char *>(gpu_alloc(MEM_WORKSPACE, o.es * (n[0] + n[1] + n[2] + n[3] + 1)));
@@ -579,15 +586,15 @@ void scores(const gfma *g, const chunk &c) {
   }
 }
 
-// o (chunk rows, d) = P·[v_near | V_far] (fma_P2P_values, fma_M2P_values); o zeroed first.
+// o (chunk rows, d) = P·[v_near | V_far] (fma_P2P_values, fma_M2P_values): the near product
+// writes o, the far one adds to it.
 void values(const gfma *g, const chunk &c, float *o) {
   const long m = g->m, d = g->d, ld = c.ld, es = c.x->es;
-  gpu_memset0(o, sizeof(float) * (size_t)((c.g1 - c.g0) * m * d));
   const int ns = g->ns;
   {
     const gpu_op_time t(TIMER_P2P);
     near_gemm(c.x->type, c.geo, c.table, false, false, m, d, ns * m, 1.0f,
-              query_side(c.P, m * ld, es), ld, key_side(c.x->v, c.vends, es), d, 1.0f,
+              query_side(c.P, m * ld, es), ld, key_side(c.x->v, c.vends, es), d, 0.0f,
               query_side(o, m * d, sizeof(float)), d, c.g0, c.g1, 0, ns * m, ns);
   }
   if (g->nfmax) {
@@ -725,7 +732,7 @@ chunk chunk_of(const gfma *g, const workspace &w, long g0, const operands *x, lo
     gpu_to_bf16(copy, src + at, rows);
     return copy;
   };
-  c.q = chunk_rows(x->q, w.qb);
+  c.q = x->q16 ? x->q16 + at * x->es : chunk_rows(x->q, w.qb);
   c.dout = chunk_rows(x->dout, w.doutb);
   c.ld = g->ns * g->m + g->nfmax;
   c.geo = geom_of(g, klo, kstride);
@@ -850,10 +857,10 @@ size_t gfma_workspace_budget(void) { return budget_bytes ? budget_bytes : kDefau
 extern "C" void gpu_fma_set_workspace(size_t bytes) { budget_bytes = bytes; }
 
 void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q, const float *k,
-                           const float *v, long klo, long kstride, const float *XK,
-                           const float *XV) {
+                           const float *v, long klo, long kstride, const float *XK, const float *XV,
+                           const gfma_copies *made) {
   check_heads(g);
-  const operands x = operands_open(g, q, k, v, nullptr, kstride, XK, XV);
+  const operands x = operands_open(g, q, k, v, nullptr, kstride, XK, XV, made);
   workspace w = workspace_open(g, x, false);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
     const chunk c = chunk_of(g, w, g0, &x, klo, kstride);
@@ -869,7 +876,7 @@ void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q
 void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK, float *dXV,
                             const float *dout, const float *out, const float *q, const float *k,
                             const float *v, long klo, long kstride, const float *XK,
-                            const float *XV, const float *lse) {
+                            const float *XV, const float *lse, const gfma_copies *made) {
   check_heads(g);
   const long rows = g->BH * g->T;
   float *D = nullptr;  // fma: Σ dout·out per row; fma_linear: per chunk, of the near field alone
@@ -877,7 +884,7 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
     D = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (rows + 1)));
     gpu_rows_dot(D, dout, out, rows, g->d);
   }
-  const operands x = operands_open(g, q, k, v, dout, kstride, XK, XV);
+  const operands x = operands_open(g, q, k, v, dout, kstride, XK, XV, made);
   workspace w = workspace_open(g, x, true);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
     const chunk c = chunk_of(g, w, g0, &x, klo, kstride);

@@ -98,18 +98,24 @@ void gfma_avg_free(gfma *g);
 
 /* The weights of one set as the GEMMs read them: level l's (p, span) matrix of channel f at
  * w[l] + f·stride[l]; bias b[l] (d, p) or null (avg). fma_linear's causal q_down taps that a row
- * may not read are zero in a masked copy (owned, freed by gfma_weights_release). */
+ * may not read are zero in a masked copy (owned, freed by gfma_weights_release). With bf16
+ * products the P2M levels' matrices also in bf16, laid out alike (wb, in owned_b); null else. */
 struct gfma_weights {
   const float *w[FMA_MAX_LEVELS + 1];
   const float *b[FMA_MAX_LEVELS + 1];
   long stride[FMA_MAX_LEVELS + 1];
   float *owned[FMA_MAX_LEVELS + 1];
+  const void *wb[FMA_MAX_LEVELS + 1];
+  void *owned_b[FMA_MAX_LEVELS + 1];
 };
 void gfma_weights_get(const gfma *g, const float *params, enum fma_set set, gfma_weights *w);
 void gfma_weights_release(gfma_weights *w);
 /* Xt (d·BH·rows, zeroed by the caller) ← the upward pass of x (BH, T, d) over the slab
- * (fma_upward_pass). */
-void gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w);
+ * (fma_upward_pass). With bf16 products (w's bf16 copies) the tokens are read from x16, their bf16
+ * copy, when given, else from x, and then copy16 (when given) receives that bf16 copy, made by
+ * the pass that reads x anyway: returns whether it did (false: the caller converts). */
+bool gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w,
+                      const void *x16, void *copy16);
 /* The spanning parent window cp of level l from its children (M2M, every head), for the LET. */
 void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w);
 void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const gfma_weights *w);
@@ -123,30 +129,37 @@ void gfma_upward_param_grads(const gfma *g, enum fma_set set, float *dparams, co
 
 /* ---- fma_evaluate.cu: P2P and M2P in chunks of query blocks */
 
+/* bf16 copies of q, k, v (BH, T, d) that the caller made (with bf16 products: attention_fma.cu
+ * keeps them in the saved state from forward to backward); a null member is copied by evaluate. */
+struct gfma_copies {
+  const void *q, *k, *v;
+};
+
 /* The workspace budget of one chunk, in bytes (gpu_fma_set_workspace). */
 size_t gfma_workspace_budget(void);
 /* fma: out (BH, T, d), lse (BH, T); k, v from global row klo, kstride rows per head. For
  * fma_linear (no far slots) the near field alone, under its own softmax. */
 void gfma_evaluate_forward(const gfma *g, float *out, float *lse, const float *q, const float *k,
-                           const float *v, long klo, long kstride, const float *XK,
-                           const float *XV);
+                           const float *v, long klo, long kstride, const float *XK, const float *XV,
+                           const gfma_copies *made);
 /* fma backward: dq, dk, dv (k's layout), dXK, dXV += the gradients for dout; for fma_linear the
  * near field's (out, XK, XV, dXK, dXV not read). */
 void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXK, float *dXV,
                             const float *dout, const float *out, const float *q, const float *k,
                             const float *v, long klo, long kstride, const float *XK,
-                            const float *XV, const float *lse);
+                            const float *XV, const float *lse, const gfma_copies *made);
 /* ---- fma_linear.cu */
 
 /* fma_linear: the near field under its own softmax (lse_near (BH, T)), then every level's term;
  * lse_far (BH, rows). */
 void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_far, const float *q,
                          const float *k, const float *v, long klo, long kstride, const float *XQ,
-                         const float *XK, const float *XV);
+                         const float *XK, const float *XV, const gfma_copies *made);
 void gfma_linear_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXQ, float *dXK,
                           float *dXV, const float *dout, const float *q, const float *k,
                           const float *v, long klo, long kstride, const float *XQ, const float *XK,
-                          const float *XV, const float *lse_near, const float *lse_far);
+                          const float *XV, const float *lse_near, const float *lse_far,
+                          const gfma_copies *made);
 
 /* ---- fma_let.cu: the locally essential tree on device buffers (src/fma/let.c's plan) */
 struct gfma_let;

@@ -166,8 +166,8 @@ float *alloc_floats(size_t n) {
 
 void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_far, const float *q,
                          const float *k, const float *v, long klo, long kstride, const float *XQ,
-                         const float *XK, const float *XV) {
-  gfma_evaluate_forward(g, out, lse_near, q, k, v, klo, kstride, nullptr, nullptr);
+                         const float *XK, const float *XV, const gfma_copies *made) {
+  gfma_evaluate_forward(g, out, lse_near, q, k, v, klo, kstride, nullptr, nullptr, made);
   const long items = g->items.count, P3 = 3 * g->p;
   if (items == 0) return;
   const gpu_op_time t(TIMER_M2P);  // the levels' terms: fma_linear's far field
@@ -187,9 +187,10 @@ void gfma_linear_forward(const gfma *g, float *out, float *lse_near, float *lse_
 void gfma_linear_backward(const gfma *g, float *dq, float *dk, float *dv, float *dXQ, float *dXK,
                           float *dXV, const float *dout, const float *q, const float *k,
                           const float *v, long klo, long kstride, const float *XQ, const float *XK,
-                          const float *XV, const float *lse_near, const float *lse_far) {
+                          const float *XV, const float *lse_near, const float *lse_far,
+                          const gfma_copies *made) {
   gfma_evaluate_backward(g, dq, dk, dv, nullptr, nullptr, dout, nullptr, q, k, v, klo, kstride,
-                         nullptr, nullptr, lse_near);
+                         nullptr, nullptr, lse_near, made);
   const long items = g->items.count, P3 = 3 * g->p, BH = g->BH;
   if (items == 0) return;
   const gpu_op_time t(TIMER_M2P);

@@ -3,6 +3,8 @@
 // channel the level is a (BH·windows × p) matrix — with the tokens transposed channel-outermost
 // first; their transposes and the summary-parameter gradients (the GEMM over channels sums over
 // heads and windows in its k dimension). Hand-written kernels here move data only (plain SIMT).
+#include <cuda_bf16.h>
+
 #include "check.h"
 #include "core/timer.h"
 #include "fma_gpu.h"
@@ -19,34 +21,47 @@ unsigned grid_of(size_t n) {
   return (unsigned)(b < 65535 ? b : 65535);
 }
 
-// out (cols × rows) = inᵀ of in (rows × cols), or out += inᵀ (add): the channel-outermost copy of
-// the tokens and its way back. grid (tiles), block (32, 8): one 32 × 32 tile per block through
-// shared memory. CPU twin: none (upward.c reads (T, d) rows directly).
-__global__ void transpose_tiles(float *out, const float *in, long rows, long cols, bool add) {
+__device__ inline float as_float(float x) { return x; }
+__device__ inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline void store(float *p, float x, bool add) { *p = add ? *p + x : x; }
+__device__ inline void store(__nv_bfloat16 *p, float x, bool) { *p = __float2bfloat16(x); }
+
+// out (cols × rows) = inᵀ of in (rows × cols), or out += inᵀ (add, fp32 out only): the
+// channel-outermost copy of the tokens and its way back; In and Out fp32 or bf16 (rounded to
+// nearest even as it is stored). copy, when given, receives in itself rounded to bf16: the bf16
+// copy of the tokens the evaluation reads, made in the pass that reads them anyway. grid (tiles),
+// block (32, 8): one 32 × 32 tile per block through shared memory. CPU twin: none (upward.c reads
+// (T, d) rows directly).
+template <class In, class Out>
+__global__ void transpose_tiles(Out *out, const In *in, long rows, long cols, bool add,
+                                __nv_bfloat16 *copy) {
   __shared__ float tile[kTile][kTile + 1];
   const unsigned ntc = (unsigned)((cols + kTile - 1) / kTile);  // tile indices in 32 bits
   const long r0 = (long)(blockIdx.x / ntc) * kTile, c0 = (long)(blockIdx.x % ntc) * kTile;
   for (int y = threadIdx.y; y < kTile; y += kPass) {
     const long r = r0 + y, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[y][threadIdx.x] = in[r * cols + c];
+    if (r >= rows || c >= cols) continue;
+    const float x = as_float(in[r * cols + c]);
+    tile[y][threadIdx.x] = x;
+    if (copy) copy[r * cols + c] = __float2bfloat16(x);
   }
   __syncthreads();
   for (int y = threadIdx.y; y < kTile; y += kPass) {
     const long c = c0 + y, r = r0 + threadIdx.x;
-    if (r >= rows || c >= cols) continue;
-    if (add)
-      out[c * rows + r] += tile[threadIdx.x][y];
-    else
-      out[c * rows + r] = tile[threadIdx.x][y];
+    if (r < rows && c < cols) store(&out[c * rows + r], tile[threadIdx.x][y], add);
   }
 }
 
-void transpose(float *out, const float *in, long rows, long cols, bool add) {
+template <class In, class Out>
+void transpose(Out *out, const In *in, long rows, long cols, bool add,
+               __nv_bfloat16 *copy = nullptr) {
   const long tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   if (tiles == 0) return;
-  transpose_tiles<<<gpu_int(tiles, "transpose tiles"), dim3(kTile, kPass), 0, gpu_stream()>>>(
-      out, in, rows, cols, add);
-  LAUNCH_CHECK(transpose_tiles);
+  transpose_tiles<In, Out>
+      <<<gpu_int(tiles, "transpose tiles"), dim3(kTile, kPass), 0, gpu_stream()>>>(out, in, rows,
+                                                                                   cols, add, copy);
+  LAUNCH_CHECK(transpose_tiles<In, Out>);
+  if (copy) gpu_count_convert_in_pass((size_t)(rows * cols));
 }
 
 // Rows of windows [c0, c0 + nwin) of level l, every channel, heads [h0, h0 + hn), set to their
@@ -171,22 +186,31 @@ p2m_slab slab_of(const gfma *g, int l, long h0) {
   return s;
 }
 
-// P2M of level l, the slab's windows, heads [h0, h0 + hn) whose tokens xt holds as (d, hn·T):
-// Xt rows = bias + x·Wᵀ per channel (fma_P2M).
-void p2m(const gfma *g, int l, float *Xt, const float *xt, const gfma_weights *w, long h0,
-         long hn) {
+// P2M of level l, the slab's windows, heads [h0, h0 + hn) whose tokens xt holds as (d, hn·T),
+// stored as `type` (bf16: with the weights' bf16 copies): Xt rows = bias + x·Wᵀ per channel
+// (fma_P2M).
+void p2m(const gfma *g, int l, float *Xt, const void *xt, gpu_elem type, const gfma_weights *w,
+         long h0, long hn) {
   const gpu_op_time t(TIMER_P2M);
   const p2m_slab sl = slab_of(g, l, h0);
-  const long P = g->p, T = g->T, nr = g->lv.nr[l];
+  const long P = g->p, T = g->T, nr = g->lv.nr[l], es = (long)gpu_elem_bytes(type);
   set_rows(g, Xt, l, sl.c0, sl.nwin, h0, hn, sl.bias ? w->b[l] : nullptr);
-  const float *x0 = xt + sl.off;
+  const char *x0 = static_cast<const char *>(xt) + sl.off * es;
+  const char *w0 = static_cast<const char *>(type == GPU_BF16 ? w->wb[l] : w->w[l]) + sl.a * es;
   float *y0 = Xt + sl.at;
   for_rows(hn, sl.nwin, T, sl.win, nr, P,
            [&](long ox, long oy, long M, long ldx, long ldy, long heads, long hx, long hy) {
-             gpu_gemm2(false, true, M, P, sl.b - sl.a, 1.0f, x0 + ox, ldx, hn * T, hx,
-                       w->w[l] + sl.a, sl.span, w->stride[l], 0, 1.0f, y0 + oy, ldy, g->BH * nr, hy,
-                       g->d, heads);
+             gpu_gemm2_as(type, false, true, M, P, sl.b - sl.a, 1.0f, x0 + ox * es, ldx, hn * T, hx,
+                          w0, sl.span, w->stride[l], 0, 1.0f, y0 + oy, ldy, g->BH * nr, hy, g->d,
+                          heads);
            });
+}
+
+// Whether level l's P2M windows tile the slab, each token read by one window: then the transpose
+// of its P2M writes every token's gradient (beta 0) rather than adding to zeros.
+bool tiles_slab(const gfma *g, int l) {
+  const p2m_slab sl = slab_of(g, l, 0);
+  return sl.off == 0 && sl.a == 0 && sl.b == sl.win && sl.nwin * sl.win == g->T;
 }
 
 // M2M of level l, parents [c0, c1): Xt rows = bias + children·Tᵀ per channel (fma_M2M_window).
@@ -290,10 +314,10 @@ void param_grads(const gfma *g, long heads, long nwin, rows_of dy, rows_of x, lo
   gpu_free(cx);
 }
 
-// The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) += dXt·W per channel
-// (fma_P2M_backward).
+// The transpose of p2m for level l, heads [h0, h0 + hn): dxt (d, hn·T) = dXt·W + beta·dxt per
+// channel (fma_P2M_backward).
 void p2m_backward(const gfma *g, int l, float *dxt, const float *dXt, const gfma_weights *w,
-                  long h0, long hn) {
+                  long h0, long hn, float beta) {
   const gpu_op_time t(TIMER_P2M);
   const p2m_slab sl = slab_of(g, l, h0);
   const long P = g->p, T = g->T, nr = g->lv.nr[l];
@@ -301,7 +325,7 @@ void p2m_backward(const gfma *g, int l, float *dxt, const float *dXt, const gfma
   for_rows(hn, sl.nwin, nr, P, T, sl.win,
            [&](long oy, long ox, long M, long ly, long lx, long heads, long hy, long hx) {
              gpu_gemm2(false, false, M, sl.b - sl.a, P, 1.0f, y0 + oy, ly, g->BH * nr, hy,
-                       w->w[l] + sl.a, sl.span, w->stride[l], 0, 1.0f, dxt + sl.off + ox, lx,
+                       w->w[l] + sl.a, sl.span, w->stride[l], 0, beta, dxt + sl.off + ox, lx,
                        hn * T, hx, g->d, heads);
            });
 }
@@ -369,24 +393,46 @@ void gfma_weights_get(const gfma *g, const float *params, enum fma_set set, gfma
       w->w[l] = w->owned[l];
     }
   }
+  // bf16 products: the P2M levels' weights in bf16 too (cuBLAS takes both operands of one type)
+  const int top = st->down == FMA_DOWN_M2M ? (g->L > 0 ? 1 : 0) : g->L;
+  for (int l = 1; l <= top && gpu_bf16(); l++) {
+    const size_t n = (size_t)(w->stride[l] ? g->d * w->stride[l] : g->p * st->layout.span[l]);
+    w->owned_b[l] = gpu_alloc(MEM_WORKSPACE, sizeof(__nv_bfloat16) * (n + 1));
+    gpu_to_bf16(w->owned_b[l], w->w[l], n);
+    w->wb[l] = w->owned_b[l];
+  }
 }
 
 void gfma_weights_release(gfma_weights *w) {
-  for (int l = 0; l <= FMA_MAX_LEVELS; l++) gpu_free(w->owned[l]);
+  for (int l = 0; l <= FMA_MAX_LEVELS; l++) {
+    gpu_free(w->owned[l]);
+    gpu_free(w->owned_b[l]);
+  }
   *w = gfma_weights{};
 }
 
-void gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w) {
+bool gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w,
+                      const void *x16, void *copy16) {
   const fma_state *st = g->st;
   const bool m2m_levels = st->down == FMA_DOWN_M2M;
   const int top = m2m_levels ? (g->L > 0 ? 1 : 0) : g->L;  // the P2M levels
-  if (top == 0) return;
+  if (top == 0) return false;
+  const gpu_elem type = w->wb[1] ? GPU_BF16 : GPU_F32;  // bf16 products: xt in bf16
   const long hc = head_group(g, 1);
-  float *xt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (hc * g->T * g->d)));
+  void *xt = gpu_alloc(MEM_WORKSPACE, gpu_elem_bytes(type) * (size_t)(hc * g->T * g->d));
+  auto *xt16 = static_cast<__nv_bfloat16 *>(xt);
   for (long h0 = 0; h0 < g->BH; h0 += hc) {
     const long hn = g->BH - h0 < hc ? g->BH - h0 : hc;
-    transpose(xt, x + h0 * g->T * g->d, hn * g->T, g->d, false);  // (hn·T, d) → (d, hn·T)
-    for (int l = 1; l <= top; l++) p2m(g, l, Xt, xt, w, h0, hn);
+    const size_t at = (size_t)(h0 * g->T * g->d);
+    // (hn·T, d) → (d, hn·T)
+    if (x16)
+      transpose(xt16, static_cast<const __nv_bfloat16 *>(x16) + at, hn * g->T, g->d, false);
+    else if (type == GPU_BF16)
+      transpose(xt16, x + at, hn * g->T, g->d, false,
+                copy16 ? static_cast<__nv_bfloat16 *>(copy16) + at : nullptr);
+    else
+      transpose(static_cast<float *>(xt), x + at, hn * g->T, g->d, false);
+    for (int l = 1; l <= top; l++) p2m(g, l, Xt, xt, type, w, h0, hn);
   }
   gpu_free(xt);
   for (int l = 2; l <= g->L && m2m_levels; l++) {
@@ -395,6 +441,7 @@ void gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weigh
     fma_slab_windows(st, l, &c0, &c1);
     m2m(g, l, c0, c1, Xt, w);
   }
+  return type == GPU_BF16 && !x16 && copy16;
 }
 
 void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w) {
@@ -418,10 +465,12 @@ void gfma_upward_pass_backward(const gfma *g, float *dx, float *dXt, const gfma_
   const int top = st->down == FMA_DOWN_M2M ? 1 : g->L;  // the P2M levels
   const long hc = head_group(g, 1);
   float *dxt = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (hc * g->T * g->d)));
+  const bool whole = tiles_slab(g, 1);  // level 1 writes every token's gradient
   for (long h0 = 0; h0 < g->BH; h0 += hc) {
     const long hn = g->BH - h0 < hc ? g->BH - h0 : hc, rows = hn * g->T;
-    gpu_memset0(dxt, sizeof(float) * (size_t)(rows * g->d));
-    for (int l = 1; l <= top; l++) p2m_backward(g, l, dxt, dXt, w, h0, hn);
+    if (!whole) gpu_memset0(dxt, sizeof(float) * (size_t)(rows * g->d));
+    for (int l = 1; l <= top; l++)
+      p2m_backward(g, l, dxt, dXt, w, h0, hn, l == 1 && whole ? 0.0f : 1.0f);
     transpose(dx + h0 * g->T * g->d, dxt, g->d, rows, true);  // dx (hn·T, d) += dxtᵀ
   }
   gpu_free(dxt);

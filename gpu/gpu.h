@@ -38,6 +38,8 @@ void gpu_count_gemm(long M, long N, long K, long batch, long nA, long nB, bool r
                     size_t elem_bytes);
 /* n elements converted to another precision (copies in bf16 of fp32 arrays) */
 void gpu_count_convert(size_t n);
+/* n of them converted by a kernel beside its own output, from an fp32 array it reads anyway */
+void gpu_count_convert_in_pass(size_t n);
 /* Called by the pool (memory.cu): a cudaMalloc, and the pool's bytes in use and cached now. */
 void gpu_count_malloc(void);
 void gpu_count_pool(size_t live_bytes, size_t cached_bytes);
@@ -150,6 +152,10 @@ double gpu_gemm_gflops(bool bf16);
 void gpu_gemm2(bool ta, bool tb, long M, long N, long K, float alpha, const float *A, long lda,
                long sA1, long sA2, const float *B, long ldb, long sB1, long sB2, float beta,
                float *C, long ldc, long sC1, long sC2, long b1, long b2);
+/* gpu_gemm2 on A and B stored as `type` (strides and leading dimensions in elements). */
+void gpu_gemm2_as(gpu_elem type, bool ta, bool tb, long M, long N, long K, float alpha,
+                  const void *A, long lda, long sA1, long sA2, const void *B, long ldb, long sB1,
+                  long sB2, float beta, float *C, long ldc, long sC1, long sC2, long b1, long b2);
 /* gpu_gemm_as batched over a device table of the products' pointers that the caller's kernel
  * built: table[e], table[count + e], table[2·count + e] are product e's B, A (stored as `type`)
  * and C (fp32), cuBLAS's column-major order; nA, nB how many distinct A and B matrices the

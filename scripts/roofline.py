@@ -10,11 +10,14 @@ into bf16, the kernel launches and the products' calls. On a device with peak ra
 the run's precision: bf16 tensor cores, or fp32 CUDA cores for fp32), bandwidth W and a launch
 costing at least L:
 
-  bound = max(gemm_flops / F, (gemm_operand_bytes + 6 · elements_converted) / W,
+  bound = max(gemm_flops / F, (gemm_operand_bytes + 6 · (elements_converted − in_pass)
+                               + 2 · in_pass) / W,
               (kernel_launches + gemm_calls) · L)
 
-(an operand element is 2 bytes in bf16, 4 in fp32; a conversion reads 4 bytes and writes 2; a
-file from before gemm_operand_bytes counts 4 bytes per operand element). It is a lower bound, not
+(an operand element is 2 bytes in bf16, 4 in fp32; a conversion in a pass of its own reads 4 bytes
+and writes 2, one that a kernel makes beside its own output from an array it reads anyway,
+elements_converted_in_pass, writes 2; a file from before gemm_operand_bytes counts 4 bytes per
+operand element, one from before elements_converted_in_pass none in passes). It is a lower bound, not
 an estimate: the element-wise kernels' traffic, the products' outputs and any imperfect overlap
 only add to it. Each case's bound is printed beside the time bench measured
 for it where there is one (the /attention row's forward + backward, the /train row's step), with
@@ -71,7 +74,10 @@ def bounds(f, dev, launch_s):
             nbytes = float(g["gemm_operand_bytes"][i])
         else:  # written before the bytes were counted: every operand fp32
             nbytes = 4.0 * float(g["gemm_operand_elements"][i])
-        nbytes += 6.0 * float(g["elements_converted"][i])
+        in_pass = 0.0  # a file from before the column: none
+        if "elements_converted_in_pass" in g:
+            in_pass = float(g["elements_converted_in_pass"][i])
+        nbytes += 6.0 * (float(g["elements_converted"][i]) - in_pass) + 2.0 * in_pass
         calls = float(g["gemm_calls"][i]) + float(g["kernel_launches"][i])
         parts = {"flops": flops / dev[prec], "bytes": nbytes / dev["bw"],
                  "launches": calls * launch_s}

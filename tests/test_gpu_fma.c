@@ -225,7 +225,12 @@ static void check_case_kept(const struct fcase *t, double tol, struct kept *keep
   const struct attn_dims dims = {B, H, t->n, d, t->n, 0, t->causal};
   struct attn_ctx cpu = attention_open(&cfg, var, DEVICE_CPU, NULL, 0, dims);
   struct attn_ctx gpu = attention_open(&cfg, var, DEVICE_GPU, NULL, 0, dims);
-  assert_true(attention_saved_floats(&gpu) == attention_saved_floats(&cpu));
+  /* the CPU's state first; with bf16 products the GPU keeps its bf16 copies of q, k, v after it */
+  if (gpu_bf16())
+    assert_true(attention_saved_floats(&gpu) >=
+                attention_saved_floats(&cpu) + (size_t)(3 * B * H * t->n * d / 2));
+  else
+    assert_true(attention_saved_floats(&gpu) == attention_saved_floats(&cpu));
   struct params pp;
   params_make(&pp, &cfg, var, t->n);
   struct inputs in = inputs_make(B * H, t->n, d, 0, t->n);

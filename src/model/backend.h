@@ -29,10 +29,13 @@ struct device_counts {
                                  * in a batch once), and C where beta ≠ 0 */
   double gemm_operand_bytes;    /* the bytes of those elements: 2 for a bf16 operand, 4 for fp32 */
   double elements_converted;    /* elements copied into another precision: bf16 copies of fp32
-                                 * arrays that bf16 products read (gpu_to_bf16) */
-  double kernel_launches;       /* gpu/'s own kernels (cuBLAS's not included) */
-  double mallocs;               /* cudaMalloc calls of the pool */
-  double pool_live_peak_bytes;  /* the pool's blocks in use, and with its cache, at their peaks */
+                                 * arrays that bf16 products read (gpu_to_bf16, and those below) */
+  double elements_converted_in_pass; /* of those, the copies a kernel wrote beside its own output
+                                      * while it read the fp32 array anyway (the upward pass's
+                                      * transposes): their only traffic is the bf16 write */
+  double kernel_launches;            /* gpu/'s own kernels (cuBLAS's not included) */
+  double mallocs;                    /* cudaMalloc calls of the pool */
+  double pool_live_peak_bytes; /* the pool's blocks in use, and with its cache, at their peaks */
   double pool_reserved_peak_bytes;
   double device_bytes_outside_pool; /* in use on the device by others: context, cuBLAS, NCCL */
 };

@@ -251,7 +251,7 @@ struct gpu_row {
   double n, seq_ranks;
   /* per repetition (an attention forward + backward, or a training step) */
   double gemm_calls, gemm_flops, gemm_operand_elements, gemm_operand_bytes, elements_converted;
-  double kernel_launches;
+  double elements_converted_in_pass, kernel_launches;
   double mallocs_after_first_step; /* over all timed repetitions, after the warm-up */
   double pool_live_peak_bytes, pool_reserved_peak_bytes, device_bytes_outside_pool;
 };
@@ -292,6 +292,7 @@ static void counts_end(const struct backend *be, const struct config *cfg, const
   r->gemm_operand_elements = c.gemm_operand_elements / repeats;
   r->gemm_operand_bytes = c.gemm_operand_bytes / repeats;
   r->elements_converted = c.elements_converted / repeats;
+  r->elements_converted_in_pass = c.elements_converted_in_pass / repeats;
   r->kernel_launches = c.kernel_launches / repeats;
   r->mallocs_after_first_step = c.mallocs;
   r->pool_live_peak_bytes = c.pool_live_peak_bytes;
@@ -299,13 +300,14 @@ static void counts_end(const struct backend *be, const struct config *cfg, const
   r->device_bytes_outside_pool = c.device_bytes_outside_pool;
   message(
       "  %-10s n = %8ld: device counts per %s: %.0f GEMMs (%.3g GFLOP, %.3g operand "
-      "elements, %.3g GB), %.3g converted, %.0f launches; %.0f allocations after the first; pool "
+      "elements, %.3g GB), %.3g converted (%.3g in passes of their own), %.0f launches; %.0f "
+      "allocations after the first; pool "
       "%.1f MiB live, %.1f MiB reserved at peak; %.1f MiB on the device outside it",
       variant, n, strcmp(kind, "train") ? "forward + backward" : "step", r->gemm_calls,
       r->gemm_flops / 1e9, r->gemm_operand_elements, r->gemm_operand_bytes / 1e9,
-      r->elements_converted, r->kernel_launches, r->mallocs_after_first_step,
-      r->pool_live_peak_bytes / 1048576.0, r->pool_reserved_peak_bytes / 1048576.0,
-      r->device_bytes_outside_pool / 1048576.0);
+      r->elements_converted, r->elements_converted - r->elements_converted_in_pass,
+      r->kernel_launches, r->mallocs_after_first_step, r->pool_live_peak_bytes / 1048576.0,
+      r->pool_reserved_peak_bytes / 1048576.0, r->device_bytes_outside_pool / 1048576.0);
 }
 
 static double row_open(const struct config *cfg, const struct attn_variant *v) {
@@ -975,6 +977,9 @@ static const struct column gpu_columns[] = {
     NUM(gpu_row, elements_converted,
         "elements copied into another precision (bf16 copies of fp32 arrays that bf16 products "
         "read), per repetition"),
+    NUM(gpu_row, elements_converted_in_pass,
+        "of those, the copies a kernel wrote beside its own output from an fp32 array it read "
+        "anyway (only their bf16 write is traffic), per repetition"),
     NUM(gpu_row, kernel_launches,
         "gpu/'s own kernel launches per repetition (cuBLAS's not "
         "included)"),
