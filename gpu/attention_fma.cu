@@ -154,7 +154,8 @@ void prepare(struct attn_ctx *ctx, gfma *g, inputs *in, const float *q, const fl
 
 // What evaluate reads of the copies: q, and k and v unless it reads the halo's.
 gfma_copies made_of(const copies &cp, const inputs &in) {
-  return gfma_copies{cp.x[FMA_Q], in.kx ? nullptr : cp.x[FMA_K], in.kx ? nullptr : cp.x[FMA_V]};
+  return gfma_copies{cp.x[FMA_Q], in.kx ? nullptr : cp.x[FMA_K], in.kx ? nullptr : cp.x[FMA_V],
+                     nullptr};
 }
 
 void release(gfma *g, inputs *in) {

@@ -192,8 +192,10 @@ constexpr int kDotCols = 32;   // columns staged per pass
 // grid (rows / kDotRows, rounded up), block (kDotRows): D[r] = Σ_f a[r, f]·b[r, f], one thread
 // per row adding its products in f order; the rows staged through shared memory 32 columns at a
 // time, each warp reading a row's columns together (whole lines), where a thread reading its own
-// row met lines 4·d bytes apart. CPU twin: rows_dot (attention/fma.c).
-__global__ void rows_dot(float *D, const float *a, const float *b, int rows, int d) {
+// row met lines 4·d bytes apart; a16, when given, receives a rounded to bf16 as it is read.
+// CPU twin: rows_dot (attention/fma.c).
+__global__ void rows_dot(float *D, const float *a, const float *b, int rows, int d,
+                         __nv_bfloat16 *a16) {
   __shared__ float ta[kDotRows][kDotCols + 1], tb[kDotRows][kDotCols + 1];
   const int r0 = (int)blockIdx.x * kDotRows, r = r0 + (int)threadIdx.x;
   const int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
@@ -205,6 +207,7 @@ __global__ void rows_dot(float *D, const float *a, const float *b, int rows, int
         const size_t at = (size_t)(r0 + y) * d + f0 + lane;
         ta[y][lane] = a[at];
         tb[y][lane] = b[at];
+        if (a16) a16[at] = __float2bfloat16(ta[y][lane]);
       }
     __syncthreads();
     if (r < rows)
@@ -217,11 +220,17 @@ __global__ void rows_dot(float *D, const float *a, const float *b, int rows, int
 }  // namespace
 
 extern "C" void gpu_rows_dot(float *D, const float *a, const float *b, long rows, long d) {
+  gpu_rows_dot_copy(D, a, b, rows, d, nullptr);
+}
+
+extern "C" void gpu_rows_dot_copy(float *D, const float *a, const float *b, long rows, long d,
+                                  void *a16) {
   if (rows == 0) return;
   const int n = gpu_int(rows, "rows of rows_dot");
   rows_dot<<<gpu_int((rows + kDotRows - 1) / kDotRows, "rows_dot blocks"), kDotRows, 0,
-             gpu_stream()>>>(D, a, b, n, (int)d);
+             gpu_stream()>>>(D, a, b, n, (int)d, static_cast<__nv_bfloat16 *>(a16));
   LAUNCH_CHECK(rows_dot);
+  if (a16) gpu_count_convert_in_pass((size_t)(rows * d));
 }
 
 namespace {

@@ -504,9 +504,9 @@ void blocks_in_keys(const near_geom &k, long g0, long g1, int s, long *ga, long 
 // (chunk_of, into the chunk's workspace).
 struct operands {
   gpu_elem type;
-  long es;                // bytes per element
-  const float *q, *dout;  // fp32, copied per chunk with bf16 products
-  const char *q16;        // the caller's bf16 copy of q (every row), or nullptr
+  long es;                   // bytes per element
+  const float *q, *dout;     // fp32, copied per chunk with bf16 products
+  const char *q16, *dout16;  // bf16 copies of q and dout, every row (gfma_copies), or nullptr
   const char *k, *v, *XK, *XV;
   void *copies;  // the bf16 copies this evaluation made (nullptr with fp32 products)
 };
@@ -528,6 +528,7 @@ operands operands_open(const gfma *g, const float *q, const float *k, const floa
   const gfma_copies none = {};
   if (!made) made = &none;
   o.q16 = static_cast<const char *>(made->q);
+  o.dout16 = static_cast<const char *>(made->dout);
   const size_t nk = (size_t)(g->BH * kstride * g->d),
                nx = XK ? (size_t)(g->d * g->BH * g->st->rows) : 0;
   const size_t n[4] = {made->k ? 0 : nk, made->v ? 0 : nk, nx, XV ? nx : 0};
@@ -675,11 +676,12 @@ workspace workspace_open(const gfma *g, const operands &x, bool backward) {
   const bool bf16 = x.type == GPU_BF16;
   // per query block: S (m·ld) and Kf, Vf (nfmax·d each); backward: dP, dKf, dVf too, and for
   // fma_linear the near field's own output and D (m·d + m); bf16 products: P (m·ld) and the
-  // copies of q (and dout) (m·d), bf16; and 3 pointers of the near products
-  const size_t per = sizeof(float) * (backward ? 2 * m * ld + 2 * nf + m * d + m : m * ld) +
-                     x.es * 2 * nf +
-                     (bf16 ? sizeof(__nv_bfloat16) * (m * ld + (backward ? 2 : 1) * m * d) : 0) +
-                     3 * sizeof(void *);
+  // copies of q (and dout) (m·d), bf16, unless whole copies exist; and 3 pointers of the near
+  // products
+  const long copies = (x.q16 ? 0 : 1) + (backward && !x.dout16 ? 1 : 0);
+  const size_t per =
+      sizeof(float) * (backward ? 2 * m * ld + 2 * nf + m * d + m : m * ld) + x.es * 2 * nf +
+      (bf16 ? sizeof(__nv_bfloat16) * (m * ld + copies * m * d) : 0) + 3 * sizeof(void *);
   workspace w = {};
   w.blocks = chunk_size(g, per);
   auto bytes = [&](size_t n) { return static_cast<char *>(gpu_alloc(MEM_WORKSPACE, n)); };
@@ -691,11 +693,12 @@ workspace workspace_open(const gfma *g, const operands &x, bool backward) {
   w.S = get(m * ld);
   w.Kf = bytes(x.es * (w.blocks * nf + 1));
   w.Vf = bytes(x.es * (w.blocks * nf + 1));
-  if (bf16) {  // P, then q and dout, in one block (fewer blocks for the pool to fit)
+  if (bf16) {  // P, then the chunk's copies of q and dout, in one block (fewer for the pool)
     const size_t np = w.blocks * m * ld, nq = w.blocks * m * d;
-    w.Pb = bytes(sizeof(__nv_bfloat16) * (np + (backward ? 2 : 1) * nq + 1));
-    w.qb = static_cast<char *>(w.Pb) + sizeof(__nv_bfloat16) * np;
-    if (backward) w.doutb = w.qb + sizeof(__nv_bfloat16) * nq;
+    w.Pb = bytes(sizeof(__nv_bfloat16) * (np + copies * nq + 1));
+    char *next = static_cast<char *>(w.Pb) + sizeof(__nv_bfloat16) * np;
+    if (!x.q16) w.qb = next, next += sizeof(__nv_bfloat16) * nq;
+    if (backward && !x.dout16) w.doutb = next;
   }
   if (!backward) return w;
   w.dP = get(m * ld);
@@ -733,7 +736,7 @@ chunk chunk_of(const gfma *g, const workspace &w, long g0, const operands *x, lo
     return copy;
   };
   c.q = x->q16 ? x->q16 + at * x->es : chunk_rows(x->q, w.qb);
-  c.dout = chunk_rows(x->dout, w.doutb);
+  c.dout = x->dout16 ? x->dout16 + at * x->es : chunk_rows(x->dout, w.doutb);
   c.ld = g->ns * g->m + g->nfmax;
   c.geo = geom_of(g, klo, kstride);
   c.table = w.table;
@@ -880,11 +883,16 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
   check_heads(g);
   const long rows = g->BH * g->T;
   float *D = nullptr;  // fma: Σ dout·out per row; fma_linear: per chunk, of the near field alone
+  gfma_copies all = made ? *made : gfma_copies{};
+  void *dout16 = nullptr;  // fma, bf16 products: dout's copy, made by the pass that sums D
   if (!g->linear) {
     D = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * (rows + 1)));
-    gpu_rows_dot(D, dout, out, rows, g->d);
+    if (gpu_bf16())
+      dout16 = gpu_alloc(MEM_WORKSPACE, sizeof(__nv_bfloat16) * (size_t)(rows * g->d + 1));
+    gpu_rows_dot_copy(D, dout, out, rows, g->d, dout16);
+    all.dout = dout16;
   }
-  const operands x = operands_open(g, q, k, v, dout, kstride, XK, XV, made);
+  const operands x = operands_open(g, q, k, v, dout, kstride, XK, XV, &all);
   workspace w = workspace_open(g, x, true);
   for (long g0 = 0; g0 < total_blocks(g); g0 += w.blocks) {
     const chunk c = chunk_of(g, w, g0, &x, klo, kstride);
@@ -895,5 +903,6 @@ void gfma_evaluate_backward(const gfma *g, float *dq, float *dk, float *dv, floa
   }
   workspace_close(&w);
   gpu_free(x.copies);
+  gpu_free(dout16);
   gpu_free(D);
 }

@@ -130,9 +130,10 @@ void gfma_upward_param_grads(const gfma *g, enum fma_set set, float *dparams, co
 /* ---- fma_evaluate.cu: P2P and M2P in chunks of query blocks */
 
 /* bf16 copies of q, k, v (BH, T, d) that the caller made (with bf16 products: attention_fma.cu
- * keeps them in the saved state from forward to backward); a null member is copied by evaluate. */
+ * keeps them in the saved state from forward to backward), and of dout (backward's own, made by
+ * the pass that sums D); a null member is copied by evaluate, chunk by chunk for q and dout. */
 struct gfma_copies {
-  const void *q, *k, *v;
+  const void *q, *k, *v, *dout;
 };
 
 /* The workspace budget of one chunk, in bytes (gpu_fma_set_workspace). */

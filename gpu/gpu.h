@@ -139,6 +139,9 @@ void gpu_to_bf16(void *dst, const float *src, size_t n);
 /* D[r] = Σ_f a[r, f]·b[r, f] over `rows` rows of d floats, f in order (the CPU's rows_dot): the
  * softmax backward's row correction rowsum(dout ∘ out) of the exact and FMA attentions. */
 void gpu_rows_dot(float *D, const float *a, const float *b, long rows, long d);
+/* gpu_rows_dot, and a16 (rows·d bf16) = a rounded to nearest even, written as the pass reads a
+ * (counted as converted in pass). */
+void gpu_rows_dot_copy(float *D, const float *a, const float *b, long rows, long d, void *a16);
 
 /* The device's GEMM rate, GFLOP/s: square products of random operands, fp32 (fp32 math, as
  * gpu_gemm runs them) or bf16 (tensor-core math, as gpu_gemm_as runs bf16 operands), fp32

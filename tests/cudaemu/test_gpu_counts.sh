@@ -89,10 +89,11 @@ conv, ab, bb = b["elements_converted"][()], a["gemm_operand_bytes"][()], b["gemm
 inp = b["elements_converted_in_pass"][()]
 # full (attention, training) reads its fp32 operands as they lie; fma's evaluation reads bf16
 # copies made once: q forward, k and v by the upward pass's transposes (in pass), kept in the
-# saved state for backward, dout backward (B = 2, T = 64, C = 32); and its summaries
+# saved state for backward, dout backward by the pass that sums D (in pass) (B = 2, T = 64,
+# C = 32); and its summaries
 btc = 2 * 64 * 32
 assert conv[0] == 0 and conv[2] == 0 and inp[0] == 0 and inp[2] == 0, (conv, inp)
-assert inp[1] == 2 * btc, inp
+assert inp[1] == 3 * btc, inp / btc
 # before: 7 B·T·C and the summaries (q, k, v again backward); the summaries here 2.25 B·T·C
 assert 4 * btc < conv[1] < 7 * btc, conv / btc
 assert list(ab) == [4 * e for e in a["gemm_operand_elements"][()]], ab
