@@ -22,6 +22,7 @@ void *fma_open(const struct attn_ctx *ctx) {
   g->st = st;
   g->linear = st->linear;
   g->causal = st->causal;
+  g->copies = gpu_bf16();
   g->B = ctx->dims.B;
   g->H = ctx->dims.H;
   g->BH = g->B * g->H;
@@ -49,9 +50,10 @@ void fma_close(void *impl_state) {
 }
 
 // The saved state: lse (BH·T) and fma_linear's lse_far (BH·rows), as the CPU saves; with bf16
-// products then, from a 256-byte boundary, the bf16 copies of q, k, v (BH·T·d each) that forward
-// made (the upward pass's transposes write k's and v's) and backward reads: nothing is converted
-// twice.
+// products when the context opened (g->copies) then, from a 256-byte boundary, the bf16 copies
+// of q, k, v (BH·T·d each) that forward made (the upward pass's transposes write k's and v's)
+// and backward reads: nothing is converted twice. (A context opened in fp32 and run in bf16,
+// as a test may, has no room for them: its evaluation copies what it reads, as it did before.)
 size_t state_floats(const struct attn_ctx *ctx) {
   const auto *st = static_cast<const fma_state *>(ctx->state);
   const size_t BH = (size_t)(ctx->dims.B * ctx->dims.H);
@@ -61,13 +63,13 @@ size_t state_floats(const struct attn_ctx *ctx) {
 size_t copies_at(const struct attn_ctx *ctx) { return (state_floats(ctx) + 63) / 64 * 64; }
 
 size_t fma_saved_floats(const struct attn_ctx *ctx) {
-  if (!gpu_bf16()) return state_floats(ctx);
+  if (!static_cast<const gfma *>(ctx->impl_state)->copies) return state_floats(ctx);
   const auto *st = static_cast<const fma_state *>(ctx->state);
   const size_t n = (size_t)(ctx->dims.B * ctx->dims.H) * (size_t)st->T * (size_t)st->d;
   return copies_at(ctx) + (3 * n + 1) / 2;
 }
 
-// The bf16 copies in the saved state (all null with fp32 products).
+// The bf16 copies in the saved state (all null with fp32 products, or without room for them).
 struct copies {
   __nv_bfloat16 *x[FMA_NSETS];  // k, v, q: fma_set's order
   size_t n;                     // elements each
@@ -75,7 +77,7 @@ struct copies {
 
 copies copies_of(const struct attn_ctx *ctx, const gfma *g, const float *saved) {
   copies c = {};
-  if (!gpu_bf16()) return c;
+  if (!g->copies || !gpu_bf16()) return c;
   c.n = (size_t)(g->BH * g->T * g->d);
   auto *base = reinterpret_cast<__nv_bfloat16 *>(const_cast<float *>(saved) + copies_at(ctx));
   for (int s = 0; s < FMA_NSETS; s++) c.x[s] = base + s * c.n;

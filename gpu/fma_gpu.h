@@ -62,6 +62,8 @@ struct gfma_items {
 struct gfma {
   const struct fma_state *st; /* the variant's host state: tree, slab, layout, LET plan */
   bool linear, causal;
+  bool copies; /* bf16 products when the context opened: its saved state holds bf16 copies of q,
+                * k, v (attention_fma.cu); used while the products are bf16 */
   long B, H, BH, T, d, m, p;
   int L;
   int ns;           /* near blocks a query block reads: 2 causal (b − 1, b), 3 bidirectional */
