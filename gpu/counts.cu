@@ -71,12 +71,14 @@ extern "C" void gpu_op_flush(void) {
 }
 
 extern "C" void gpu_counts_reset(void) {
+  gpu_pool_trace_mark("counts_reset");
   counts = device_counts{};
   counts.pool_live_peak_bytes = (double)live_now;
   counts.pool_reserved_peak_bytes = (double)(live_now + cached_now);
 }
 
 extern "C" void gpu_counts_read(struct device_counts *out) {
+  gpu_pool_trace_mark("counts_read");
   *out = counts;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && total_b >= free_b) {

@@ -97,6 +97,8 @@ void gpu_release_cache(void);
  * pool grows, if the driver would then have less than this free, the pool releases its cache
  * (gpu_release_cache) first. 0: never. */
 void gpu_pool_set_reserve(size_t bytes);
+/* A line "m WHAT" in the pool's trace (FMATTN_GPU_POOL_TRACE), where there is one. */
+void gpu_pool_trace_mark(const char *what);
 /* The testing hook FMATTN_FAULT = outside_alloc=MIB (core/fault.h), which src/ reads: after each
  * growth the pool checks that MIB MiB are free outside it, and allocates them at exit. 0: off. */
 void gpu_pool_set_outside_probe(long mib);

@@ -1,14 +1,18 @@
 // Device memory of the CUDA back end, the twin of src/core/memory.c: a pool, so that a step's
 // workspace is reused and cudaMalloc/cudaFree (which synchronises the device) run only while the
 // pool grows; every block in use is counted by label in memory.c. Small blocks (up to 1 MiB) are
-// kept by size class; large ones are cut from segments (what cudaMalloc gave), best fit, split
-// when the rest is worth keeping and merged with free neighbours when freed, so that memory freed
-// by one phase of a step serves another phase's requests of other sizes. FMATTN_GPU_POOL=0 gives
-// every free back to the driver at once (for memory checkers). Also the copies and the row
-// packing that exchanges do on device memory.
+// kept by size class; large ones are cut from segments (what cudaMalloc gave), the best fit in the
+// oldest segment where one fits, split when the rest is worth keeping and merged with free
+// neighbours when freed, so that memory freed by one phase of a step serves another phase's
+// requests of other sizes, and a step that repeats the previous one allocates nothing.
+// FMATTN_GPU_POOL=0 gives every free back to the driver at once (for memory checkers);
+// FMATTN_GPU_POOL_TRACE=FILE writes every request to FILE (scripts/pool_replay.py replays it).
+// Also the copies and the row packing that exchanges do on device memory.
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -30,33 +34,51 @@ size_t live_peak = 0;                     // the most ever in use
 size_t reserve = size_t(1) << 30;         // gpu.outside_reserve_mb
 long outside_mib = 0;                     // FMATTN_FAULT = outside_alloc=MIB (core/fault.h)
 int pool_on = -1;                         // −1: not read yet
+FILE *trace = nullptr;                    // FMATTN_GPU_POOL_TRACE: every request, one a line
 
 constexpr size_t kSmallMax = size_t(1) << 20;  // larger: cut from segments
 constexpr size_t kSplitMin = size_t(1) << 20;  // a rest this large becomes a free block of its own
 
-// A large block: a piece of a segment, the pieces of a segment in address order.
+// A large block: a piece of a segment, the pieces of a segment in address order. Segments are
+// numbered in the order the pool asked the driver for them.
 struct Piece {
   char *p;
   size_t bytes;
   bool used;
   Piece *prev, *next;  // neighbours in the segment, or null
+  long seg;            // its segment's number
 };
-std::unordered_map<void *, Piece *> pieces;      // every large block, by address
-std::set<std::pair<size_t, char *>> free_large;  // the free ones, by (size, address): best fit
+std::unordered_map<void *, Piece *> pieces;  // every large block, by address
+long segments = 0;                           // segments ever made: the next one's number
+// The free pieces by (segment, size, address). A request takes the best fit in the oldest
+// segment where one fits, not the best fit of all: so a step that repeats the previous one's
+// requests from the same state repeats its choices, and finds each segment that step had to add,
+// free and of the size it was made for, where that step added it. The pool stops growing after
+// one step (docs/gpu.md, "The pool's steady state"); a best fit over all segments could place a
+// block, in the second step, in a segment the first made later, and need one more.
+std::set<std::tuple<long, size_t, char *>> free_large;
+
+void free_insert(const Piece *b) { free_large.insert({b->seg, b->bytes, b->p}); }
+void free_erase(const Piece *b) { free_large.erase({b->seg, b->bytes, b->p}); }
 
 // A free piece of at least sz bytes, split to sz when the rest is large enough; null if none.
 Piece *take_large(size_t sz) {
-  auto it = free_large.lower_bound({sz, nullptr});
+  auto it = free_large.begin();  // the oldest segment with a free piece
+  while (it != free_large.end()) {
+    const long seg = std::get<0>(*it);
+    it = free_large.lower_bound({seg, sz, nullptr});  // its best fit, or a later segment's piece
+    if (it != free_large.end() && std::get<0>(*it) == seg) break;
+  }
   if (it == free_large.end()) return nullptr;
-  Piece *b = pieces.at(it->second);
+  Piece *b = pieces.at(std::get<2>(*it));
   free_large.erase(it);
   if (b->bytes - sz >= kSplitMin) {
-    Piece *rest = new Piece{b->p + sz, b->bytes - sz, false, b, b->next};
+    Piece *rest = new Piece{b->p + sz, b->bytes - sz, false, b, b->next, b->seg};
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->bytes = sz;
     pieces[rest->p] = rest;
-    free_large.insert({rest->bytes, rest->p});
+    free_insert(rest);
   }
   b->used = true;
   cached_bytes -= b->bytes;
@@ -69,7 +91,7 @@ void give_large(Piece *b) {
   cached_bytes += b->bytes;
   for (Piece *n : {b->next, b->prev}) {
     if (!n || n->used) continue;
-    free_large.erase({n->bytes, n->p});
+    free_erase(n);
     Piece *lo = n == b->next ? b : n, *hi = n == b->next ? n : b;
     lo->bytes += hi->bytes;
     lo->next = hi->next;
@@ -78,13 +100,16 @@ void give_large(Piece *b) {
     delete hi;
     b = lo;
   }
-  free_large.insert({b->bytes, b->p});
+  free_insert(b);
 }
 
 bool pooling() {
   if (pool_on < 0) {
     const char *e = std::getenv("FMATTN_GPU_POOL");
     pool_on = !(e && e[0] == '0');
+    const char *t = std::getenv("FMATTN_GPU_POOL_TRACE");
+    if (t && t[0] && !(trace = std::fopen(t, "w")))
+      error_at(__FILE__, __func__, __LINE__, "FMATTN_GPU_POOL_TRACE: cannot write %s", t);
   }
   return pool_on;
 }
@@ -222,13 +247,14 @@ extern "C" void *gpu_alloc(enum mem_label label, size_t bytes) {
       }
     }
     if (pooling() && sz > kSmallMax) {  // a new segment, in use whole
-      Piece *b = new Piece{static_cast<char *>(p), sz, true, nullptr, nullptr};
+      Piece *b = new Piece{static_cast<char *>(p), sz, true, nullptr, nullptr, segments++};
       pieces[p] = b;
     }
     grew = true;
   }
   live[p] = Block{sz, label};
   live_bytes += sz;
+  if (trace) std::fprintf(trace, "a %zu %s %p %zu %d\n", bytes, mem_label_name(label), p, sz, grew);
   if (live_bytes > live_peak) live_peak = live_bytes;
   if (grew) outside_check();
   gpu_count_pool(live_bytes, cached_bytes);
@@ -249,6 +275,7 @@ extern "C" void gpu_free(void *dev) {
     error_at(__FILE__, __func__, __LINE__, "gpu_free of %p, which gpu_alloc did not give", dev);
   const Block b = it->second;
   live.erase(it);
+  if (trace) std::fprintf(trace, "f %p\n", dev);
   live_bytes -= b.bytes;
   mem_device_account(b.label, -(long long)b.bytes);
   // work queued on the stream finishes before the block's next use is queued
@@ -263,6 +290,13 @@ extern "C" void gpu_free(void *dev) {
   gpu_count_pool(live_bytes, cached_bytes);
 }
 
+extern "C" void gpu_pool_trace_mark(const char *what) {
+  if (trace) {
+    std::fprintf(trace, "m %s\n", what);
+    std::fflush(trace);  // what a run that ends in error wrote is there
+  }
+}
+
 extern "C" void gpu_pool_set_reserve(size_t bytes) { reserve = bytes; }
 
 extern "C" void gpu_pool_set_outside_probe(long mib) { outside_mib = mib; }
@@ -271,21 +305,22 @@ extern "C" void gpu_release_cache(void) {
   // the segments wholly free (one free piece: no neighbour), and the small blocks
   std::vector<Piece *> whole;
   for (const auto &f : free_large) {
-    Piece *b = pieces.at(f.second);
+    Piece *b = pieces.at(std::get<2>(f));
     if (!b->prev && !b->next) whole.push_back(b);
   }
   if (cached.empty() && whole.empty()) return;
+  if (trace) std::fprintf(trace, "r\n");
   CUDA_CHECK(gpu_stream_wait());
   for (auto &c : cached) CUDA_CHECK(cudaFree(c.second));
   cached.clear();
   cached_bytes = 0;
   for (Piece *b : whole) {
-    free_large.erase({b->bytes, b->p});
+    free_erase(b);
     pieces.erase(b->p);
     CUDA_CHECK(cudaFree(b->p));
     delete b;
   }
-  for (const auto &f : free_large) cached_bytes += f.first;
+  for (const auto &f : free_large) cached_bytes += std::get<1>(f);
   gpu_count_pool(live_bytes, cached_bytes);
 }
 

@@ -422,6 +422,32 @@ static void test_gpu_memory(void **state) {
   gpu_free(z), gpu_free(gsrc), gpu_free(gdst);
 }
 
+/* The pool's steady state: a step that repeats the previous one's requests needs no new
+ * memory. The first step below adds a segment for C (a 16 MiB request that the 12 MiB left of A's
+ * segment cannot hold); a best fit over all segments would put B in that segment in the second
+ * step (its tightest fit), C in A's segment, and find no room for D. The pool takes the best fit in
+ * the oldest segment where one fits, and repeats the first step's choices. Without the pool
+ * every request is the driver's. */
+static void test_gpu_pool_steady(void **state) {
+  const bool pool = getenv("FMATTN_GPU_POOL") == NULL || getenv("FMATTN_GPU_POOL")[0] != '0';
+  gpu_release_cache();
+  for (int step = 0; step < 3; step++) {
+    gpu_counts_reset();
+    char *a = gpu_alloc(MEM_WORKSPACE, 20u << 20);
+    gpu_free(a);
+    char *b = gpu_alloc(MEM_WORKSPACE, 8u << 20), *c = gpu_alloc(MEM_WORKSPACE, 16u << 20),
+         *d = gpu_alloc(MEM_WORKSPACE, 12u << 20);
+    gpu_free(b), gpu_free(c), gpu_free(d);
+    struct device_counts n;
+    gpu_counts_read(&n);
+    /* A's segment and C's; without the pool, every request */
+    const double want = !pool ? 4.0 : step == 0 ? 2.0 : 0.0;
+    if (n.mallocs != want)
+      fail_msg("step %d: the pool asked the driver %.0f times, not %.0f", step + 1, n.mallocs, want);
+  }
+  gpu_release_cache();
+}
+
 /* The configuration of a CPU exact-attention op: variant full or local (band), n tokens. */
 static void exact_config(struct config *cfg, long band, long n, int H, int d, bool causal) {
   tu_config(cfg, band > 0 ? "local" : "full", n, H, d, causal,
@@ -573,6 +599,7 @@ static const struct CMUnitTest gpu_tests[] = {
     cmocka_unit_test(test_gpu_dropout),
     cmocka_unit_test(test_gpu_heads),
     cmocka_unit_test(test_gpu_memory),
+    cmocka_unit_test(test_gpu_pool_steady),
     cmocka_unit_test(test_gpu_exact_attention),
     cmocka_unit_test(test_gpu_exact_causality),
     cmocka_unit_test(test_gpu_nccl_transport),

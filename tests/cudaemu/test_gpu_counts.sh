@@ -15,7 +15,7 @@ G="$EMU_BUILD/fmattn_emu" DECK="$TESTDIR/decks/gpu_train.in"
 bench() {
   name=$1 reps=$2
   shift 2
-  CUDAEMU_TRACE=1 "$G" "$DECK" --set run.mode=bench --set run.name="$name" \
+  CUDAEMU_TRACE=1 FMATTN_GPU_POOL_TRACE="$name.pool" "$G" "$DECK" --set run.mode=bench --set run.name="$name" \
     --set bench.what=attention,train --set bench.n_list=64 --set bench.variants=full,fma \
     --set bench.repeats="$reps" --set bench.batch=2 --set parallel.device=gpu "$@" > "$name.log" 2>&1
 }
@@ -104,6 +104,22 @@ import h5py
 for run in ("r2", "bf"):
     g = h5py.File(f"out/{run}/bench.h5", "r")["gpu"]
     assert all(g["mallocs_after_first_step"][()] == 0), (run, g["mallocs_after_first_step"][()])
+PY
+# the pool's trace (FMATTN_GPU_POOL_TRACE: every request, in order) replayed by
+# scripts/pool_replay.py, which models the pool apart from gpu/memory.cu, gives each case's counts
+check "the pool's counts are its trace's, replayed (pool_replay.py): growths, live and reserved peaks" py - "$SRCDIR/scripts" <<'PY'
+import sys, h5py
+sys.path.insert(0, sys.argv[1])
+from pool_replay import replay
+for run in ("r2", "bf"):
+    g = h5py.File(f"out/{run}/bench.h5", "r")["gpu"]
+    got = replay(f"{run}.pool", "oldest")
+    assert len(got) == len(g["kind"][()]) == 3, (run, got)
+    for i, s in enumerate(got):
+        for c in ("mallocs", "pool_live_peak_bytes", "pool_reserved_peak_bytes"):
+            h5c = "mallocs_after_first_step" if c == "mallocs" else c
+            assert s[c] == g[h5c][i], (run, i, c, s[c], g[h5c][i])
+    assert max(s["pool_live_peak_bytes"] for s in got) > 0
 PY
 check "roofline.py bounds every case from the counts, beside the measured time, and plots them" \
   sh -c "'${PYTHON3:-/usr/bin/python3}' '$SRCDIR/scripts/roofline.py' out/r2/bench.h5 --device h100-sxm --plot roof.png > roof.txt && head -c 8 roof.png | grep -q PNG"
