@@ -443,7 +443,8 @@ static void test_gpu_pool_steady(void **state) {
     /* A's segment and C's; without the pool, every request */
     const double want = !pool ? 4.0 : step == 0 ? 2.0 : 0.0;
     if (n.mallocs != want)
-      fail_msg("step %d: the pool asked the driver %.0f times, not %.0f", step + 1, n.mallocs, want);
+      fail_msg("step %d: the pool asked the driver %.0f times, not %.0f", step + 1, n.mallocs,
+               want);
   }
   gpu_release_cache();
 }
