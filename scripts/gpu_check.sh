@@ -6,7 +6,8 @@
 # with the clocks logged beside each run, per-kernel times of fma at 128K (nsys where it is
 # installed, else ncu: the operators' kernels, then every kernel of fmattn's own, summed by
 # scripts/ncu_kernels.py), PyTorch's SDPA with each backend pinned, and write
-# docs/gpu/<device>.csv and the roofline bound beside the measured times (<device>-roofline.txt).
+# docs/gpu/<device>.csv, the roofline bound beside the measured times (<device>-roofline.txt) and
+# the device pool's requests replayed (<device>-pool.txt).
 # Usage, from the repository root: sh scripts/gpu_check.sh [--quick] [--lease]
 #   --quick  the pipeline at toy sizes (minutes, and no claim worth keeping)
 #   --lease  sized for a lent GPU's 15 minutes (about 5 of running): fma at 16K, 128K and 1M in bf16
@@ -142,7 +143,9 @@ bench() { # name, then --set arguments
   say "bench $name"
   clocks "before $name"
   # shellcheck disable=SC2086 # $small and $EXTRA are lists of words
-  limit 300 "$FMATTN" inputs/bench_gpu.in --set run.name="$name" --set output.dir="$WORK/runs" \
+  # the pool's requests (FMATTN_GPU_POOL_TRACE), replayed by scripts/pool_replay.py below
+  limit 300 env FMATTN_GPU_POOL_TRACE="$WORK/$name.pool" "$FMATTN" inputs/bench_gpu.in \
+    --set run.name="$name" --set output.dir="$WORK/runs" \
     --set bench.repeats=$REPEATS $small "$@" $EXTRA > "$WORK/$name.log" 2>&1 ||
     die "fmattn bench $name failed: $WORK/$name.log"
   clocks "after $name"
@@ -247,6 +250,14 @@ esac
 for run in attention attention_fp32 step; do
   "$H5_PYTHON" scripts/roofline.py "$WORK/runs/$run/bench.h5" --device $kind
 done > "$OUT_DIR/$device-roofline.txt" || die "roofline.py failed"
+# the pool's requests of each bench run replayed under its policy and the old one: the growths
+# after each case's warm-up and its peaks, beside what the pool counted (bench.h5 /gpu)
+for run in attention attention_fp32 step long; do
+  [ -s "$WORK/$run.pool" ] || continue
+  for policy in oldest best; do
+    "$H5_PYTHON" scripts/pool_replay.py "$WORK/$run.pool" --policy $policy
+  done
+done > "$OUT_DIR/$device-pool.txt" || die "pool_replay.py failed"
 [ -s "$WORK/clocks.csv" ] && cp "$WORK/clocks.csv" "$OUT_DIR/$device-clocks.csv"
 [ -s "$WORK/sanitizer.txt" ] && cp "$WORK/sanitizer.txt" "$OUT_DIR/$device-sanitizer.txt"
 [ -s "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" ] &&

@@ -35,6 +35,14 @@ assert {(r[0], r[1], r[3]) for r in rows} >= {("attention", "fma", "bf16"), ("at
                                               ("attention", "full", "bf16"), ("train", "fma", "bf16")}, rows
 assert all(float(r[8]) > 0 and float(r[10]) > 0 for r in rows), rows
 PY
+check "the pool's requests replayed, each run under both policies (<device>-pool.txt)" py - "$csv" <<'PY'
+import re, sys
+text = open(sys.argv[1][:-len(".csv")] + "-pool.txt").read()
+runs = re.findall(r"^\S+/(\w+)\.pool, policy (\w+): (\d+) counted sections", text, re.M)
+assert [(r, p) for r, p, _ in runs] == [(r, p) for r in ("attention", "attention_fp32", "step", "long")
+                                        for p in ("oldest", "best")], runs
+assert all(int(n) > 0 for _, _, n in runs), runs
+PY
 cat > sdpa.json <<'EOF2'
 [{"device": "X", "variant": "sdpa", "n": 256, "precision": "bf16", "fwd_ms": 1.5, "bwd_ms": 3.0, "torch": "2.5"}]
 EOF2
