@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
-import h5py  # noqa: E402
+from fmattn_h5 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 from fmattn_h5 import group_columns  # noqa: E402
 from fmattn_plot import byte_unit, plt, save  # noqa: E402

@@ -1,14 +1,22 @@
 # Helpers shared by fmattn's Python scripts (imported from the scripts' own folder): reading the
 # column tables and attributes of fmattn's HDF5 outputs (the deck text of their `deck` attribute
-# is read by fmattn_deck.py).
+# is read by fmattn_deck.py). The scripts import h5py from here, which says in one line what to do
+# where it is missing.
 import os
 
 # fmattn opens its files for each append; a reader's shared lock would make that open fail and stop
 # the run, so never take one (must be set before h5py loads HDF5).
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
+try:
+    import h5py  # noqa: E402
+    import numpy as np  # noqa: E402
+except ImportError as e:  # another Python than Debian's (a pyenv or venv one without h5py)
+    import sys
+
+    sys.exit(f"{os.path.basename(sys.argv[0])}: {e.name} is not installed for {sys.executable}: "
+             "run the script with Debian's /usr/bin/python3 (as its first line does; "
+             "apt-get install python3-h5py python3-numpy)")
 
 
 def text(v):

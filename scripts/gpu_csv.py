@@ -14,7 +14,7 @@ import csv
 import json
 import re
 
-import h5py
+from fmattn_h5 import h5py  # noqa: E402
 import numpy as np
 from fmattn_deck import deck_values
 

@@ -11,7 +11,7 @@ import sys
 # A reader's HDF5 lock could make a concurrent fmattn fail to open the file; never take one.
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
-import h5py  # noqa: E402
+from fmattn_h5 import h5py  # noqa: E402
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")

@@ -27,7 +27,7 @@ sources are in docs/gpu.md.
 import argparse
 import sys
 
-import h5py
+from fmattn_h5 import h5py  # noqa: E402
 from fmattn_deck import deck_values
 
 # Published peaks, dense (no sparsity): bf16 tensor-core and fp32 CUDA-core FLOP/s, HBM bytes/s.

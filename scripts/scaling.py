@@ -18,7 +18,7 @@ import sys
 # A reader's HDF5 lock could make a concurrent fmattn fail to open the file; never take one.
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
-import h5py  # noqa: E402
+from fmattn_h5 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 from fmattn_deck import deck_values, read_deck  # noqa: E402
 from fmattn_h5 import text  # noqa: E402

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-import h5py
+from fmattn_h5 import h5py  # noqa: E402
 from fmattn_deck import deck_values
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -137,6 +137,20 @@ expect_fail "ncu_kernels.py names a time unit it does not know" "unknown time un
 echo "==PROF== nothing profiled" > "$WORK/ncu_empty.csv"
 expect_fail "ncu_kernels.py says when ncu profiled no kernel" "holds no CSV rows" \
   "$P" scripts/ncu_kernels.py "$WORK/ncu_empty.csv"
+# another Python than Debian's (pyenv's, a venv) has no h5py: each script that reads HDF5 says in
+# one line what to do, where a bare ImportError told the user nothing
+check "a Python without h5py: each HDF5 script ends with one line naming /usr/bin/python3" "$P" - <<'PY'
+import os, runpy, subprocess, sys
+code = ("import runpy, sys; sys.modules['h5py'] = None; sys.path.insert(0, 'scripts'); "
+        "sys.argv = [sys.argv[1], '--help']; runpy.run_path(sys.argv[0], run_name='__main__')")
+for name in ("compare", "gpu_csv", "plot_bench", "plot_run", "plot_scaling", "roofline", "scaling",
+             "tasks", "torch_bench"):
+    p = subprocess.run([sys.executable, "-c", code, f"scripts/{name}.py"], capture_output=True,
+                       text=True)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode != 0 and len(err) == 1, (name, p.returncode, p.stderr)
+    assert err[0].startswith(f"{name}.py: h5py is not installed") and "/usr/bin/python3" in err[0], err
+PY
 for s in scripts/slurm/*.sbatch; do
   check "$(basename "$s") parses" bash -n "$s"
 done
