@@ -61,10 +61,7 @@ class Pool:
                     if not p[2] and p[1] >= size]
             if not fits:
                 continue
-            if self.policy == "first":
-                key = min(fits, key=lambda f: f[1])
-            else:
-                key = min(fits)
+            key = fits[0] if self.policy == "first" else min(fits)  # fits in address order
             if self.policy != "best":  # the oldest segment where one fits
                 chosen = (seg, key)
                 break

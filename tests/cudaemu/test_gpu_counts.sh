@@ -15,8 +15,8 @@ G="$EMU_BUILD/fmattn_emu" DECK="$TESTDIR/decks/gpu_train.in"
 bench() {
   name=$1 reps=$2
   shift 2
-  CUDAEMU_TRACE=1 FMATTN_GPU_POOL_TRACE="$name.pool" "$G" "$DECK" --set run.mode=bench --set run.name="$name" \
-    --set bench.what=attention,train --set bench.n_list=64 --set bench.variants=full,fma \
+  CUDAEMU_TRACE=1 FMATTN_GPU_POOL_TRACE="$name.pool" "$G" "$DECK" --set run.mode=bench \
+    --set run.name="$name" --set bench.what=attention,train --set bench.n_list=64 --set bench.variants=full,fma \
     --set bench.repeats="$reps" --set bench.batch=2 --set parallel.device=gpu "$@" > "$name.log" 2>&1
 }
 check "bench on the emulated GPU, 1 repetition, traced" bench r1 1
