@@ -190,4 +190,20 @@ else
   OPENBLAS_CORETYPE=Prescott "$F" "$T" --set run.name=blas3 --set train.steps=1 > blas3.log 2>&1
   check "a user's OPENBLAS_CORETYPE is kept, with a warning and the fix" sh -c "grep -q 'BLAS core Prescott, attention tiles on ' blas3.log && grep -q 'unset it, or set OPENBLAS_CORETYPE=' blas3.log"
 fi
+# ---- threads and the cores a rank is bound to (threads.c) --------------------------------------
+if ! command -v taskset > /dev/null || [ "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" -lt 2 ]; then
+  ok "threads against bound cores # SKIP needs taskset and 2 cores"
+else
+  OMP_NUM_THREADS=2 taskset -c 0 "$F" "$T" --set run.name=bind1 --set train.steps=1 > bind1.log 2>&1
+  check "2 threads bound to 1 core: one warning with the fix, and the device line says so" sh -c \
+    "test \$(grep -c 'run more OpenMP threads than the cores' bind1.log) -eq 1 && grep -q 'rank 0: 2 threads on 1 core(s)' bind1.log && grep -q 'bind-to none' bind1.log && grep -q '2 thread(s) per rank on 1 core(s),' bind1.log"
+  OMP_NUM_THREADS=2 taskset -c 0,1 "$F" "$T" --set run.name=bind2 --set train.steps=1 > bind2.log 2>&1
+  check "2 threads bound to 2 cores: no warning" sh -c \
+    "! grep -q 'threads than the cores' bind2.log && grep -q '2 thread(s) per rank,' bind2.log"
+  env -u OMP_NUM_THREADS taskset -c 0,1 "$F" "$T" --set run.name=bind3 --set train.steps=1 > bind3.log 2>&1
+  check "OMP_NUM_THREADS unset: one rank on 2 cores runs 2 threads" grep -q "2 thread(s) per rank," bind3.log
+  env -u OMP_NUM_THREADS taskset -c 0,1 "$MPI_RUN" 2 "$F" "$T" --set run.name=bind4 --set train.steps=1 > bind4.log 2>&1
+  check "OMP_NUM_THREADS unset: two ranks on those 2 cores run 1 each, unwarned" sh -c \
+    "grep -q '1 thread(s) per rank,' bind4.log && ! grep -q 'threads than the cores' bind4.log"
+fi
 tap_done

@@ -40,9 +40,12 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
 
 static void cpu_describe(char *out, size_t len) {
   const char *from = blas_core_corrected_from();
-  snprintf(out, len, "CPU, %d thread(s) per rank, BLAS core %s%s%s%s, attention tiles on %s",
-           threads_count(), threads_blas_core(), from ? " (corrected from " : "", from ? from : "",
-           from ? ")" : "", tile_gemm_kernels());
+  char cores[48] = ""; /* said where the threads share cores (threads.c warns) */
+  if (threads_cores() < threads_count())
+    snprintf(cores, sizeof cores, " on %d core(s)", threads_cores());
+  snprintf(out, len, "CPU, %d thread(s) per rank%s, BLAS core %s%s%s%s, attention tiles on %s",
+           threads_count(), cores, threads_blas_core(), from ? " (corrected from " : "",
+           from ? from : "", from ? ")" : "", tile_gemm_kernels());
 }
 
 static const struct backend cpu = {
