@@ -28,23 +28,27 @@ struct online_state {
 };
 
 /* One row's update by a tile of logits s (bj): the columns [c0, c1) the mask allows join the
- * running max and sum, s becomes the row's weights (0 where masked), acc is rescaled. */
+ * running max and sum, s becomes the row's weights (0 where masked), acc is rescaled. A masked
+ * column's exp is taken of 0 and its weight multiplied by 0, where the columns were set to −inf:
+ * libmvec's vector expf takes a slow path for a whole vector with −inf in it (the causal
+ * diagonal's). The softmax's share of the forward fell by a fifth at n = 512 (docs/perf.md); the
+ * weights and their sum are what they were, bit for bit. */
 static void online_row(float *s, long bj, long c0, long c1, float *mrow, float *lrow, float *arow,
                        int d) {
   if (c1 == c0) {
     memset(s, 0, sizeof(float) * (size_t)bj);
     return;
   }
-  for (long c = 0; c < c0; c++) s[c] = -INFINITY;
-  for (long c = c1; c < bj; c++) s[c] = -INFINITY;
   float mx = *mrow;
 #pragma omp simd reduction(max : mx)
   for (long c = c0; c < c1; c++) mx = s[c] > mx ? s[c] : mx;
-  const float alpha = expf(*mrow - mx); /* exp(−inf) = 0 on the first live tile */
+  const float alpha = expf(*mrow - mx);              /* exp(−inf) = 0 on the first live tile */
+  const int n = (int)bj, lo = (int)c0, hi = (int)c1; /* 32-bit lanes, as the floats' */
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (long c = 0; c < bj; c++) {
-    s[c] = expf(s[c] - mx);
+  for (int c = 0; c < n; c++) {
+    const float live = (float)((c >= lo) & (c < hi)); /* 1, or 0 where masked */
+    s[c] = expf((s[c] - mx) * live) * live;
     sum += s[c];
   }
   *lrow = *lrow * alpha + sum;
@@ -97,10 +101,12 @@ static void softmax_tile_backward(const struct exact_hook *hk, const struct exac
     const float L = lse[r];
     long c0, c1;
     tile_columns(mk, x->qoff + i0 + r, x->koff + j0, bj, &c0, &c1);
+    const int n = (int)bj, lo = (int)c0, hi = (int)c1; /* masked columns as online_row's */
 #pragma omp simd
-    for (long c = 0; c < bj; c++) s[c] = expf(s[c] - L);
-    for (long c = 0; c < c0; c++) s[c] = 0.0f;
-    for (long c = c1; c < bj; c++) s[c] = 0.0f;
+    for (int c = 0; c < n; c++) {
+      const float live = (float)((c >= lo) & (c < hi));
+      s[c] = expf((s[c] - L) * live) * live;
+    }
   }
   /* dv_j += Pᵀ dO_i */
   tile_sgemm(true, false, (int)bj, d, (int)bi, alpha, P, (int)bj, dO, ldo, 1.0f,
