@@ -1,11 +1,13 @@
 /* The BLAS core check's decision (src/core/blascore.h, docs/perf.md): for every generic core name
  * OpenBLAS reports, on CPUs with AVX-512, with AVX2 (Intel and AMD) and with neither, with and
- * without the user's OPENBLAS_CORETYPE: keep, correct (to which core) or warn. */
+ * without the user's OPENBLAS_CORETYPE: keep, correct (to which core) or warn. And the other
+ * choice made for the CPU at start-up, the default thread count (src/core/threads.h). */
 #include "testutil.h"
 
 #include <string.h>
 
 #include "../src/core/blascore.h"
+#include "../src/core/threads.h"
 
 static const char *const generic[] = {
     "Katmai", "Coppermine",  "Northwood", "Prescott",  "Banias",    "Atom",         "Core2",
@@ -61,7 +63,22 @@ static void test_not_openblas(void **state) {
   expect("unknown", avx2_intel, NULL, BLAS_KEEP, NULL);
 }
 
+/* threads_default(bound, node_cores, local_ranks) for the layouts mpirun and srun make */
+static void test_thread_default(void **state) {
+  (void)state;
+  assert_int_equal(threads_default(32, 32, 1), 32); /* one rank, not bound */
+  assert_int_equal(threads_default(32, 32, 8), 4);  /* 8 ranks, not bound */
+  assert_int_equal(threads_default(16, 32, 8), 4);  /* 8 ranks bound to a socket each */
+  assert_int_equal(threads_default(4, 32, 8), 4);   /* --map-by slot:PE=4 --bind-to core */
+  assert_int_equal(threads_default(1, 2, 2), 1);    /* mpirun -n 2: a core each */
+  assert_int_equal(threads_default(1, 1, 1), 1);    /* mpirun -n 1: bound to one core */
+  assert_int_equal(threads_default(8, 8, 2), 4);    /* a job's 8 cores (cgroup), 2 ranks */
+  assert_int_equal(threads_default(2, 2, 4), 1);    /* more ranks than cores: 1, not 0 */
+  assert_int_equal(threads_default(3, 0, 0), 1);    /* nothing known: 1 */
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_thread_default),
     cmocka_unit_test(test_generic_cores),
     cmocka_unit_test(test_good_cores),
     cmocka_unit_test(test_not_openblas),

@@ -58,6 +58,12 @@ static void warn_oversubscribed(MPI_Comm world) {
   free(all);
 }
 
+int threads_default(int bound, int node_cores, int local_ranks) {
+  const int share = node_cores / (local_ranks > 0 ? local_ranks : 1);
+  const int want = share < bound ? share : bound;
+  return want > 0 ? want : 1;
+}
+
 void threads_setup(MPI_Comm world) {
   MPI_Comm node;
   int local = 1;
@@ -71,16 +77,8 @@ void threads_setup(MPI_Comm world) {
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any, (int)sizeof any, MPI_BYTE, MPI_BOR, node));
   const int node_cores = CPU_COUNT(&any);
   MPI_Comm_free(&node);
-  int want = 0;
   const char *env = getenv("OMP_NUM_THREADS");
-  if (env && atoi(env) > 0) {
-    want = atoi(env);
-  } else {
-    /* the node's cores shared among its ranks, and no more than this rank is bound to: ranks bound
-     * to one socket each (mpirun's default above 2 ranks) share that socket's cores */
-    want = node_cores / local < cores_ ? node_cores / local : cores_;
-    if (want < 1) want = 1;
-  }
+  const int want = env && atoi(env) > 0 ? atoi(env) : threads_default(cores_, node_cores, local);
   threads_ = want;
 #ifdef _OPENMP
   omp_set_num_threads(want);

@@ -8,6 +8,11 @@
 
 #include <mpi.h>
 
+/* The thread count without OMP_NUM_THREADS: the node_cores that the node's local_ranks may use
+ * (the union of their masks) shared among them, no more than the `bound` cores of this rank's
+ * mask, and at least 1. Ranks bound to a socket each (Open MPI's default above 2 ranks) share the
+ * socket's cores: 8 ranks on a 2 × 16-core node get 4 threads each, not 16. */
+int threads_default(int bound, int node_cores, int local_ranks);
 /* Decide and apply the thread count; collective over world (it counts ranks per node). */
 void threads_setup(MPI_Comm world);
 int threads_count(void);
