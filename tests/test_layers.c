@@ -3,6 +3,8 @@
  * reference (J = Σ dout · y), so both the float kernels and the formulas are checked. */
 #include "testutil.h"
 
+#include <omp.h>
+
 #include "../src/core/rng.h"
 #include "../src/nn/layers.h"
 
@@ -65,6 +67,50 @@ static void test_linear(void **state) {
   free(wd);
   free(bd);
   free(gd);
+}
+
+/* Linear's row slices (layers.c: one single-threaded product per thread on its rows, dX's and
+ * dW's in one region) give every element bit for bit as one call on one thread. The sizes keep
+ * every slice above LINEAR_SLICE_MNK at 2 and 3 threads, so the slices run; odd on purpose. */
+static void test_linear_slices(void **state) {
+  (void)state;
+  const int N = 3 * 64 + 17, I = 640, O = 3 * 64 + 5;
+  float *x = malloc(sizeof(float) * N * I), *w = malloc(sizeof(float) * O * I);
+  float *b = malloc(sizeof(float) * O), *g = malloc(sizeof(float) * N * O);
+  tu_randn(x, (size_t)N * I, 11, 1.0f);
+  tu_randn(w, (size_t)O * I, 12, 0.5f);
+  tu_randn(b, O, 13, 0.5f);
+  tu_randn(g, (size_t)N * O, 14, 1.0f);
+  float *y[2], *dx[2], *dw[2], *db[2];
+  const int threads[] = {2, 3};
+  for (int t = 0; t < 3; t++) { /* t = 0: one thread, the reference */
+    const int r = t > 0;
+    omp_set_num_threads(t ? threads[t - 1] : 1);
+    if (t < 2) {
+      y[r] = malloc(sizeof(float) * N * O), dx[r] = malloc(sizeof(float) * N * I);
+      dw[r] = malloc(sizeof(float) * O * I), db[r] = malloc(sizeof(float) * O);
+    }
+    for (int k = 0; k < O * I; k++) dw[r][k] = 0.25f; /* accumulated into */
+    for (int k = 0; k < O; k++) db[r][k] = 0.5f;
+    linear_forward(y[r], x, w, b, N, I, O);
+    linear_backward(dx[r], dw[r], db[r], g, x, w, N, I, O);
+    if (t == 0) continue;
+    assert_memory_equal(y[1], y[0], sizeof(float) * N * O);
+    assert_memory_equal(dx[1], dx[0], sizeof(float) * N * I);
+    assert_memory_equal(dw[1], dw[0], sizeof(float) * O * I);
+    assert_memory_equal(db[1], db[0], sizeof(float) * O);
+  }
+  omp_set_num_threads(1);
+  for (int r = 0; r < 2; r++) {
+    free(y[r]);
+    free(dx[r]);
+    free(dw[r]);
+    free(db[r]);
+  }
+  free(x);
+  free(w);
+  free(b);
+  free(g);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -406,11 +452,11 @@ static void test_xent(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_linear),     cmocka_unit_test(test_layernorm),
-    cmocka_unit_test(test_gelu),       cmocka_unit_test(test_embedding),
-    cmocka_unit_test(test_sinusoidal), cmocka_unit_test(test_rope),
-    cmocka_unit_test(test_dropout),    cmocka_unit_test(test_heads),
-    cmocka_unit_test(test_xent),
+    cmocka_unit_test(test_linear),    cmocka_unit_test(test_linear_slices),
+    cmocka_unit_test(test_layernorm), cmocka_unit_test(test_gelu),
+    cmocka_unit_test(test_embedding), cmocka_unit_test(test_sinusoidal),
+    cmocka_unit_test(test_rope),      cmocka_unit_test(test_dropout),
+    cmocka_unit_test(test_heads),     cmocka_unit_test(test_xent),
 };
 
 TU_MAIN(tests)

@@ -23,28 +23,100 @@
 /* ---------------------------------------------------------------------------------------------
  * linear */
 
+/* Row slices: a product whose every slice keeps LINEAR_SLICE_MNK multiply-adds or more runs as one
+ * single-threaded BLAS call per thread (inside a parallel region OpenBLAS runs on the calling
+ * thread), each on its own rows, where OpenBLAS would split the whole call and wait for its
+ * threads after it. Linear backward then forms dX's and dW's slices in one region with no wait
+ * between them: 6–7 % less time for the bench model's four backward shapes on 2 threads, 2.5–4 %
+ * for the forward ones (docs/perf.md). A slice's every element is the same sum in the same order
+ * as the whole call's, on any thread count (OpenBLAS splits M and N among threads, never K), as
+ * long as no slice is small enough for OpenBLAS's small-matrix and direct kernels (up to
+ * 28 · 512² multiply-adds on SkylakeX-class cores), which sum in another order. */
+#define LINEAR_SLICE_MNK ((double)(8L << 20))
+
+/* the slices of a product of rows × n × k: the threads, or 1 */
+static int linear_slices(long rows, long n, long k) {
+#ifdef _OPENMP
+  if (omp_in_parallel()) return 1;
+  const int T = omp_get_max_threads();
+  return T > 1 && (double)(rows / T) * n * k >= LINEAR_SLICE_MNK ? T : 1;
+#else
+  return 1;
+#endif
+}
+
+/* this thread's rows [*r0, *r1) of `rows` cut into `parts` */
+static void slice_rows(long rows, int parts, long *r0, long *r1) {
+#ifdef _OPENMP
+  const int t = omp_get_thread_num(),
+            T = omp_get_num_threads() < parts ? omp_get_num_threads() : parts;
+#else
+  const int t = 0, T = 1;
+#endif
+  *r0 = t < T ? rows * t / T : rows;
+  *r1 = t < T ? rows * (t + 1) / T : rows;
+}
+
+/* out (N, OC) = inp (N, IC) weightᵀ (+ bias), rows r0..r1 */
+static void linear_rows(float *out, const float *inp, const float *weight, const float *bias,
+                        long r0, long r1, int IC, int OC) {
+  if (r1 <= r0) return;
+  float beta = 0.0f;
+  if (bias) {
+    for (long i = r0; i < r1; i++) memcpy(out + i * OC, bias, sizeof(float) * (size_t)OC);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), OC, IC, 1.0f, inp + r0 * IC,
+              IC, weight, IC, beta, out + r0 * OC, OC);
+}
+
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
                     int IC, int OC) {
   if (N == 0) return;
-  float beta = 0.0f;
+  const int parts = linear_slices(N, OC, IC);
+  if (parts > 1) {
+#pragma omp parallel num_threads(parts)
+    {
+      long r0, r1;
+      slice_rows(N, parts, &r0, &r1);
+      linear_rows(out, inp, weight, bias, r0, r1, IC, OC);
+    }
+    return;
+  }
   if (bias) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < N; i++) memcpy(out + i * OC, bias, sizeof(float) * (size_t)OC);
-    beta = 1.0f;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, OC, IC, 1.0f, inp, IC, weight, IC,
-              beta, out, OC);
+              bias ? 1.0f : 0.0f, out, OC);
 }
 
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, long N, int IC, int OC) {
   if (N == 0) return;
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, IC, OC, 1.0f, dout, OC, weight,
-                IC, 0.0f, dinp, IC);
-  if (dweight)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)N, 1.0f, dout, OC, inp, IC,
-                1.0f, dweight, IC);
+  const int parts =
+      linear_slices(N, IC, OC) > 1 && linear_slices(OC, IC, N) > 1 ? linear_slices(N, IC, OC) : 1;
+  if (parts > 1) { /* dX by rows of N, dW by rows of OC, in one region */
+#pragma omp parallel num_threads(parts)
+    {
+      long r0, r1;
+      slice_rows(N, parts, &r0, &r1);
+      if (dinp && r1 > r0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), IC, OC, 1.0f,
+                    dout + r0 * OC, OC, weight, IC, 0.0f, dinp + r0 * IC, IC);
+      slice_rows(OC, parts, &r0, &r1);
+      if (dweight && r1 > r0)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), IC, (int)N, 1.0f,
+                    dout + r0, OC, inp, IC, 1.0f, dweight + r0 * IC, IC);
+    }
+  } else {
+    if (dinp)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, IC, OC, 1.0f, dout, OC, weight,
+                  IC, 0.0f, dinp, IC);
+    if (dweight)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)N, 1.0f, dout, OC, inp, IC,
+                  1.0f, dweight, IC);
+  }
   if (dbias) {
     /* Column sums in fixed chunks of rows, then the chunks in order. */
     float *part = mem_alloc(MEM_WORKSPACE, sizeof(float) * LAYERS_CHUNKS * (size_t)OC);
