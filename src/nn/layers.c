@@ -45,77 +45,68 @@ static int linear_slices(long rows, long n, long k) {
 #endif
 }
 
-/* this thread's rows [*r0, *r1) of `rows` cut into `parts` */
-static void slice_rows(long rows, int parts, long *r0, long *r1) {
+/* this thread's rows [*r0, *r1) of `rows`, cut among the team */
+static void slice_rows(long rows, long *r0, long *r1) {
 #ifdef _OPENMP
-  const int t = omp_get_thread_num(),
-            T = omp_get_num_threads() < parts ? omp_get_num_threads() : parts;
+  const int t = omp_get_thread_num(), T = omp_get_num_threads();
 #else
   const int t = 0, T = 1;
 #endif
-  *r0 = t < T ? rows * t / T : rows;
-  *r1 = t < T ? rows * (t + 1) / T : rows;
+  *r0 = rows * t / T;
+  *r1 = rows * (t + 1) / T;
 }
 
-/* out (N, OC) = inp (N, IC) weightᵀ (+ bias), rows r0..r1 */
+/* out (N, OC) = inp (N, IC) weightᵀ (+ bias), rows [r0, r1) */
 static void linear_rows(float *out, const float *inp, const float *weight, const float *bias,
                         long r0, long r1, int IC, int OC) {
   if (r1 <= r0) return;
-  float beta = 0.0f;
-  if (bias) {
+  if (bias)
     for (long i = r0; i < r1; i++) memcpy(out + i * OC, bias, sizeof(float) * (size_t)OC);
-    beta = 1.0f;
-  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), OC, IC, 1.0f, inp + r0 * IC,
-              IC, weight, IC, beta, out + r0 * OC, OC);
+              IC, weight, IC, bias ? 1.0f : 0.0f, out + r0 * OC, OC);
+}
+
+/* dinp's rows [r0, r1) = dout's weight; dweight's rows [o0, o1) += dout's columns ᵀ inp */
+static void linear_grad_rows(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, long N, int IC, int OC, long r0, long r1, long o0,
+                             long o1) {
+  if (dinp && r1 > r0)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), IC, OC, 1.0f,
+                dout + r0 * OC, OC, weight, IC, 0.0f, dinp + r0 * IC, IC);
+  if (dweight && o1 > o0)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), IC, (int)N, 1.0f,
+                dout + o0, OC, inp, IC, 1.0f, dweight + o0 * IC, IC);
 }
 
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
                     int IC, int OC) {
-  if (N == 0) return;
   const int parts = linear_slices(N, OC, IC);
-  if (parts > 1) {
-#pragma omp parallel num_threads(parts)
-    {
-      long r0, r1;
-      slice_rows(N, parts, &r0, &r1);
-      linear_rows(out, inp, weight, bias, r0, r1, IC, OC);
-    }
+  if (parts == 1) {
+    linear_rows(out, inp, weight, bias, 0, N, IC, OC);
     return;
   }
-  if (bias) {
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < N; i++) memcpy(out + i * OC, bias, sizeof(float) * (size_t)OC);
+#pragma omp parallel num_threads(parts)
+  {
+    long r0, r1;
+    slice_rows(N, &r0, &r1);
+    linear_rows(out, inp, weight, bias, r0, r1, IC, OC);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, OC, IC, 1.0f, inp, IC, weight, IC,
-              bias ? 1.0f : 0.0f, out, OC);
 }
 
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, long N, int IC, int OC) {
   if (N == 0) return;
-  const int parts =
-      linear_slices(N, IC, OC) > 1 && linear_slices(OC, IC, N) > 1 ? linear_slices(N, IC, OC) : 1;
-  if (parts > 1) { /* dX by rows of N, dW by rows of OC, in one region */
+  const int parts = linear_slices(N, IC, OC);
+  if (parts > 1 && linear_slices(OC, IC, N) > 1) { /* dX by rows of N, dW by rows of OC */
 #pragma omp parallel num_threads(parts)
     {
-      long r0, r1;
-      slice_rows(N, parts, &r0, &r1);
-      if (dinp && r1 > r0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), IC, OC, 1.0f,
-                    dout + r0 * OC, OC, weight, IC, 0.0f, dinp + r0 * IC, IC);
-      slice_rows(OC, parts, &r0, &r1);
-      if (dweight && r1 > r0)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), IC, (int)N, 1.0f,
-                    dout + r0, OC, inp, IC, 1.0f, dweight + r0 * IC, IC);
+      long r0, r1, o0, o1;
+      slice_rows(N, &r0, &r1);
+      slice_rows(OC, &o0, &o1);
+      linear_grad_rows(dinp, dweight, dout, inp, weight, N, IC, OC, r0, r1, o0, o1);
     }
   } else {
-    if (dinp)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, IC, OC, 1.0f, dout, OC, weight,
-                  IC, 0.0f, dinp, IC);
-    if (dweight)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)N, 1.0f, dout, OC, inp, IC,
-                  1.0f, dweight, IC);
+    linear_grad_rows(dinp, dweight, dout, inp, weight, N, IC, OC, 0, N, 0, OC);
   }
   if (dbias) {
     /* Column sums in fixed chunks of rows, then the chunks in order. */
