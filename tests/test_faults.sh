@@ -188,7 +188,7 @@ else
   wait "$bp" 2>/dev/null
   check "the corrected process keeps its name ('$comm')" sh -c "grep -q 'corrected from Prescott' blas4.log && test '$comm' = '$(basename "$F")'"
   OPENBLAS_CORETYPE=Prescott "$F" "$T" --set run.name=blas3 --set train.steps=1 > blas3.log 2>&1
-  check "a user's OPENBLAS_CORETYPE is kept, with a warning and the fix" sh -c "grep -q 'BLAS core Prescott, attention tiles on ' blas3.log && grep -q 'unset it, or set OPENBLAS_CORETYPE=' blas3.log"
+  check "a user's OPENBLAS_CORETYPE is kept, with a warning and the fix" sh -c "grep -q 'BLAS core Prescott, small products on ' blas3.log && grep -q 'unset it, or set OPENBLAS_CORETYPE=' blas3.log"
 fi
 # ---- threads and the cores a rank is bound to (threads.c) --------------------------------------
 if ! command -v taskset > /dev/null || [ "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" -lt 2 ]; then

@@ -8,6 +8,7 @@
 #endif
 
 #include "../src/core/rng.h"
+#include "../src/core/tilegemm.h"
 #include "../src/nn/layers.h"
 
 #define FWD_TOL 2e-5
@@ -71,9 +72,23 @@ static void test_linear(void **state) {
   free(gd);
 }
 
-/* Linear's row slices (layers.c: one single-threaded product per thread on its rows, dX's and
- * dW's in one region) give every element bit for bit as one call on one thread. The sizes keep
- * every slice above LINEAR_SLICE_MNK at 2 and 3 threads, so the slices run; odd on purpose. */
+/* The kernels linear runs on: CBLAS (row slices where each keeps LINEAR_SLICE_MNK multiply-adds)
+ * and, built with libxsmm, its kernels in 64 × 64 blocks (products of 64 rows or more). Returns
+ * how many there are; selects kernel `which` (0: CBLAS, 1: libxsmm). */
+static int select_kernels(int which) {
+#ifdef HAVE_LIBXSMM
+  const int kinds = 2;
+#else
+  const int kinds = 1;
+#endif
+  if (which >= 0 && !tile_gemm_select(which == 1)) fail_msg("tile_gemm_select(%d) refused", which);
+  return kinds;
+}
+
+/* Linear in row slices (CBLAS: one single-threaded product per thread on its rows, dX's and dW's
+ * in one region) and in libxsmm's blocks give every element bit for bit as on one thread. The
+ * sizes keep every slice above LINEAR_SLICE_MNK at 2 and 3 threads, so the slices run, and make
+ * ragged blocks; odd on purpose. */
 static void test_linear_slices(void **state) {
   (void)state;
 #ifndef _OPENMP
@@ -87,24 +102,29 @@ static void test_linear_slices(void **state) {
   tu_randn(b, O, 13, 0.5f);
   tu_randn(g, (size_t)N * O, 14, 1.0f);
   float *y[2], *dx[2], *dw[2], *db[2];
-  const int threads[] = {2, 3};
-  for (int t = 0; t < 3; t++) { /* t = 0: one thread, the reference */
-    const int r = t > 0;
-    omp_set_num_threads(t ? threads[t - 1] : 1);
-    if (t < 2) {
-      y[r] = malloc(sizeof(float) * N * O), dx[r] = malloc(sizeof(float) * N * I);
-      dw[r] = malloc(sizeof(float) * O * I), db[r] = malloc(sizeof(float) * O);
-    }
-    for (int k = 0; k < O * I; k++) dw[r][k] = 0.25f; /* accumulated into */
-    for (int k = 0; k < O; k++) db[r][k] = 0.5f;
-    linear_forward(y[r], x, w, b, N, I, O);
-    linear_backward(dx[r], dw[r], db[r], g, x, w, N, I, O);
-    if (t == 0) continue;
-    assert_memory_equal(y[1], y[0], sizeof(float) * N * O);
-    assert_memory_equal(dx[1], dx[0], sizeof(float) * N * I);
-    assert_memory_equal(dw[1], dw[0], sizeof(float) * O * I);
-    assert_memory_equal(db[1], db[0], sizeof(float) * O);
+  for (int r = 0; r < 2; r++) {
+    y[r] = malloc(sizeof(float) * N * O), dx[r] = malloc(sizeof(float) * N * I);
+    dw[r] = malloc(sizeof(float) * O * I), db[r] = malloc(sizeof(float) * O);
   }
+  const int threads[] = {2, 3}, kinds = select_kernels(-1);
+  const bool was_xsmm = strncmp(tile_gemm_kernels(), "libxsmm", 7) == 0;
+  for (int kind = 0; kind < kinds; kind++) {
+    select_kernels(kind);
+    for (int t = 0; t < 3; t++) { /* t = 0: one thread, the reference */
+      const int r = t > 0;
+      omp_set_num_threads(t ? threads[t - 1] : 1);
+      for (int k = 0; k < O * I; k++) dw[r][k] = 0.25f; /* accumulated into */
+      for (int k = 0; k < O; k++) db[r][k] = 0.5f;
+      linear_forward(y[r], x, w, b, N, I, O);
+      linear_backward(dx[r], dw[r], db[r], g, x, w, N, I, O);
+      if (t == 0) continue;
+      assert_memory_equal(y[1], y[0], sizeof(float) * N * O);
+      assert_memory_equal(dx[1], dx[0], sizeof(float) * N * I);
+      assert_memory_equal(dw[1], dw[0], sizeof(float) * O * I);
+      assert_memory_equal(db[1], db[0], sizeof(float) * O);
+    }
+  }
+  tile_gemm_select(was_xsmm);
   omp_set_num_threads(1);
   for (int r = 0; r < 2; r++) {
     free(y[r]);
@@ -117,6 +137,55 @@ static void test_linear_slices(void **state) {
   free(b);
   free(g);
 #endif
+}
+
+/* Linear on each kernel against the double products, at sizes that make every block ragged (rows,
+ * both feature counts) and dW's depth run in three pieces of up to 512 rows, the last one short;
+ * the parameter gradients accumulate onto values already there. */
+static void test_linear_blocks(void **state) {
+  (void)state;
+  const int N = 2 * 512 + 37, I = 70, O = 131;
+  float *x = malloc(sizeof(float) * N * I), *w = malloc(sizeof(float) * O * I);
+  float *b = malloc(sizeof(float) * O), *g = malloc(sizeof(float) * N * O);
+  float *y = malloc(sizeof(float) * N * O), *dx = malloc(sizeof(float) * N * I);
+  float *dw = malloc(sizeof(float) * O * I), *db = malloc(sizeof(float) * O);
+  tu_randn(x, (size_t)N * I, 21, 1.0f);
+  tu_randn(w, (size_t)O * I, 22, 0.5f);
+  tu_randn(b, O, 23, 0.5f);
+  tu_randn(g, (size_t)N * O, 24, 1.0f);
+  double *xd = tu_to_double(x, (size_t)N * I), *wd = tu_to_double(w, (size_t)O * I);
+  double *bd = tu_to_double(b, O), *gd = tu_to_double(g, (size_t)N * O);
+  double *yd = malloc(sizeof(double) * N * O), *dxd = calloc((size_t)N * I, sizeof(double));
+  double *dwd = malloc(sizeof(double) * O * I), *dbd = malloc(sizeof(double) * O);
+  ref_linear(yd, xd, wd, bd, N, I, O);
+  for (int k = 0; k < O * I; k++) dwd[k] = 0.25;
+  for (int o = 0; o < O; o++) dbd[o] = 0.5;
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < O; o++) {
+      const double go = gd[n * O + o];
+      dbd[o] += go;
+      for (int i = 0; i < I; i++) {
+        dxd[n * I + i] += go * wd[o * I + i];
+        dwd[o * I + i] += go * xd[n * I + i];
+      }
+    }
+  const int kinds = select_kernels(-1);
+  const bool was_xsmm = strncmp(tile_gemm_kernels(), "libxsmm", 7) == 0;
+  for (int kind = 0; kind < kinds; kind++) {
+    select_kernels(kind);
+    for (int k = 0; k < N * I; k++) dx[k] = NAN; /* written */
+    for (int k = 0; k < O * I; k++) dw[k] = 0.25f;
+    for (int k = 0; k < O; k++) db[k] = 0.5f;
+    linear_forward(y, x, w, b, N, I, O);
+    linear_backward(dx, dw, db, g, x, w, N, I, O);
+    TU_ASSERT_CLOSE(tu_rel_err(y, yd, (size_t)N * O), FWD_TOL, "linear forward");
+    TU_ASSERT_CLOSE(tu_rel_err(dx, dxd, (size_t)N * I), FWD_TOL, "linear dinp");
+    TU_ASSERT_CLOSE(tu_rel_err(dw, dwd, (size_t)O * I), FWD_TOL, "linear dweight");
+    TU_ASSERT_CLOSE(tu_rel_err(db, dbd, O), FWD_TOL, "linear dbias");
+  }
+  tile_gemm_select(was_xsmm);
+  free(x), free(w), free(b), free(g), free(y), free(dx), free(dw), free(db);
+  free(xd), free(wd), free(bd), free(gd), free(yd), free(dxd), free(dwd), free(dbd);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -458,11 +527,12 @@ static void test_xent(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_linear),    cmocka_unit_test(test_linear_slices),
-    cmocka_unit_test(test_layernorm), cmocka_unit_test(test_gelu),
-    cmocka_unit_test(test_embedding), cmocka_unit_test(test_sinusoidal),
-    cmocka_unit_test(test_rope),      cmocka_unit_test(test_dropout),
-    cmocka_unit_test(test_heads),     cmocka_unit_test(test_xent),
+    cmocka_unit_test(test_linear),        cmocka_unit_test(test_linear_slices),
+    cmocka_unit_test(test_linear_blocks), cmocka_unit_test(test_layernorm),
+    cmocka_unit_test(test_gelu),          cmocka_unit_test(test_embedding),
+    cmocka_unit_test(test_sinusoidal),    cmocka_unit_test(test_rope),
+    cmocka_unit_test(test_dropout),       cmocka_unit_test(test_heads),
+    cmocka_unit_test(test_xent),
 };
 
 TU_MAIN(tests)

@@ -17,21 +17,22 @@
 static int use_xsmm = -1; /* -1: not decided yet */
 static char kernels[96];
 
-static void decide(void) {
+/* the kernels from now on: libxsmm where asked for and built with it, else CBLAS */
+static bool choose(bool xsmm) {
 #ifdef HAVE_LIBXSMM
-  const char *env = getenv("FMATTN_TILE_GEMM");
-  if (!(env && strcmp(env, "blas") == 0)) {
+  if (xsmm) {
     libxsmm_init();
     snprintf(kernels, sizeof kernels, "libxsmm %d.%d (%s)", LIBXSMM_VERSION_MAJOR,
              LIBXSMM_VERSION_MINOR, libxsmm_get_target_arch());
 #pragma omp atomic write
     use_xsmm = 1;
-    return;
+    return true;
   }
 #endif
   snprintf(kernels, sizeof kernels, "blas");
 #pragma omp atomic write
   use_xsmm = 0;
+  return !xsmm;
 }
 
 const char *tile_gemm_kernels(void) {
@@ -40,25 +41,31 @@ const char *tile_gemm_kernels(void) {
   u = use_xsmm;
   if (u < 0) {
 #pragma omp critical(tile_gemm_decide)
-    if (use_xsmm < 0) decide();
+    if (use_xsmm < 0) {
+      const char *env = getenv("FMATTN_TILE_GEMM");
+      choose(!(env && strcmp(env, "blas") == 0));
+    }
   }
   return kernels;
 }
+
+bool tile_gemm_select(bool xsmm) { return choose(xsmm); }
 
 #ifdef HAVE_LIBXSMM
 /* libxsmm's kernel for the call, or false where it has none. */
 static bool xsmm_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float beta, float *C, int ldc) {
   if (tb || !(beta == 0.0f || beta == 1.0f) || (alpha != 1.0f && beta != 0.0f)) return false;
-  /* the thread's last kernels, by shape: libxsmm's own lookup costs about 7 % of a 64³ product */
+  /* the thread's last kernels, by shape (64 slots: the linear layers' and the tiles'): libxsmm's
+   * own lookup costs about 7 % of a 64³ product */
   static _Thread_local struct {
     int key[7];
     libxsmm_smmfunction f;
-  } cache[16];
+  } cache[64];
   const int key[7] = {ta, M, N, K, lda, ldb, ldc + (beta != 0.0f ? 1 << 30 : 0)};
   unsigned h = 0;
   for (int i = 0; i < 7; i++) h = h * 31u + (unsigned)key[i];
-  const unsigned slot = (h ^ h >> 7) % 16u;
+  const unsigned slot = (h ^ h >> 7) % 64u;
   libxsmm_smmfunction f = cache[slot].f;
   if (!f || memcmp(cache[slot].key, key, sizeof key) != 0) {
     const int flags = ta ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;

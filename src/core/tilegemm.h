@@ -1,5 +1,6 @@
 /* The small matrix products of the attention tiles (a 64-row query tile against a few hundred
- * keys, depth d = 64), row-major like cblas_sgemm. OpenBLAS packs both operands on every call and
+ * keys, depth d = 64) and of the linear layers' 64 × 64 blocks (nn/layers.c), row-major like
+ * cblas_sgemm. OpenBLAS packs both operands on every call and
  * runs such products at 45–65 % of its large-matrix rate; libxsmm (Debian's libxsmm-dev) generates
  * a kernel for each shape at run time and reads the operands in place (docs/perf.md, "The
  * attention tiles"). Where fmattn was built without libxsmm, or libxsmm has no kernel for a call
@@ -25,6 +26,11 @@ void tile_transpose(long rows, long cols, const float *in, long ldi, float *out,
 /* Which kernels tile_sgemm runs: "libxsmm <version> (<its target>)", or "blas" (fmattn built
  * without libxsmm, or FMATTN_TILE_GEMM=blas in the environment: the comparison's switch). */
 const char *tile_gemm_kernels(void);
+
+/* Run the products on libxsmm (true) or on CBLAS (false) from now on, whatever FMATTN_TILE_GEMM
+ * said; false where libxsmm was asked for in a build without it (the products then run on CBLAS).
+ * The tests run both kernels in one program. Not inside a parallel region. */
+bool tile_gemm_select(bool xsmm);
 
 #ifdef __cplusplus
 }

@@ -43,7 +43,7 @@ static void cpu_describe(char *out, size_t len) {
   char cores[48] = ""; /* said where the threads share cores (threads.c warns) */
   if (threads_cores() < threads_count())
     snprintf(cores, sizeof cores, " on %d core(s)", threads_cores());
-  snprintf(out, len, "CPU, %d thread(s) per rank%s, BLAS core %s%s%s%s, attention tiles on %s",
+  snprintf(out, len, "CPU, %d thread(s) per rank%s, BLAS core %s%s%s%s, small products on %s",
            threads_count(), cores, threads_blas_core(), from ? " (corrected from " : "",
            from ? from : "", from ? ")" : "", tile_gemm_kernels());
 }

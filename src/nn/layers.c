@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/rng.h"
+#include "core/tilegemm.h"
 #include "nn/vecmath.h"
 
 #ifdef _OPENMP
@@ -78,8 +79,100 @@ static void linear_grad_rows(float *dinp, float *dweight, const float *dout, con
                 dout + o0, OC, inp, IC, 1.0f, dweight + o0 * IC, IC);
 }
 
+/* ---- linear on libxsmm's kernels, in blocks (tilegemm.h) ----
+ * Where the attention tiles run on libxsmm, a linear product of LINEAR_BLOCK rows or more runs on
+ * them too, in LINEAR_BLOCK × LINEAR_BLOCK blocks of its output: each block one product over the
+ * whole depth (forward, dX) or over LINEAR_DEPTH rows at a time (dW, whose depth is the rows).
+ * OpenBLAS packs both operands of every call and zeroes C in a pass of its own; libxsmm's kernels
+ * read the operands in place. The bench model's shapes on 2 threads (docs/perf.md): forward
+ * 0.96–1.10× OpenBLAS's rate, backward 1.08–1.14×. The blocks are fixed from row 0 and from
+ * column 0, whatever the thread count, and each block is one kernel over the same depths, so an
+ * element is the same sum on any thread count. Forward and dX add nothing to C inside the kernel
+ * (beta 0, the bias added after), as OpenBLAS's kernels do, so where OpenBLAS ran the depth in one
+ * pass (256 here) they give its bits. */
+#define LINEAR_BLOCK 64
+#define LINEAR_DEPTH 512
+
+static bool linear_on_blocks(long N) {
+  return N >= LINEAR_BLOCK && strncmp(tile_gemm_kernels(), "libxsmm", 7) == 0;
+}
+
+static int block_len(long len, long at) {
+  return (int)(len - at < LINEAR_BLOCK ? len - at : LINEAR_BLOCK);
+}
+
+/* out's blocks of rows [b0, b1) (in blocks) = inp · wt (+ bias), wt = weightᵀ (IC, OC) */
+static void linear_blocks(float *out, const float *inp, const float *wt, const float *bias, long N,
+                          int IC, int OC, long b0, long b1) {
+  for (int j0 = 0; j0 < OC; j0 += LINEAR_BLOCK) { /* wt's panel stays in cache across the rows */
+    const int bj = block_len(OC, j0);
+    for (long b = b0; b < b1; b++) {
+      const long i0 = b * LINEAR_BLOCK;
+      const int bi = block_len(N, i0);
+      float *o = out + i0 * OC + j0;
+      tile_sgemm(false, false, bi, bj, IC, 1.0f, inp + i0 * IC, IC, wt + j0, OC, 0.0f, o, OC);
+      for (int r = 0; bias && r < bi; r++) {
+#pragma omp simd
+        for (int c = 0; c < bj; c++) o[r * OC + c] += bias[j0 + c];
+      }
+    }
+  }
+}
+
+static void linear_forward_blocks(float *out, const float *inp, const float *weight,
+                                  const float *bias, long N, int IC, int OC) {
+  float *wt = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)IC * OC);
+  const long blocks = (N + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int c0 = 0; c0 < OC; c0 += LINEAR_BLOCK)
+      tile_transpose(block_len(OC, c0), IC, weight + (long)c0 * IC, IC, wt + c0, OC);
+    long b0, b1;
+    slice_rows(blocks, &b0, &b1);
+    linear_blocks(out, inp, wt, bias, N, IC, OC, b0, b1);
+  }
+  mem_free(wt);
+}
+
+/* dinp = dout · weight, by blocks of rows; dweight += doutᵀ · inp, by blocks of (OC, IC), each
+ * summed over the rows LINEAR_DEPTH at a time from row 0. One region, the two shared out. */
+static void linear_backward_blocks(float *dinp, float *dweight, const float *dout, const float *inp,
+                                   const float *weight, long N, int IC, int OC) {
+  const long row_blocks = (N + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
+  const long ob = (OC + LINEAR_BLOCK - 1) / LINEAR_BLOCK,
+             ib = (IC + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
+#pragma omp parallel
+  {
+    long b0, b1;
+    slice_rows(row_blocks, &b0, &b1);
+    for (int j0 = 0; dinp && j0 < IC; j0 += LINEAR_BLOCK) {
+      const int bj = block_len(IC, j0);
+      for (long b = b0; b < b1; b++) {
+        const long i0 = b * LINEAR_BLOCK;
+        tile_sgemm(false, false, block_len(N, i0), bj, OC, 1.0f, dout + i0 * OC, OC, weight + j0,
+                   IC, 0.0f, dinp + i0 * IC + j0, IC);
+      }
+    }
+    long w0, w1; /* this thread's blocks of dweight, row-major over (ob, ib) */
+    slice_rows(dweight ? ob * ib : 0, &w0, &w1);
+    for (long k0 = 0; k0 < N; k0 += LINEAR_DEPTH) {
+      const int bk = (int)(N - k0 < LINEAR_DEPTH ? N - k0 : LINEAR_DEPTH);
+      for (long w = w0; w < w1; w++) {
+        const long o0 = w / ib * LINEAR_BLOCK, c0 = w % ib * LINEAR_BLOCK;
+        tile_sgemm(true, false, block_len(OC, o0), block_len(IC, c0), bk, 1.0f, dout + k0 * OC + o0,
+                   OC, inp + k0 * IC + c0, IC, 1.0f, dweight + o0 * IC + c0, IC);
+      }
+    }
+  }
+}
+
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, long N,
                     int IC, int OC) {
+  if (linear_on_blocks(N)) {
+    linear_forward_blocks(out, inp, weight, bias, N, IC, OC);
+    return;
+  }
   const int parts = linear_slices(N, OC, IC);
   if (parts == 1) {
     linear_rows(out, inp, weight, bias, 0, N, IC, OC);
@@ -97,7 +190,9 @@ void linear_backward(float *dinp, float *dweight, float *dbias, const float *dou
                      const float *weight, long N, int IC, int OC) {
   if (N == 0) return;
   const int parts = linear_slices(N, IC, OC);
-  if (parts > 1 && linear_slices(OC, IC, N) > 1) { /* dX by rows of N, dW by rows of OC */
+  if (linear_on_blocks(N)) {
+    linear_backward_blocks(dinp, dweight, dout, inp, weight, N, IC, OC);
+  } else if (parts > 1 && linear_slices(OC, IC, N) > 1) { /* dX by rows of N, dW by rows of OC */
 #pragma omp parallel num_threads(parts)
     {
       long r0, r1, o0, o1;
