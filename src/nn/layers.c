@@ -85,7 +85,7 @@ static void linear_grad_rows(float *dinp, float *dweight, const float *dout, con
  * whole depth (forward, dX) or over LINEAR_DEPTH rows at a time (dW, whose depth is the rows).
  * OpenBLAS packs both operands of every call and zeroes C in a pass of its own; libxsmm's kernels
  * read the operands in place. The bench model's shapes on 2 threads (docs/perf.md): forward
- * 0.96–1.10× OpenBLAS's rate, backward 1.08–1.14×. The blocks are fixed from row 0 and from
+ * 1.00–1.10× OpenBLAS's rate, backward 1.08–1.14×. The blocks are fixed from row 0 and from
  * column 0, whatever the thread count, and each block is one kernel over the same depths, so an
  * element is the same sum on any thread count. Forward and dX add nothing to C inside the kernel
  * (beta 0, the bias added after), as OpenBLAS's kernels do, so where OpenBLAS ran the depth in one
@@ -101,42 +101,47 @@ static int block_len(long len, long at) {
   return (int)(len - at < LINEAR_BLOCK ? len - at : LINEAR_BLOCK);
 }
 
-/* out's blocks of rows [b0, b1) (in blocks) = inp · wt (+ bias), wt = weightᵀ (IC, OC) */
-static void linear_blocks(float *out, const float *inp, const float *wt, const float *bias, long N,
-                          int IC, int OC, long b0, long b1) {
-  for (int j0 = 0; j0 < OC; j0 += LINEAR_BLOCK) { /* wt's panel stays in cache across the rows */
-    const int bj = block_len(OC, j0);
-    for (long b = b0; b < b1; b++) {
-      const long i0 = b * LINEAR_BLOCK;
-      const int bi = block_len(N, i0);
-      float *o = out + i0 * OC + j0;
-      tile_sgemm(false, false, bi, bj, IC, 1.0f, inp + i0 * IC, IC, wt + j0, OC, 0.0f, o, OC);
-      for (int r = 0; bias && r < bi; r++) {
-#pragma omp simd
-        for (int c = 0; c < bj; c++) o[r * OC + c] += bias[j0 + c];
-      }
-    }
-  }
+/* rows × LINEAR_BLOCK floats of src (rows ld apart) to a panel of rows LINEAR_BLOCK apart: the
+ * kernels then read one operand contiguous, where rows 4 KiB apart (1024 floats) would all fall in
+ * the same few sets of the L1 cache */
+static void panel_copy(float *panel, const float *src, long ld, long rows, int cols) {
+  for (long r = 0; r < rows; r++)
+    memcpy(panel + r * LINEAR_BLOCK, src + r * ld, sizeof(float) * (size_t)cols);
 }
 
+/* out (N, OC) = inp (N, IC) weightᵀ (+ bias): this thread's blocks of rows, by panels of weightᵀ
+ * (IC, LINEAR_BLOCK) that each thread lays out for itself (a copy of IC · 64 floats against
+ * rows · IC · 64 multiply-adds) and reads across its rows. */
 static void linear_forward_blocks(float *out, const float *inp, const float *weight,
                                   const float *bias, long N, int IC, int OC) {
-  float *wt = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)IC * OC);
   const long blocks = (N + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
-    for (int c0 = 0; c0 < OC; c0 += LINEAR_BLOCK)
-      tile_transpose(block_len(OC, c0), IC, weight + (long)c0 * IC, IC, wt + c0, OC);
+    float *panel = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)IC * LINEAR_BLOCK);
     long b0, b1;
     slice_rows(blocks, &b0, &b1);
-    linear_blocks(out, inp, wt, bias, N, IC, OC, b0, b1);
+    for (int j0 = 0; b1 > b0 && j0 < OC; j0 += LINEAR_BLOCK) {
+      const int bj = block_len(OC, j0);
+      tile_transpose(bj, IC, weight + (long)j0 * IC, IC, panel, LINEAR_BLOCK);
+      for (long b = b0; b < b1; b++) {
+        const long i0 = b * LINEAR_BLOCK;
+        const int bi = block_len(N, i0);
+        float *o = out + i0 * OC + j0;
+        tile_sgemm(false, false, bi, bj, IC, 1.0f, inp + i0 * IC, IC, panel, LINEAR_BLOCK, 0.0f, o,
+                   OC);
+        for (int r = 0; bias && r < bi; r++) {
+#pragma omp simd
+          for (int c = 0; c < bj; c++) o[r * OC + c] += bias[j0 + c];
+        }
+      }
+    }
+    mem_free(panel);
   }
-  mem_free(wt);
 }
 
-/* dinp = dout · weight, by blocks of rows; dweight += doutᵀ · inp, by blocks of (OC, IC), each
- * summed over the rows LINEAR_DEPTH at a time from row 0. One region, the two shared out. */
+/* dinp = dout · weight, by blocks of rows, each thread reading its copy of weight's panel (OC,
+ * LINEAR_BLOCK); dweight += doutᵀ · inp, by blocks of (OC, IC), each summed over the rows
+ * LINEAR_DEPTH at a time from row 0. One region, the two shared out. */
 static void linear_backward_blocks(float *dinp, float *dweight, const float *dout, const float *inp,
                                    const float *weight, long N, int IC, int OC) {
   const long row_blocks = (N + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
@@ -144,16 +149,19 @@ static void linear_backward_blocks(float *dinp, float *dweight, const float *dou
              ib = (IC + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
 #pragma omp parallel
   {
+    float *panel = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)OC * LINEAR_BLOCK);
     long b0, b1;
     slice_rows(row_blocks, &b0, &b1);
-    for (int j0 = 0; dinp && j0 < IC; j0 += LINEAR_BLOCK) {
+    for (int j0 = 0; dinp && b1 > b0 && j0 < IC; j0 += LINEAR_BLOCK) {
       const int bj = block_len(IC, j0);
+      panel_copy(panel, weight + j0, IC, OC, bj);
       for (long b = b0; b < b1; b++) {
         const long i0 = b * LINEAR_BLOCK;
-        tile_sgemm(false, false, block_len(N, i0), bj, OC, 1.0f, dout + i0 * OC, OC, weight + j0,
-                   IC, 0.0f, dinp + i0 * IC + j0, IC);
+        tile_sgemm(false, false, block_len(N, i0), bj, OC, 1.0f, dout + i0 * OC, OC, panel,
+                   LINEAR_BLOCK, 0.0f, dinp + i0 * IC + j0, IC);
       }
     }
+    mem_free(panel);
     long w0, w1; /* this thread's blocks of dweight, row-major over (ob, ib) */
     slice_rows(dweight ? ob * ib : 0, &w0, &w1);
     for (long k0 = 0; k0 < N; k0 += LINEAR_DEPTH) {
