@@ -304,24 +304,51 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 #define GELU_K 0.7978845608028654f /* √(2/π) */
 #define GELU_A 0.044715f
 
-void gelu_forward(float *out, const float *inp, size_t count) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < count; i++) {
-    float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x)));
-  }
+/* Every value goes through the vector loop, in tasks of GELU_TASK values and the last vector
+ * padded: libmvec's vector tanhf and the scalar one differ in the last bit, and a `parallel for
+ * simd` over the whole count ran each thread's ragged tail on the scalar one, so a value's bits
+ * depended on the thread count (gelu_backward at 1 and 2 threads differed for counts that do not
+ * split into whole vectors; test_gelu_threads). */
+enum { GELU_LANES = 16, GELU_TASK = 64 * GELU_LANES };
+
+/* GELU (tanh form) of x, or its derivative times dout where dout is given */
+static inline float gelu_one(float x, const float *dout, long i) {
+  const float u = GELU_K * (x + GELU_A * x * x * x), t = tanhf(u);
+  if (!dout) return 0.5f * x * (1.0f + t);
+  const float sech2 = 1.0f - t * t;
+  return (0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_A * x * x)) * dout[i];
 }
 
-void gelu_backward(float *dinp, const float *dout, const float *inp, size_t count) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < count; i++) {
-    float x = inp[i];
-    float u = GELU_K * (x + GELU_A * x * x * x);
-    float t = tanhf(u);
-    float sech2 = 1.0f - t * t;
-    float grad = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-    dinp[i] = grad * dout[i];
+/* out[0, n) = gelu_one of in (and dout), whole vectors, the tail padded */
+static void gelu_span(float *out, const float *in, const float *dout, long n) {
+  const long whole = n / GELU_LANES * GELU_LANES;
+  if (dout) {
+#pragma omp simd
+    for (long i = 0; i < whole; i++) out[i] = gelu_one(in[i], dout, i);
+  } else {
+#pragma omp simd
+    for (long i = 0; i < whole; i++) out[i] = gelu_one(in[i], NULL, i);
   }
+  if (whole == n) return;
+  float x[GELU_LANES] = {0}, g[GELU_LANES] = {0}, y[GELU_LANES];
+  memcpy(x, in + whole, sizeof(float) * (size_t)(n - whole));
+  if (dout) memcpy(g, dout + whole, sizeof(float) * (size_t)(n - whole));
+#pragma omp simd
+  for (int i = 0; i < GELU_LANES; i++) y[i] = gelu_one(x[i], dout ? g : NULL, i);
+  memcpy(out + whole, y, sizeof(float) * (size_t)(n - whole));
+}
+
+static void gelu_tasks(float *out, const float *in, const float *dout, size_t count) {
+  const long n = (long)count;
+#pragma omp parallel for schedule(static) if (n > GELU_TASK)
+  for (long i0 = 0; i0 < n; i0 += GELU_TASK)
+    gelu_span(out + i0, in + i0, dout ? dout + i0 : NULL, n - i0 < GELU_TASK ? n - i0 : GELU_TASK);
+}
+
+void gelu_forward(float *out, const float *inp, size_t count) { gelu_tasks(out, inp, NULL, count); }
+
+void gelu_backward(float *dinp, const float *dout, const float *inp, size_t count) {
+  gelu_tasks(dinp, inp, dout, count);
 }
 
 /* ---------------------------------------------------------------------------------------------
