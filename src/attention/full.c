@@ -256,7 +256,7 @@ static struct exact_op exact_op_make(const struct attn_ctx *ctx, const struct ex
 static bool transposed_kv(const struct exact_op *op) {
   const struct exact_hook *hk = op->hk;
   return hk->transposed_kv && hk->heads == 1 && hk->qk_heads == 1 && op->mk.band <= 0 &&
-         strcmp(tile_gemm_kernels(), "blas") != 0;
+         tile_gemm_xsmm();
 }
 
 /* Where a step's query or key rows lie: `pieces` pieces of `len` tokens in rows of `stride`

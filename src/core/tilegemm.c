@@ -51,6 +51,14 @@ const char *tile_gemm_kernels(void) {
 
 bool tile_gemm_select(bool xsmm) { return choose(xsmm); }
 
+bool tile_gemm_xsmm(void) {
+  tile_gemm_kernels();
+  int u;
+#pragma omp atomic read
+  u = use_xsmm;
+  return u == 1;
+}
+
 #ifdef HAVE_LIBXSMM
 /* libxsmm's kernel for the call, or false where it has none. */
 static bool xsmm_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,

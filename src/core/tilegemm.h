@@ -32,6 +32,9 @@ const char *tile_gemm_kernels(void);
  * The tests run both kernels in one program. Not inside a parallel region. */
 bool tile_gemm_select(bool xsmm);
 
+/* Whether the products run on libxsmm now (tile_gemm_kernels' choice, as a flag). */
+bool tile_gemm_xsmm(void);
+
 #ifdef __cplusplus
 }
 #endif

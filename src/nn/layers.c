@@ -93,9 +93,7 @@ static void linear_grad_rows(float *dinp, float *dweight, const float *dout, con
 #define LINEAR_BLOCK 64
 #define LINEAR_DEPTH 512
 
-static bool linear_on_blocks(long N) {
-  return N >= LINEAR_BLOCK && strncmp(tile_gemm_kernels(), "libxsmm", 7) == 0;
-}
+static bool linear_on_blocks(long N) { return N >= LINEAR_BLOCK && tile_gemm_xsmm(); }
 
 static int block_len(long len, long at) {
   return (int)(len - at < LINEAR_BLOCK ? len - at : LINEAR_BLOCK);
@@ -311,30 +309,32 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
  * split into whole vectors; test_gelu_threads). */
 enum { GELU_LANES = 16, GELU_TASK = 64 * GELU_LANES };
 
-/* GELU (tanh form) of x, or its derivative times dout where dout is given */
-static inline float gelu_one(float x, const float *dout, long i) {
-  const float u = GELU_K * (x + GELU_A * x * x * x), t = tanhf(u);
-  if (!dout) return 0.5f * x * (1.0f + t);
-  const float sech2 = 1.0f - t * t;
-  return (0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_A * x * x)) * dout[i];
+/* GELU (tanh form) of x, and its derivative */
+static inline float gelu_value(float x) {
+  return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x)));
 }
 
-/* out[0, n) = gelu_one of in (and dout), whole vectors, the tail padded */
+static inline float gelu_slope(float x) {
+  const float t = tanhf(GELU_K * (x + GELU_A * x * x * x)), sech2 = 1.0f - t * t;
+  return 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+}
+
+/* out[0, n) = gelu(in), or gelu'(in) · dout where dout is given: whole vectors, and the tail as
+ * one more, padded */
 static void gelu_span(float *out, const float *in, const float *dout, long n) {
   const long whole = n / GELU_LANES * GELU_LANES;
   if (dout) {
 #pragma omp simd
-    for (long i = 0; i < whole; i++) out[i] = gelu_one(in[i], dout, i);
+    for (long i = 0; i < whole; i++) out[i] = gelu_slope(in[i]) * dout[i];
   } else {
 #pragma omp simd
-    for (long i = 0; i < whole; i++) out[i] = gelu_one(in[i], NULL, i);
+    for (long i = 0; i < whole; i++) out[i] = gelu_value(in[i]);
   }
   if (whole == n) return;
   float x[GELU_LANES] = {0}, g[GELU_LANES] = {0}, y[GELU_LANES];
   memcpy(x, in + whole, sizeof(float) * (size_t)(n - whole));
   if (dout) memcpy(g, dout + whole, sizeof(float) * (size_t)(n - whole));
-#pragma omp simd
-  for (int i = 0; i < GELU_LANES; i++) y[i] = gelu_one(x[i], dout ? g : NULL, i);
+  gelu_span(y, x, dout ? g : NULL, GELU_LANES);
   memcpy(out + whole, y, sizeof(float) * (size_t)(n - whole));
 }
 
