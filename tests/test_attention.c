@@ -123,6 +123,10 @@ static void test_full_matches_dense(void **state) {
   for (int c = 0; c < 2; c++)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) check_full(sizes[s], 8, 16, c);
   check_full(200, 64, 64, true); /* the default tile and head size */
+  /* causal tiles of 32 and 64 whose diagonal blocks run in halves (full.c's tile_parts): the
+   * halves of 16 rows, and of 32 against key tiles 8 query tiles wide */
+  check_full(256, 16, 32, true);
+  check_full(640, 16, 64, true);
   check_full(130, 32, 128, false);
 }
 
