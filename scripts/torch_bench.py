@@ -9,7 +9,9 @@ positions, dropout, tied or separate head, AdamW with clipping; fp32 on the CPU.
 bench mode (bench.what = train) and reports its median step; PyTorch runs the same model eagerly
 (attention as q·kᵀ, mask, softmax, ·v: torch 1.13 has no fused SDPA), median of --steps steps
 after a warm-up. The two alternate --rounds times in one run, so a drift of the machine's clocks
-touches both alike; the figures are the medians over rounds.
+touches both alike; the figures are the medians over rounds, and each round's own ratio is
+printed and saved with their median (the two medians part where the host changes speed between
+the halves of a round).
 
 Both link OpenBLAS: the BLAS core each one runs is printed (fmattn's from bench.h5, PyTorch's by
 asking the OpenBLAS libraries loaded in this process), so a comparison on different kernels shows.
@@ -210,6 +212,9 @@ def main():
             print(f"  round {r + 1}: fmattn {fm[-1]['step_ms']:.1f} ms/step "
                   f"(BLAS core {fm[-1]['blas_core']}), PyTorch eager {tt[-1]:.1f} ms/step",
                   flush=True)
+    # each round's own ratio too: where the host changes speed between the halves of a round,
+    # the medians of the two sides and the median of the rounds' ratios part
+    ratios = [t / x["step_ms"] for x, t in zip(fm, tt)]
     fm_ms = statistics.median(x["step_ms"] for x in fm)
     th_ms = statistics.median(tt)
     tokens = batch * a.n
@@ -218,6 +223,8 @@ def main():
            "fmattn_step_ms": fm_ms, "torch_step_ms": th_ms,
            "fmattn_tokens_per_s": tokens / fm_ms * 1e3, "torch_tokens_per_s": tokens / th_ms * 1e3,
            "speedup": th_ms / fm_ms, "flops_per_token": fpt,
+           "fmattn_round_ms": [x["step_ms"] for x in fm], "torch_round_ms": tt,
+           "round_speedups": ratios, "round_speedup_median": statistics.median(ratios),
            "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
            "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),
            "torch": torch.__version__,
@@ -226,7 +233,9 @@ def main():
     print(f"torch_bench.py: n = {a.n}, batch {batch}: fmattn {res['fmattn_tokens_per_s']:.0f} "
           f"tok/s ({fpt * tokens / fm_ms / 1e6:.1f} GFLOP/s), PyTorch eager "
           f"{res['torch_tokens_per_s']:.0f} tok/s ({fpt * tokens / th_ms / 1e6:.1f} GFLOP/s): "
-          f"fmattn {res['speedup']:.2f}x (medians of {a.rounds} alternating rounds)")
+          f"fmattn {res['speedup']:.2f}x (medians of {a.rounds} alternating rounds); the rounds' "
+          f"own ratios {min(ratios):.2f}-{max(ratios):.2f}x, median "
+          f"{res['round_speedup_median']:.2f}x")
     same = set(cores.values()) == {fm[0]["blas_core"]}
     print(f"torch_bench.py: BLAS core: fmattn {fm[0]['blas_core']}, PyTorch "
           f"{'/'.join(sorted(set(cores.values()))) or '?'}"

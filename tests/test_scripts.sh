@@ -65,6 +65,10 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["fmattn_tokens_per_s"] > 0 and r["torch_tokens_per_s"] > 0 and r["rounds"] == 2, r
 assert r["fmattn_blas_core"] and set(r["torch_blas_cores"].values()) == {r["fmattn_blas_core"]}, r
+rs = r["round_speedups"]
+assert len(rs) == len(r["fmattn_round_ms"]) == len(r["torch_round_ms"]) == 2, r
+assert all(abs(x - t / f) < 1e-9 for x, f, t in zip(rs, r["fmattn_round_ms"], r["torch_round_ms"])), r
+assert min(rs) <= r["round_speedup_median"] <= max(rs), r
 PY
 TINY="$TESTDIR/decks/scripts_train.in"
 check "a 6-step training run" "$FMATTN" "$TINY" --set output.dir="$WORK/out"
