@@ -189,7 +189,8 @@ static void exact_block_backward(const struct exact_hook *hk, const struct exact
  * columns or a depth of 512 where square tiles had 64, and the per-call costs of the BLAS (packing,
  * the beta pass) are spread over 8 times the work. Attention forward + backward at n = 1024,
  * batch 8, 2 threads: 75 → 88 GFLOP/s (medians of 4 alternating runs; 4 tiles wide gave 88 too).
- * The masked waste is unchanged: the key range still ends at the query tile's last whole tile. */
+ * The masked waste is unchanged by the width: the key range still ends at the query tile's last
+ * whole tile, whose masked corner tile_parts leaves out in part. */
 static void full_logits(const struct exact_hook *hk, const struct exact_rows *x, long i0, long bi,
                         long j0, long bj, float *L, float *scratch) {
   const int d = x->d, ld = (int)x->ld;
