@@ -67,11 +67,13 @@ struct tile_part {
  * a causal mask with no band, where the key tile holds the query tile's diagonal block, its halves,
  * the upper of which sees width − bi/2 keys. The skipped corner is masked: what the whole tile gave
  * there was a weight of 0, whose products added zeros after the live terms (or, summed over query
- * rows in dv and dk, before them), so the parts give the same bits; the vector sum of a row's
- * weights (online_row) keeps its lanes where both widths are whole vectors (of 16), which the
- * split requires. It saves a quarter of each diagonal block's work: with tiles of 64 the causal
- * tiles covered 1.125 times the live scores at n = 512, and cover 1.0625 times them. One head
- * per unit only, so a hook's logits and gradient run on each part as on a tile of its own. */
+ * rows in dv and dk, before them), so on libxsmm's kernels, which sum over the depth in order,
+ * the parts give the same bits (on CBLAS's, which may block a depth otherwise, the last bits can
+ * move); the vector sum of a row's weights (online_row) keeps its lanes where both widths are
+ * whole vectors (of 16), which the split requires. It saves a quarter of each diagonal block's
+ * work: with tiles of 64 the causal tiles covered 1.125 times the live scores at n = 512, and
+ * cover 1.0625 times them. One head per unit only, so a hook's logits and gradient run on each
+ * part as on a tile of its own. */
 static int tile_parts(const struct exact_hook *hk, const struct exact_rows *x, struct key_mask mk,
                       long i0, long bi, long j0, long bj, struct tile_part part[2]) {
   part[0] = (struct tile_part){0, bi, bj};
