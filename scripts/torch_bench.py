@@ -212,10 +212,9 @@ def main():
             print(f"  round {r + 1}: fmattn {fm[-1]['step_ms']:.1f} ms/step "
                   f"(BLAS core {fm[-1]['blas_core']}), PyTorch eager {tt[-1]:.1f} ms/step",
                   flush=True)
-    # each round's own ratio too: where the host changes speed between the halves of a round,
-    # the medians of the two sides and the median of the rounds' ratios part
-    ratios = [t / x["step_ms"] for x, t in zip(fm, tt)]
-    fm_ms = statistics.median(x["step_ms"] for x in fm)
+    fm_round = [x["step_ms"] for x in fm]
+    ratios = [t / f for f, t in zip(fm_round, tt)]  # each round's own
+    fm_ms = statistics.median(fm_round)
     th_ms = statistics.median(tt)
     tokens = batch * a.n
     fpt = fm[0]["flops_per_token"]
@@ -223,7 +222,7 @@ def main():
            "fmattn_step_ms": fm_ms, "torch_step_ms": th_ms,
            "fmattn_tokens_per_s": tokens / fm_ms * 1e3, "torch_tokens_per_s": tokens / th_ms * 1e3,
            "speedup": th_ms / fm_ms, "flops_per_token": fpt,
-           "fmattn_round_ms": [x["step_ms"] for x in fm], "torch_round_ms": tt,
+           "fmattn_round_ms": fm_round, "torch_round_ms": tt,
            "round_speedups": ratios, "round_speedup_median": statistics.median(ratios),
            "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
            "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),

@@ -285,6 +285,7 @@ static void test_gelu_threads(void **state) {
     y[r] = malloc(sizeof(float) * MAX), dx[r] = malloc(sizeof(float) * MAX);
   tu_randn(x, MAX, 41, 2.0f);
   tu_randn(g, MAX, 42, 1.0f);
+  const int was = omp_get_max_threads();
   for (int count = 1000; count < MAX; count += 397)
     for (int t = 1; t <= 3; t++) {
       const int r = t > 1;
@@ -295,7 +296,7 @@ static void test_gelu_threads(void **state) {
       assert_memory_equal(y[1], y[0], sizeof(float) * count);
       assert_memory_equal(dx[1], dx[0], sizeof(float) * count);
     }
-  omp_set_num_threads(1);
+  omp_set_num_threads(was);
   for (int r = 0; r < 2; r++) free(y[r]), free(dx[r]);
   free(x), free(g);
 #endif
