@@ -33,11 +33,28 @@ for a in "$@"; do
     *) die "unknown option $a (usage: sh scripts/gpu_check.sh [--quick] [--lease])" ;;
   esac
 done
-# each sanitizer run and benchmark under a limit where `timeout` exists (--lease), else unbounded
+# --lease: the whole run's seconds (LEASE_SECS, default 420: a lent GPU's 15 minutes less its
+# start, the transfers and a margin). Each sanitizer run, profile and benchmark runs under a limit
+# where `timeout` exists: its own, or what is left of LEASE_SECS if less; with nothing left it is
+# not started (status 124, as `timeout` gives). Without --lease, unbounded.
+LEASE_SECS=${LEASE_SECS:-420}
+exec 3>&2
+START=$(date +%s)
+left() { echo $((LEASE_SECS - ($(date +%s) - START))); }
 limit() {
   secs=$1
   shift
-  if [ "$LEASE" = 1 ] && command -v timeout >/dev/null 2>&1; then timeout "$secs" "$@"; else "$@"; fi
+  if [ "$LEASE" = 1 ] && command -v timeout >/dev/null 2>&1; then
+    rest=$(left)
+    [ "$rest" -lt "$secs" ] && secs=$rest
+    if [ "$secs" -le 0 ]; then # to the script's own stderr (fd 3), not the run's redirection
+      say "the lease's $LEASE_SECS s are spent: not run: $*" >&3
+      return 124
+    fi
+    timeout "$secs" "$@"
+  else
+    "$@"
+  fi
 }
 WORK=${WORK:-build-gpu}               # the scratch build and the runs
 FMATTN=${FMATTN:-}                    # a built fmattn to use instead of building one
@@ -94,33 +111,6 @@ if [ -n "$GPU_TESTS" ]; then
       die "tests/test_gpu_model on 2 ranks failed: $WORK/test_gpu_model_2.tap"
     say "tests/test_gpu_model on 2 GPUs (NCCL): passed"
   fi
-  # ---- compute-sanitizer: memcheck without the pool (every block exactly its size), then the
-  # race, synchronisation and initialisation checkers; their error counts in sanitizer.txt. With
-  # --lease each run has 90 s, racecheck (the slow one: test_gpu_fma took about 150 s on an H200)
-  # 180; a run out of time says so, and how many tests it finished, in its row. ----
-  if command -v compute-sanitizer >/dev/null 2>&1; then
-    : > "$WORK/sanitizer.txt"
-    for tool in memcheck racecheck synccheck initcheck; do
-      secs=90
-      [ "$tool" = racecheck ] && secs=180
-      for t in test_gpu test_gpu_fma; do
-        log="$WORK/sanitizer_${tool}_$t.log"
-        say "compute-sanitizer --tool $tool tests/$t"
-        rc=0
-        limit "$secs" env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
-          "$GPU_TESTS/$t" > "$log" 2>&1 || rc=$?
-        summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' "$log" |
-          tail -n 1)
-        # stopped: no summary, but the tool prints each error or hazard as it finds it
-        [ "$rc" = 124 ] && summary="out of time after $(grep -c '^ok' "$log") tests, \
-$(grep -cE '^========= (Invalid|Error|Race|Barrier|Uninitialized)' "$log") errors printed"
-        echo "$tool $t: ${summary:-no summary (see $(basename "$log"))}" >> "$WORK/sanitizer.txt"
-      done
-    done
-    sed "s/^/$me:   /" "$WORK/sanitizer.txt"
-  else
-    say "no compute-sanitizer on PATH: the sanitizer runs are skipped"
-  fi
 else
   say "FMATTN given without GPU_TESTS: the native tests and the sanitizer runs are skipped"
 fi
@@ -164,6 +154,80 @@ long_width="--set model.dim=512 --set model.heads=8"
 bench long --set bench.what=train --set bench.n_list=$LONG_N --set train.batch=1 \
   --set train.recompute=true --set model.position=sinusoidal --set bench.repeats=$LONG_REPEATS \
   $long_width
+
+# ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU: each backend pinned --
+sdpa=""
+if TORCH_PYTHON=$(python_with 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'); then
+  say "PyTorch scaled_dot_product_attention, Flash, cuDNN and memory-efficient ($TORCH_PYTHON)"
+  clocks "before sdpa"
+  sdpa_ns=$NS sdpa_backends=flash,cudnn,efficient
+  [ "$LEASE" = 1 ] && [ "$QUICK" = 0 ] && sdpa_ns=16384,131072 sdpa_backends=flash,cudnn
+  limit 180 "$TORCH_PYTHON" scripts/sdpa_bench.py --n "$sdpa_ns" --dtype bf16 --repeats $REPEATS \
+    --backends "$sdpa_backends" --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 ||
+    die "sdpa_bench.py failed: $WORK/sdpa.log"
+  sdpa="--sdpa $WORK/sdpa.json"
+else
+  say "no PyTorch with CUDA here: no SDPA rows"
+fi
+
+# ---- the CSV ------------------------------------------------------------------------------------
+device=$(grep -o 'bench on device [0-9]*: [^,]*' "$WORK/attention.log" | head -n 1 |
+  sed 's/^bench on device [0-9]*: //; s/[^A-Za-z0-9._-]/_/g')
+[ -n "$device" ] || die "$WORK/attention.log does not name a GPU: was fmattn built --with-cuda?"
+[ "$QUICK" = 1 ] && device="$device-quick"
+full=""
+[ -f "$WORK/runs/attention_full/bench.h5" ] && full="$WORK/runs/attention_full/bench.h5"
+# shellcheck disable=SC2086 # $full is one file or nothing, $sdpa one option and its value or nothing
+"$H5_PYTHON" scripts/gpu_csv.py "$OUT_DIR/$device.csv" "$WORK/runs/attention/bench.h5" $full \
+  "$WORK/runs/attention_fp32/bench.h5" "$WORK/runs/step/bench.h5" "$WORK/runs/long/bench.h5" $sdpa
+# the roofline bound from the code's own counts beside each measured time (scripts/roofline.py)
+case "$device" in
+  *H200*) kind=h200 ;;
+  *A100*) kind=a100 ;;
+  *) kind=h100-sxm ;;
+esac
+for run in attention attention_fp32 step; do
+  "$H5_PYTHON" scripts/roofline.py "$WORK/runs/$run/bench.h5" --device $kind
+done > "$OUT_DIR/$device-roofline.txt" || die "roofline.py failed"
+# the pool's requests of each bench run replayed under its policy and the old one: the growths
+# after each case's warm-up and its peaks, beside what the pool counted (bench.h5 /gpu)
+for run in attention attention_fp32 step long; do
+  [ -s "$WORK/$run.pool" ] || continue
+  for policy in oldest best; do
+    "$H5_PYTHON" scripts/pool_replay.py "$WORK/$run.pool" --policy $policy
+  done
+done > "$OUT_DIR/$device-pool.txt" || die "pool_replay.py failed"
+if [ -n "$GPU_TESTS" ]; then
+  # ---- compute-sanitizer, after the figures (a lease cut short keeps them): memcheck without the
+  # pool (every block exactly its size), then the synchronisation, initialisation and race
+  # checkers; their error counts in sanitizer.txt. With --lease each run has 90 s, racecheck (the
+  # slow one: test_gpu_fma took about 150 s on an H200) 180; a run out of time says so, and how
+  # many tests it finished, in its row, and one the lease left no time for says that. ----
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    : > "$WORK/sanitizer.txt"
+    for tool in memcheck synccheck initcheck racecheck; do
+      secs=90
+      [ "$tool" = racecheck ] && secs=180
+      for t in test_gpu test_gpu_fma; do
+        log="$WORK/sanitizer_${tool}_$t.log"
+        say "compute-sanitizer --tool $tool tests/$t"
+        rc=0
+        limit "$secs" env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
+          "$GPU_TESTS/$t" > "$log" 2>&1 || rc=$?
+        summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' "$log" |
+          tail -n 1)
+        # stopped: no summary, but the tool prints each error or hazard as it finds it
+        [ "$rc" = 124 ] && summary="out of time after $(grep -c '^ok' "$log") tests, \
+$(grep -cE '^========= (Invalid|Error|Race|Barrier|Uninitialized)' "$log") errors printed"
+        [ "$rc" = 124 ] && [ ! -s "$log" ] && summary="not run: the lease's time was spent"
+        echo "$tool $t: ${summary:-no summary (see $(basename "$log"))}" >> "$WORK/sanitizer.txt"
+      done
+    done
+    sed "s/^/$me:   /" "$WORK/sanitizer.txt"
+  else
+    say "no compute-sanitizer on PATH: the sanitizer runs are skipped"
+  fi
+fi
 
 # ---- per-kernel times: fma forward + backward at 128K under Nsight Systems, where installed ------
 PROFILE_N=131072
@@ -216,48 +280,6 @@ else
   say "no nsys or ncu on PATH: no per-kernel times"
 fi
 
-# ---- PyTorch's SDPA on the same device, where torch imports and sees a GPU: each backend pinned --
-sdpa=""
-if TORCH_PYTHON=$(python_with 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'); then
-  say "PyTorch scaled_dot_product_attention, Flash, cuDNN and memory-efficient ($TORCH_PYTHON)"
-  clocks "before sdpa"
-  sdpa_ns=$NS sdpa_backends=flash,cudnn,efficient
-  [ "$LEASE" = 1 ] && [ "$QUICK" = 0 ] && sdpa_ns=16384,131072 sdpa_backends=flash,cudnn
-  limit 180 "$TORCH_PYTHON" scripts/sdpa_bench.py --n "$sdpa_ns" --dtype bf16 --repeats $REPEATS \
-    --backends "$sdpa_backends" --out "$WORK/sdpa.json" > "$WORK/sdpa.log" 2>&1 ||
-    die "sdpa_bench.py failed: $WORK/sdpa.log"
-  sdpa="--sdpa $WORK/sdpa.json"
-else
-  say "no PyTorch with CUDA here: no SDPA rows"
-fi
-
-# ---- the CSV ------------------------------------------------------------------------------------
-device=$(grep -o 'bench on device [0-9]*: [^,]*' "$WORK/attention.log" | head -n 1 |
-  sed 's/^bench on device [0-9]*: //; s/[^A-Za-z0-9._-]/_/g')
-[ -n "$device" ] || die "$WORK/attention.log does not name a GPU: was fmattn built --with-cuda?"
-[ "$QUICK" = 1 ] && device="$device-quick"
-full=""
-[ -f "$WORK/runs/attention_full/bench.h5" ] && full="$WORK/runs/attention_full/bench.h5"
-# shellcheck disable=SC2086 # $full is one file or nothing, $sdpa one option and its value or nothing
-"$H5_PYTHON" scripts/gpu_csv.py "$OUT_DIR/$device.csv" "$WORK/runs/attention/bench.h5" $full \
-  "$WORK/runs/attention_fp32/bench.h5" "$WORK/runs/step/bench.h5" "$WORK/runs/long/bench.h5" $sdpa
-# the roofline bound from the code's own counts beside each measured time (scripts/roofline.py)
-case "$device" in
-  *H200*) kind=h200 ;;
-  *A100*) kind=a100 ;;
-  *) kind=h100-sxm ;;
-esac
-for run in attention attention_fp32 step; do
-  "$H5_PYTHON" scripts/roofline.py "$WORK/runs/$run/bench.h5" --device $kind
-done > "$OUT_DIR/$device-roofline.txt" || die "roofline.py failed"
-# the pool's requests of each bench run replayed under its policy and the old one: the growths
-# after each case's warm-up and its peaks, beside what the pool counted (bench.h5 /gpu)
-for run in attention attention_fp32 step long; do
-  [ -s "$WORK/$run.pool" ] || continue
-  for policy in oldest best; do
-    "$H5_PYTHON" scripts/pool_replay.py "$WORK/$run.pool" --policy $policy
-  done
-done > "$OUT_DIR/$device-pool.txt" || die "pool_replay.py failed"
 [ -s "$WORK/clocks.csv" ] && cp "$WORK/clocks.csv" "$OUT_DIR/$device-clocks.csv"
 [ -s "$WORK/sanitizer.txt" ] && cp "$WORK/sanitizer.txt" "$OUT_DIR/$device-sanitizer.txt"
 [ -s "$WORK/fma_kernels_cuda_gpu_kern_sum.csv" ] &&

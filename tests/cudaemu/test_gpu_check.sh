@@ -9,6 +9,13 @@ cd "$WORK" || exit 1
 ln -s "$SRCDIR/inputs" inputs && ln -s "$SRCDIR/scripts" scripts && touch configure.ac
 check "gpu_check.sh --quick runs on the emulated GPU" env FMATTN="$EMU_BUILD/fmattn_emu" \
   WORK="$WORK/gc" OUT_DIR="$WORK/csv" PYTHON="$PYTHON3" sh "$SRCDIR/scripts/gpu_check.sh" --quick
+# --lease's deadline: with LEASE_SECS spent, a run that would start under a limit is not started,
+# says so, and the script stops there (a benchmark's failure ends it)
+check "--lease starts nothing once LEASE_SECS is spent, and says so" sh -c "! env \
+  FMATTN='$EMU_BUILD/fmattn_emu' WORK='$WORK/gl' OUT_DIR='$WORK/csvl' PYTHON='$PYTHON3' LEASE_SECS=0 \
+  sh '$SRCDIR/scripts/gpu_check.sh' --quick --lease > lease.out 2>&1 &&
+  grep -q \"the lease's 0 s are spent: not run: env FMATTN_GPU_POOL_TRACE\" lease.out &&
+  grep -q 'fmattn bench attention failed' lease.out && ! ls '$WORK'/gl/runs/attention/bench.h5"
 csv=$(ls "$WORK"/csv/*-quick.csv 2>/dev/null | head -n 1)
 check "it writes docs/gpu/<device>.csv (here: $(basename "${csv:-none}"))" test -s "${csv:-none}"
 check "the CSV has the columns and rows the issue names" py - "$csv" <<'PY'
