@@ -1,8 +1,9 @@
 // A probe for docs/gpu.md (2026-11-28), not built with fmattn: does compute-sanitizer's
-// initcheck see every element that cuBLAS's products write? mode "poison": C filled with NaN bytes first, then the product, then
-// the elements still NaN are counted (0: the product wrote all of C). mode "plain": C fresh from
-// cudaMalloc, the product, then a kernel reads every element (initcheck reports a read of an
-// element it thinks unwritten). The products fmattn's gpu/blas.cu calls, at fma's score shapes.
+// initcheck see every element that cuBLAS's products write? mode "poison": C filled with NaN
+// bytes first, then the product, then the elements still NaN are counted (0: the product wrote
+// all of C). mode "plain": C fresh from cudaMalloc, the product, then a kernel reads every
+// element (initcheck reports a read of an element it thinks unwritten). The products
+// fmattn's gpu/blas.cu calls, at fma's score shapes.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cstdio>
