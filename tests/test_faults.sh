@@ -86,6 +86,12 @@ for fault in inf_loss inf_grad; do
   else not_ok "2 ranks: $fault at step 4 stops both ranks, one message (rc $rc, $n messages)" "$(cat $fault.log)"; fi
 done
 expect_fail "an unknown FMATTN_FAULT is refused" "FMATTN_FAULT must be" env FMATTN_FAULT=nan_grads@1 "$F" "$T" --set run.name=badfault
+# the workspaces allocated unzeroed (mem_alloc_uninit) filled with NaN: every one is written before
+# it is read, so six steps end as the clean run's, bit for bit
+check "FMATTN_FAULT=uninit_nan: a run with its unzeroed workspaces filled with NaN" \
+  env FMATTN_FAULT=uninit_nan "$F" "$T" --set run.name=uninit --set train.steps=6
+check "uninit_nan: its checkpoint of step 6 is the clean run's, bit for bit" py "$H5C" same-tensors \
+  out/uninit/ckpt_000006.h5 out/six/ckpt_000006.h5 0
 
 # ---- one rank killed: the job ends, it never hangs ----------------------------------------------
 for N in 2 4; do

@@ -320,10 +320,10 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
   const int d = op->d, tile = op->tile;
   /* the keys transposed, (d, ks.len) per (unit, piece), shared by the unit's query tiles */
   const size_t kt_piece = (size_t)ks.len * d;
-  float *kt =
-      transposed_kv(op)
-          ? mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)op->units * ks.pieces * kt_piece)
-          : NULL;
+  float *kt = transposed_kv(op)
+                  ? mem_alloc_uninit(MEM_WORKSPACE,
+                                     sizeof(float) * (size_t)op->units * ks.pieces * kt_piece)
+                  : NULL; /* every piece transposed below */
 #pragma omp parallel
   {
     float *scratch =
@@ -409,13 +409,15 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
   {
     float *scratch =
         mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)hk->scratch_backward * tile * op->ktile);
-    /* this unit's keys and values transposed, (d, ks.len) each */
-    float *kvt = tr ? mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)ks.len * d) : NULL;
+    /* this unit's keys and values transposed, (d, ks.len) each, at each key piece's first use */
+    float *kvt =
+        tr ? mem_alloc_uninit(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)ks.len * d) : NULL;
     /* By token (op->rows, one slab): the unit's q, k, v, dout gathered by head and its dq, dk, dv
      * formed so, then added to the caller's rows, in the thread's buffers (T, d) each: products
-     * that read and accumulate rows ld floats apart ran backward a third slower. */
+     * that read and accumulate rows ld floats apart ran backward a third slower. Copied or
+     * zeroed per unit below. */
     float *pack =
-        op->rows ? mem_alloc(MEM_WORKSPACE, sizeof(float) * 7 * (size_t)ks.len * d) : NULL;
+        op->rows ? mem_alloc_uninit(MEM_WORKSPACE, sizeof(float) * 7 * (size_t)ks.len * d) : NULL;
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < op->units; u++)
       for (int kp = 0; kp < ks.pieces; kp++)
@@ -506,7 +508,7 @@ static void exact_rowdot(const struct exact_op *op, float *D, const float *dout,
  * grads_close adds those up in unit order and frees both. */
 static float *grads_open(struct exact_op *op, const float *dout, const float *out) {
   const long rows = op->units * op->hk->heads;
-  float *D = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(rows * op->T));
+  float *D = mem_alloc_uninit(MEM_WORKSPACE, sizeof(float) * (size_t)(rows * op->T)); /* rowdot */
   const size_t np = op->hk->param_floats;
   if (np) op->dpar = mem_alloc(MEM_WORKSPACE, sizeof(float) * np * (size_t)op->units);
   exact_rowdot(op, D, dout, out, rows);
@@ -531,8 +533,8 @@ static void grads_close(struct exact_op *op, float *D) {
  * (units·heads, Tk, d) at global koff. */
 static void slab_forward(struct exact_op *op, float *out, const float *q, long qoff, const float *k,
                          const float *v, long Tk, long koff) {
-  op->ml =
-      mem_alloc(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)(op->units * op->hk->heads * op->T));
+  op->ml = mem_alloc_uninit(MEM_WORKSPACE, /* every row started by the fold (first) */
+                            sizeof(float) * 2 * (size_t)(op->units * op->hk->heads * op->T));
   exact_fold(op, slab_span(op->T, qoff), q, out, slab_span(Tk, koff), k, v, true, true);
   mem_free(op->ml);
 }

@@ -39,11 +39,12 @@ void fault_check(void) {
   enum fault_target t;
   long k;
   float v;
-  if (f && !fault_no_space_check() && strncmp(f, "blas_core=", 10) != 0 &&
+  if (f && !fault_no_space_check() && !fault_uninit_nan() && strncmp(f, "blas_core=", 10) != 0 &&
       fault_outside_alloc_mib() == 0 && !fault_parse(f, &t, &k, &v))
     error_collective(
         "FMATTN_FAULT must be nan_grad@K, inf_grad@K, nan_loss@K, inf_loss@K (K >= 1), "
-        "no_space_check, blas_core=NAME or outside_alloc=MIB (MIB >= 1) (a testing hook)");
+        "no_space_check, uninit_nan, blas_core=NAME or outside_alloc=MIB (MIB >= 1) (a testing "
+        "hook)");
 }
 
 long fault_outside_alloc_mib(void) {
@@ -64,4 +65,9 @@ bool fault_poison(enum fault_target target, long step, float *value) {
 bool fault_no_space_check(void) {
   const char *f = fault_text();
   return f && strcmp(f, "no_space_check") == 0;
+}
+
+bool fault_uninit_nan(void) {
+  const char *f = fault_text();
+  return f && strcmp(f, "uninit_nan") == 0;
 }

@@ -31,6 +31,11 @@ bool fault_no_space_check(void);
  * when FMATTN_FAULT asks for something else. */
 long fault_outside_alloc_mib(void);
 
+/* True when FMATTN_FAULT = uninit_nan: mem_alloc_uninit fills each block with NaN (all bits
+ * set), so that a workspace read before it is written shows as NaN in what is computed from it
+ * (tests/test_attention.c runs the exact attention so). */
+bool fault_uninit_nan(void);
+
 /* FMATTN_FAULT = blas_core=NAME: the BLAS core check (blascore.h) takes NAME for the core
  * OpenBLAS chose, so that the test suite meets a generic fallback on a CPU the library knows. */
 

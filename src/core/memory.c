@@ -6,6 +6,7 @@
  * of the whole. */
 #include "core/memory.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include <sys/resource.h>
 
 #include "core/error.h"
+#include "core/fault.h"
 
 #define MEM_ALIGN   64
 #define MEM_MAP_MIN ((size_t)16 << 20)
@@ -32,7 +34,7 @@ static size_t mem_total_peak_;
 static const char *mem_names_[MEM_NLABELS] = {"params",    "grads", "optimizer", "activations",
                                               "workspace", "data",  "comm"};
 
-void *mem_alloc(enum mem_label label, size_t bytes) {
+static void *mem_block(enum mem_label label, size_t bytes, bool zero) {
   void *raw = NULL;
   size_t mapped = 0;
   if (MEM_ALIGN + bytes >= MEM_MAP_MIN) {
@@ -40,10 +42,11 @@ void *mem_alloc(enum mem_label label, size_t bytes) {
     raw = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) raw = NULL;
   } else if (posix_memalign(&raw, MEM_ALIGN, MEM_ALIGN + bytes) == 0) {
-    memset(raw, 0, MEM_ALIGN + bytes);
+    memset(raw, 0, zero ? MEM_ALIGN + bytes : MEM_ALIGN);
   } else {
     raw = NULL;
   }
+  if (raw && !zero && fault_uninit_nan()) memset((char *)raw + MEM_ALIGN, 0xff, bytes);
   if (!raw)
     error("out of memory: %zu bytes for %s (in use: %zu bytes in all)", bytes, mem_names_[label],
           mem_total_cur_);
@@ -60,6 +63,12 @@ void *mem_alloc(enum mem_label label, size_t bytes) {
     if (mem_total_cur_ > mem_total_peak_) mem_total_peak_ = mem_total_cur_;
   }
   return (char *)raw + MEM_ALIGN;
+}
+
+void *mem_alloc(enum mem_label label, size_t bytes) { return mem_block(label, bytes, true); }
+
+void *mem_alloc_uninit(enum mem_label label, size_t bytes) {
+  return mem_block(label, bytes, false);
 }
 
 void mem_free(void *ptr) {

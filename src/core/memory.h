@@ -22,7 +22,12 @@ enum mem_label {
   MEM_NLABELS
 };
 
+/* A zeroed block of `bytes`, 64-byte aligned, counted under `label`; out of memory ends the job. */
 void *mem_alloc(enum mem_label label, size_t bytes);
+/* The same, not zeroed: for a workspace whose every element the caller writes before reading it
+ * (a transpose's output, a product's with beta = 0), where zeroing would write it twice, serially
+ * where the caller allocates outside a parallel region. */
+void *mem_alloc_uninit(enum mem_label label, size_t bytes);
 void mem_free(void *ptr);
 size_t mem_current(enum mem_label label);
 size_t mem_peak(enum mem_label label);
