@@ -214,12 +214,15 @@ if [ -n "$GPU_TESTS" ]; then
         rc=0
         limit "$secs" env FMATTN_GPU_POOL=0 compute-sanitizer --tool "$tool" --error-exitcode 0 \
           "$GPU_TESTS/$t" > "$log" 2>&1 || rc=$?
-        summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' "$log" |
-          tail -n 1)
-        # stopped: no summary, but the tool prints each error or hazard as it finds it
-        [ "$rc" = 124 ] && summary="out of time after $(grep -c '^ok' "$log") tests, \
+        if [ "$rc" = 124 ] && [ ! -s "$log" ]; then # limit started nothing
+          summary="not run: the lease's time was spent"
+        elif [ "$rc" = 124 ]; then # stopped: no summary, but each error is printed as found
+          summary="out of time after $(grep -c '^ok' "$log") tests, \
 $(grep -cE '^========= (Invalid|Error|Race|Barrier|Uninitialized)' "$log") errors printed"
-        [ "$rc" = 124 ] && [ ! -s "$log" ] && summary="not run: the lease's time was spent"
+        else
+          summary=$(grep -oE '(ERROR SUMMARY: [0-9]* error|RACECHECK SUMMARY: [0-9]* hazard)' \
+            "$log" | tail -n 1)
+        fi
         echo "$tool $t: ${summary:-no summary (see $(basename "$log"))}" >> "$WORK/sanitizer.txt"
       done
     done
