@@ -2,7 +2,7 @@
 """fmattn's training step against PyTorch eager's, the same model on the same BLAS kernels.
 
   torch_bench.py [--fmattn src/fmattn] [--deck inputs/bench.in] [--n 512] [--rounds 3]
-                 [--steps 5] [--threads 2] [--out torch_bench.json]
+                 [--steps 5] [--threads 2] [--torch-blas-threads best] [--out torch_bench.json]
 
 The model is the deck's (fmattn --check resolves it): GPT-2 blocks, full causal attention, learned
 positions, dropout, tied or separate head, AdamW with clipping; fp32 on the CPU. fmattn runs in
@@ -12,6 +12,13 @@ after a warm-up. The two alternate --rounds times in one run, so a drift of the 
 touches both alike; the figures are the medians over rounds, and each round's own ratio is
 printed and saved with their median (the two medians part where the host changes speed between
 the halves of a round).
+
+PyTorch runs --threads threads of its own, and its OpenBLAS the number of threads that makes its
+step fastest: OpenBLAS reads OPENBLAS_NUM_THREADS once, when numpy (through h5py) loads it before
+PyTorch is imported, so the caller's setting would otherwise decide, and on a 2-core AMD EPYC
+PyTorch's step was 14 % faster with OpenBLAS on 1 thread under its own 2 than on 2 (docs/perf.md).
+Before the rounds, PyTorch's step is timed with OpenBLAS on 1 thread and on --threads, alternately
+(--torch-blas-threads best, the default), and the faster is kept; or give the number.
 
 Both link OpenBLAS: the BLAS core each one runs is printed (fmattn's from bench.h5, PyTorch's by
 asking the OpenBLAS libraries loaded in this process), so a comparison on different kernels shows.
@@ -50,20 +57,32 @@ def resolved_deck(fmattn, deck, sets):
     return deck_values(r.stdout)
 
 
-def torch_cores():
-    """The core name of every OpenBLAS library this process has loaded (PyTorch's BLAS)."""
-    cores = {}
+def blas_libs():
+    """Every OpenBLAS library this process has loaded (PyTorch's BLAS), by path."""
+    libs = {}
     with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "blas" in line and line.split()[-1].startswith("/")}
+        paths = {w[-1] for w in map(str.split, f) if "blas" in w[-1] and w[-1].startswith("/")}
     for p in sorted(paths):
         try:
             lib = ctypes.CDLL(p)
-            fn = lib.openblas_get_corename
+            lib.openblas_get_corename.restype = ctypes.c_char_p
         except (OSError, AttributeError):
             continue
-        fn.restype = ctypes.c_char_p
-        cores[p] = fn().decode()
-    return cores
+        libs[p] = lib
+    return libs
+
+
+def torch_cores():
+    """The core name of every OpenBLAS library this process has loaded."""
+    return {p: lib.openblas_get_corename().decode() for p, lib in blas_libs().items()}
+
+
+def set_blas_threads(threads):
+    """Run every loaded OpenBLAS on `threads` threads, and check that it does."""
+    for p, lib in blas_libs().items():
+        lib.openblas_set_num_threads(threads)
+        if lib.openblas_get_num_threads() != threads:
+            die(f"{p} runs {lib.openblas_get_num_threads()} threads where {threads} were set")
 
 
 def build_model(torch, cfg):
@@ -135,6 +154,27 @@ def torch_steps(torch, model, V, batch, n, steps, seed):
     return statistics.median(times)
 
 
+def torch_blas_threads(torch, model, V, batch, n, a):
+    """The OpenBLAS threads PyTorch runs on (--torch-blas-threads; with 'best', the faster of 1 and
+    --threads, each timed twice alternately), and the probe's steps (ms) by thread count."""
+    if a.torch_blas_threads != "best":
+        return int(a.torch_blas_threads), {}
+    candidates = sorted({1, a.threads})
+    if len(candidates) == 1:
+        return 1, {}
+    probe = {t: [] for t in candidates}
+    for r in range(2):
+        for t in candidates:
+            set_blas_threads(t)
+            steps = max(1, a.steps // 2)
+            probe[t].append(torch_steps(torch, model, V, batch, n, steps, seed=100 + r))
+    best = min(candidates, key=lambda t: statistics.median(probe[t]))
+    print("torch_bench.py: PyTorch's step with its OpenBLAS on " +
+          ", ".join(f"{t} thread(s) {statistics.median(probe[t]):.1f} ms" for t in candidates) +
+          f" (medians of 2, alternately): {best} kept", flush=True)
+    return best, {str(t): v for t, v in probe.items()}
+
+
 def attr_text(v):
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -179,8 +219,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="fmattn and PyTorch alternate this often")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per round, each side")
     ap.add_argument("--threads", type=int, default=2, help="threads for both")
+    ap.add_argument("--torch-blas-threads", default="best",
+                    help="PyTorch's OpenBLAS threads: a number, or best (the faster of 1 and "
+                         "--threads, timed before the rounds)")
     ap.add_argument("--out", help="write the figures as JSON")
     a = ap.parse_args()
+    if a.torch_blas_threads != "best" and not (a.torch_blas_threads.isdigit() and
+                                               int(a.torch_blas_threads) > 0):
+        die(f"--torch-blas-threads {a.torch_blas_threads}: give a positive number or best")
     if not os.access(a.fmattn, os.X_OK):
         die(f"{a.fmattn} is not an executable fmattn (build it, or pass --fmattn)")
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
@@ -203,6 +249,8 @@ def main():
     print(f"torch_bench.py: torch {torch.__version__}, {a.threads} thread(s); its OpenBLAS "
           f"core(s): {', '.join(f'{c} ({p})' for p, c in cores.items()) or 'none found'}",
           flush=True)
+    blas_threads, probe = torch_blas_threads(torch, model, V, batch, a.n, a)
+    set_blas_threads(blas_threads)
     tt = []
     with tempfile.TemporaryDirectory(prefix="torch_bench.") as tmp:
         for r in range(a.rounds):
@@ -226,7 +274,8 @@ def main():
            "round_speedups": ratios, "round_speedup_median": statistics.median(ratios),
            "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
            "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),
-           "torch": torch.__version__,
+           "torch": torch.__version__, "torch_blas_threads": blas_threads,
+           "torch_blas_probe_ms": probe,
            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", ""),
            "OPENBLAS_CORETYPE_corrects": os.environ.get("TORCH_BENCH_CORE_FROM", "")}
     print(f"torch_bench.py: n = {a.n}, batch {batch}: fmattn {res['fmattn_tokens_per_s']:.0f} "
@@ -234,7 +283,8 @@ def main():
           f"{res['torch_tokens_per_s']:.0f} tok/s ({fpt * tokens / th_ms / 1e6:.1f} GFLOP/s): "
           f"fmattn {res['speedup']:.2f}x (medians of {a.rounds} alternating rounds); the rounds' "
           f"own ratios {min(ratios):.2f}-{max(ratios):.2f}x, median "
-          f"{res['round_speedup_median']:.2f}x")
+          f"{res['round_speedup_median']:.2f}x; PyTorch on {a.threads} thread(s), its OpenBLAS on "
+          f"{blas_threads}")
     same = set(cores.values()) == {fm[0]["blas_core"]}
     print(f"torch_bench.py: BLAS core: fmattn {fm[0]['blas_core']}, PyTorch "
           f"{'/'.join(sorted(set(cores.values()))) or '?'}"
