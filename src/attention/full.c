@@ -435,7 +435,8 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
           if (pack) {
             rows_copy(pack, d, uq, op->ldi, qs.len, d);
             rows_copy(pack + Td, d, uk, op->ldi, ks.len, d);
-            rows_copy(pack + 2 * Td, d, uv, op->ldi, ks.len, d);
+            if (!kvt)
+              rows_copy(pack + 2 * Td, d, uv, op->ldi, ks.len, d); /* else read as vt only */
             rows_copy(pack + 3 * Td, d, udo, op->ldo, qs.len, d);
             memset(pack + 4 * Td, 0, sizeof(float) * 3 * (size_t)Td);
             uq = pack, uk = pack + Td, uv = pack + 2 * Td, udo = pack + 3 * Td;
@@ -444,11 +445,11 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
           }
           if (kvt && p == 0) {
             tile_transpose(ks.len, d, uk, ld, kvt, ks.len);
-            tile_transpose(ks.len, d, uv, ld, kvt + ks.len * d, ks.len);
+            tile_transpose(ks.len, d, v + vg, op->ldi, kvt + ks.len * d, ks.len); /* the caller's */
           }
           const struct exact_rows x = {.q = uq,
                                        .k = uk,
-                                       .v = uv,
+                                       .v = kvt ? NULL : uv, /* backward reads v only as vt then */
                                        .ld = ld,
                                        .qstride = qs.stride,
                                        .kstride = ks.stride,
@@ -490,17 +491,27 @@ static float head_alpha(const float *head_scale, long bh, long H) {
   return head_scale ? head_scale[bh % H] : 1.0f;
 }
 
-/* D (B·H·T) = rowsum(alpha·dout ∘ out), the softmax backward's per-row correction. */
+/* D (B·H·T) = rowsum(alpha·dout ∘ out), the softmax backward's per-row correction. Each row's sum
+ * runs over its d columns in order (so D is the same bits however rows are grouped), ROWDOT_ROWS
+ * rows at once: one row's chain of dependent adds took 5.9 % of the attention's backward at
+ * n = 512 (docs/perf.md). */
+enum { ROWDOT_ROWS = 8 };
 static void exact_rowdot(const struct exact_op *op, float *D, const float *dout, const float *out,
                          long BH) {
-  const long T = op->T;
+  const long T = op->T, rows = BH * T;
   const int d = op->d;
 #pragma omp parallel for schedule(static)
-  for (long r = 0; r < BH * T; r++) {
-    const long at = unit_row(op, r / T, T, r % T, op->ldo);
-    float s = 0.0f;
-    for (int c = 0; c < d; c++) s += dout[at + c] * out[at + c];
-    D[r] = head_alpha(op->head_scale, r / T, op->H) * s;
+  for (long r0 = 0; r0 < rows; r0 += ROWDOT_ROWS) {
+    const float *a[ROWDOT_ROWS], *b[ROWDOT_ROWS];
+    float s[ROWDOT_ROWS] = {0};
+    const int g = rows - r0 < ROWDOT_ROWS ? (int)(rows - r0) : ROWDOT_ROWS;
+    for (int i = 0; i < ROWDOT_ROWS; i++) { /* a short group repeats its last row */
+      const long r = r0 + (i < g ? i : g - 1), at = unit_row(op, r / T, T, r % T, op->ldo);
+      a[i] = dout + at, b[i] = out + at;
+    }
+    for (int c = 0; c < d; c++)
+      for (int i = 0; i < ROWDOT_ROWS; i++) s[i] += a[i][c] * b[i][c];
+    for (int i = 0; i < g; i++) D[r0 + i] = head_alpha(op->head_scale, (r0 + i) / T, op->H) * s[i];
   }
 }
 
