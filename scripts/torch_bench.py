@@ -18,7 +18,9 @@ step fastest: OpenBLAS reads OPENBLAS_NUM_THREADS once, when numpy (through h5py
 PyTorch is imported, so the caller's setting would otherwise decide, and on a 2-core AMD EPYC
 PyTorch's step was 14 % faster with OpenBLAS on 1 thread under its own 2 than on 2 (docs/perf.md).
 Before the rounds, PyTorch's step is timed with OpenBLAS on 1 thread and on --threads, alternately
-(--torch-blas-threads best, the default), and the faster is kept; or give the number.
+(--torch-blas-threads best, the default), and the faster is kept; or give the number. That needs
+OpenBLAS's pthreads build (Debian's PyTorch links it): an OpenMP build's thread count is PyTorch's
+too, so there the threads are left as loaded, and said so.
 
 Both link OpenBLAS: the BLAS core each one runs is printed (fmattn's from bench.h5, PyTorch's by
 asking the OpenBLAS libraries loaded in this process), so a comparison on different kernels shows.
@@ -66,6 +68,9 @@ def blas_libs():
         try:
             lib = ctypes.CDLL(p)
             lib.openblas_get_corename.restype = ctypes.c_char_p
+            for name in ("openblas_set_num_threads", "openblas_get_num_threads",
+                         "openblas_get_parallel"):
+                getattr(lib, name)
         except (OSError, AttributeError):
             continue
         libs[p] = lib
@@ -77,12 +82,31 @@ def torch_cores():
     return {p: lib.openblas_get_corename().decode() for p, lib in blas_libs().items()}
 
 
+def blas_threads_settable():
+    """Why PyTorch's OpenBLAS threads cannot be set apart from PyTorch's own, or None where they
+    can: OpenBLAS loaded, and all of it the pthreads build (openblas_get_parallel() 1; a serial
+    build has 1 thread only, and an OpenMP build's setting is PyTorch's thread count too)."""
+    libs = blas_libs()
+    if not libs:
+        return "no OpenBLAS loaded"
+    kinds = {lib.openblas_get_parallel() for lib in libs.values()}
+    if kinds != {1}:
+        return "OpenBLAS not the pthreads build (openblas_get_parallel: %s)" % sorted(kinds)
+    return None
+
+
 def set_blas_threads(threads):
     """Run every loaded OpenBLAS on `threads` threads, and check that it does."""
     for p, lib in blas_libs().items():
         lib.openblas_set_num_threads(threads)
         if lib.openblas_get_num_threads() != threads:
             die(f"{p} runs {lib.openblas_get_num_threads()} threads where {threads} were set")
+
+
+def blas_threads_now():
+    """The threads every loaded OpenBLAS runs now: one number, or None."""
+    got = {lib.openblas_get_num_threads() for lib in blas_libs().values()}
+    return got.pop() if len(got) == 1 else None
 
 
 def build_model(torch, cfg):
@@ -159,6 +183,10 @@ def torch_blas_threads(torch, model, V, batch, n, a):
     --threads, each timed twice alternately), and the probe's steps (ms) by thread count."""
     if a.torch_blas_threads != "best":
         return int(a.torch_blas_threads), {}
+    why = blas_threads_settable()
+    if why:
+        print(f"torch_bench.py: PyTorch's OpenBLAS threads left as loaded: {why}", flush=True)
+        return None, {}
     candidates = sorted({1, a.threads})
     if len(candidates) == 1:
         return 1, {}
@@ -224,7 +252,7 @@ def main():
                          "--threads, timed before the rounds)")
     ap.add_argument("--out", help="write the figures as JSON")
     a = ap.parse_args()
-    if a.torch_blas_threads != "best" and not (a.torch_blas_threads.isdigit() and
+    if a.torch_blas_threads != "best" and not (a.torch_blas_threads.isdecimal() and
                                                int(a.torch_blas_threads) > 0):
         die(f"--torch-blas-threads {a.torch_blas_threads}: give a positive number or best")
     if not os.access(a.fmattn, os.X_OK):
@@ -250,7 +278,13 @@ def main():
           f"core(s): {', '.join(f'{c} ({p})' for p, c in cores.items()) or 'none found'}",
           flush=True)
     blas_threads, probe = torch_blas_threads(torch, model, V, batch, a.n, a)
-    set_blas_threads(blas_threads)
+    if blas_threads is not None:
+        why = blas_threads_settable()
+        if why:
+            die(f"--torch-blas-threads {blas_threads}: {why}")
+        set_blas_threads(blas_threads)
+    if torch.get_num_threads() != a.threads:
+        die(f"PyTorch runs {torch.get_num_threads()} threads where --threads {a.threads} was set")
     tt = []
     with tempfile.TemporaryDirectory(prefix="torch_bench.") as tmp:
         for r in range(a.rounds):
@@ -275,7 +309,7 @@ def main():
            "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
            "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),
            "torch": torch.__version__, "torch_blas_threads": blas_threads,
-           "torch_blas_probe_ms": probe,
+           "torch_blas_threads_after": blas_threads_now(), "torch_blas_probe_ms": probe,
            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", ""),
            "OPENBLAS_CORETYPE_corrects": os.environ.get("TORCH_BENCH_CORE_FROM", "")}
     print(f"torch_bench.py: n = {a.n}, batch {batch}: fmattn {res['fmattn_tokens_per_s']:.0f} "
@@ -284,7 +318,7 @@ def main():
           f"fmattn {res['speedup']:.2f}x (medians of {a.rounds} alternating rounds); the rounds' "
           f"own ratios {min(ratios):.2f}-{max(ratios):.2f}x, median "
           f"{res['round_speedup_median']:.2f}x; PyTorch on {a.threads} thread(s), its OpenBLAS on "
-          f"{blas_threads}")
+          f"{blas_threads_now() or '?'}")
     same = set(cores.values()) == {fm[0]["blas_core"]}
     print(f"torch_bench.py: BLAS core: fmattn {fm[0]['blas_core']}, PyTorch "
           f"{'/'.join(sorted(set(cores.values()))) or '?'}"

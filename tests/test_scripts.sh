@@ -71,6 +71,7 @@ assert len(rs) == len(r["fmattn_round_ms"]) == len(r["torch_round_ms"]) == 2, r
 assert all(abs(x - t / f) < 1e-9 for x, f, t in zip(rs, r["fmattn_round_ms"], r["torch_round_ms"])), r
 assert min(rs) <= r["round_speedup_median"] <= max(rs), r
 assert r["torch_blas_threads"] == 1 and r["torch_blas_probe_ms"] == {}, r  # --threads 1: no choice
+assert r["torch_blas_threads_after"] == 1, r
 PY
 # on 2 threads PyTorch's OpenBLAS gets the faster of 1 and 2 threads, whatever the caller's
 # OPENBLAS_NUM_THREADS said when numpy loaded it
@@ -83,7 +84,7 @@ r = json.load(open(sys.argv[1]))
 probe = r["torch_blas_probe_ms"]
 assert sorted(probe) == ["1", "2"] and all(len(v) == 2 for v in probe.values()), r
 med = {int(t): statistics.median(v) for t, v in probe.items()}
-assert r["torch_blas_threads"] == min(med, key=med.get), r
+assert r["torch_blas_threads"] == min(med, key=med.get) == r["torch_blas_threads_after"], r
 PY
 expect_fail "torch_bench.py refuses --torch-blas-threads 0" "positive number or best" \
   "$P" scripts/torch_bench.py --fmattn "$FMATTN" --torch-blas-threads 0

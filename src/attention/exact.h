@@ -97,7 +97,7 @@ struct exact_rows {
   long unit; /* which unit: b·H + h (full), b (FiSH) */
   /* Where the hook asks for them (transposed_kv): this range's keys and values transposed, (d, ld)
    * from its key 0, so that the scores and dP are NN products (core/tilegemm.h); else NULL. The
-   * forward has kt only. */
+   * forward has kt only; where backward has vt, v is NULL (read only as vt). */
   const float *kt, *vt;
   long kt_ld;
 };
