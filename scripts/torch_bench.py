@@ -77,16 +77,10 @@ def blas_libs():
     return libs
 
 
-def torch_cores():
-    """The core name of every OpenBLAS library this process has loaded."""
-    return {p: lib.openblas_get_corename().decode() for p, lib in blas_libs().items()}
-
-
-def blas_threads_settable():
+def blas_threads_settable(libs):
     """Why PyTorch's OpenBLAS threads cannot be set apart from PyTorch's own, or None where they
     can: OpenBLAS loaded, and all of it the pthreads build (openblas_get_parallel() 1; a serial
     build has 1 thread only, and an OpenMP build's setting is PyTorch's thread count too)."""
-    libs = blas_libs()
     if not libs:
         return "no OpenBLAS loaded"
     kinds = {lib.openblas_get_parallel() for lib in libs.values()}
@@ -95,17 +89,17 @@ def blas_threads_settable():
     return None
 
 
-def set_blas_threads(threads):
+def set_blas_threads(libs, threads):
     """Run every loaded OpenBLAS on `threads` threads, and check that it does."""
-    for p, lib in blas_libs().items():
+    for p, lib in libs.items():
         lib.openblas_set_num_threads(threads)
         if lib.openblas_get_num_threads() != threads:
             die(f"{p} runs {lib.openblas_get_num_threads()} threads where {threads} were set")
 
 
-def blas_threads_now():
+def blas_threads_now(libs):
     """The threads every loaded OpenBLAS runs now: one number, or None."""
-    got = {lib.openblas_get_num_threads() for lib in blas_libs().values()}
+    got = {lib.openblas_get_num_threads() for lib in libs.values()}
     return got.pop() if len(got) == 1 else None
 
 
@@ -178,22 +172,18 @@ def torch_steps(torch, model, V, batch, n, steps, seed):
     return statistics.median(times)
 
 
-def torch_blas_threads(torch, model, V, batch, n, a):
+def torch_blas_threads(torch, model, V, batch, n, a, libs):
     """The OpenBLAS threads PyTorch runs on (--torch-blas-threads; with 'best', the faster of 1 and
     --threads, each timed twice alternately), and the probe's steps (ms) by thread count."""
     if a.torch_blas_threads != "best":
         return int(a.torch_blas_threads), {}
-    why = blas_threads_settable()
-    if why:
-        print(f"torch_bench.py: PyTorch's OpenBLAS threads left as loaded: {why}", flush=True)
-        return None, {}
     candidates = sorted({1, a.threads})
     if len(candidates) == 1:
         return 1, {}
     probe = {t: [] for t in candidates}
     for r in range(2):
         for t in candidates:
-            set_blas_threads(t)
+            set_blas_threads(libs, t)
             steps = max(1, a.steps // 2)
             probe[t].append(torch_steps(torch, model, V, batch, n, steps, seed=100 + r))
     best = min(candidates, key=lambda t: statistics.median(probe[t]))
@@ -273,16 +263,20 @@ def main():
     torch.manual_seed(1)
     model, V = build_model(torch, cfg)
     model.train()
-    cores = torch_cores()
+    libs = blas_libs()
+    cores = {p: lib.openblas_get_corename().decode() for p, lib in libs.items()}
     print(f"torch_bench.py: torch {torch.__version__}, {a.threads} thread(s); its OpenBLAS "
           f"core(s): {', '.join(f'{c} ({p})' for p, c in cores.items()) or 'none found'}",
           flush=True)
-    blas_threads, probe = torch_blas_threads(torch, model, V, batch, a.n, a)
-    if blas_threads is not None:
-        why = blas_threads_settable()
-        if why:
-            die(f"--torch-blas-threads {blas_threads}: {why}")
-        set_blas_threads(blas_threads)
+    why = blas_threads_settable(libs)
+    if why and a.torch_blas_threads != "best":
+        die(f"--torch-blas-threads {a.torch_blas_threads}: {why}")
+    if why:
+        print(f"torch_bench.py: PyTorch's OpenBLAS threads left as loaded: {why}", flush=True)
+        blas_threads, probe = None, {}
+    else:
+        blas_threads, probe = torch_blas_threads(torch, model, V, batch, a.n, a, libs)
+        set_blas_threads(libs, blas_threads)
     if torch.get_num_threads() != a.threads:
         die(f"PyTorch runs {torch.get_num_threads()} threads where --threads {a.threads} was set")
     tt = []
@@ -309,7 +303,7 @@ def main():
            "fmattn_blas_core": fm[0]["blas_core"], "torch_blas_cores": cores,
            "sgemm_gflops": statistics.median(x["sgemm_gflops"] for x in fm),
            "torch": torch.__version__, "torch_blas_threads": blas_threads,
-           "torch_blas_threads_after": blas_threads_now(), "torch_blas_probe_ms": probe,
+           "torch_blas_threads_after": blas_threads_now(libs), "torch_blas_probe_ms": probe,
            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", ""),
            "OPENBLAS_CORETYPE_corrects": os.environ.get("TORCH_BENCH_CORE_FROM", "")}
     print(f"torch_bench.py: n = {a.n}, batch {batch}: fmattn {res['fmattn_tokens_per_s']:.0f} "
@@ -318,7 +312,7 @@ def main():
           f"fmattn {res['speedup']:.2f}x (medians of {a.rounds} alternating rounds); the rounds' "
           f"own ratios {min(ratios):.2f}-{max(ratios):.2f}x, median "
           f"{res['round_speedup_median']:.2f}x; PyTorch on {a.threads} thread(s), its OpenBLAS on "
-          f"{blas_threads_now() or '?'}")
+          f"{res['torch_blas_threads_after'] or '?'}")
     same = set(cores.values()) == {fm[0]["blas_core"]}
     print(f"torch_bench.py: BLAS core: fmattn {fm[0]['blas_core']}, PyTorch "
           f"{'/'.join(sorted(set(cores.values()))) or '?'}"

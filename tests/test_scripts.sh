@@ -57,9 +57,9 @@ with h5py.File(sys.argv[1], "r") as f:
     assert 0 < mpa < ma and 0.2 * m < ma < 5 * m, (m, ma, mpa)
 PY
 # fmattn against PyTorch eager on a tiny model: both run, alternately, on OpenBLAS's same core
-TINY_TRAIN="$TESTDIR/decks/scripts_train.in"
+TINY="$TESTDIR/decks/scripts_train.in"
 check "torch_bench.py times fmattn and PyTorch eager alternately" \
-  "$P" scripts/torch_bench.py --fmattn "$FMATTN" --deck "$TINY_TRAIN" --n 64 \
+  "$P" scripts/torch_bench.py --fmattn "$FMATTN" --deck "$TINY" --n 64 \
   --rounds 2 --steps 1 --threads 1 --out "$WORK/torch_bench.json"
 check "torch_bench.json: both timed, on the same BLAS core" "$P" - "$WORK/torch_bench.json" <<'PY'
 import json, sys
@@ -76,7 +76,7 @@ PY
 # on 2 threads PyTorch's OpenBLAS gets the faster of 1 and 2 threads, whatever the caller's
 # OPENBLAS_NUM_THREADS said when numpy loaded it
 check "torch_bench.py times PyTorch with its OpenBLAS on 1 and 2 threads, keeps the faster" \
-  env OPENBLAS_NUM_THREADS=3 "$P" scripts/torch_bench.py --fmattn "$FMATTN" --deck "$TINY_TRAIN" \
+  env OPENBLAS_NUM_THREADS=3 "$P" scripts/torch_bench.py --fmattn "$FMATTN" --deck "$TINY" \
   --n 64 --rounds 1 --steps 2 --threads 2 --out "$WORK/torch_bench2.json"
 check "torch_bench2.json: the faster of the two probed" "$P" - "$WORK/torch_bench2.json" <<'PY'
 import json, statistics, sys
@@ -88,7 +88,6 @@ assert r["torch_blas_threads"] == min(med, key=med.get) == r["torch_blas_threads
 PY
 expect_fail "torch_bench.py refuses --torch-blas-threads 0" "positive number or best" \
   "$P" scripts/torch_bench.py --fmattn "$FMATTN" --torch-blas-threads 0
-TINY="$TESTDIR/decks/scripts_train.in"
 check "a 6-step training run" "$FMATTN" "$TINY" --set output.dir="$WORK/out"
 check "plot_run.py draws the run's diag.h5" "$P" scripts/plot_run.py "$WORK/out/tiny" -o "$WORK/rplots"
 for png in loss attention_mass entropy; do
