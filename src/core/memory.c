@@ -3,13 +3,11 @@
  * MEM_MAP_MIN bytes or more are anonymous mappings: the kernel zeroes a page when it is first
  * touched, so a large buffer of which a rank uses a part (fma's summary rows: every window of the
  * tree, of which a sequence rank fills its slab's and its LET's) costs that part, not a memset
- * of the whole. The model's own mappings (parameters, their gradients and moments, activations,
- * data) ask for transparent huge pages (where the kernel's setting is `madvise`, as on the host
- * measured, they get them only so): the activations streamed by the passes around the GEMMs then
- * cross a page every 2 MiB, not every 4 KiB. The bench model's step at n = 512: 771 → 764 ms,
- * medians of 6 alternating runs (docs/perf.md). Workspaces and communication buffers keep small
- * pages: those are the buffers of which a rank may touch only parts, each part then costing a
- * whole number of 2 MiB pages. */
+ * of the whole. That holds for workspaces and communication buffers, which keep small pages;
+ * the model's own mappings (parameters, gradients, moments, activations, data), used whole, ask
+ * for transparent huge pages, which a kernel set to `madvise` grants only on request: the passes
+ * around the GEMMs then stream across a page every 2 MiB, not every 4 KiB (the bench model's step
+ * at n = 512: 771 → 764 ms, medians of 6 alternating runs; docs/perf.md). */
 #include "core/memory.h"
 
 #include <stdbool.h>
@@ -48,8 +46,8 @@ static void *mem_block(enum mem_label label, size_t bytes, bool zero) {
     raw = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) raw = NULL;
 #ifdef MADV_HUGEPAGE
-    if (raw && label != MEM_WORKSPACE && label != MEM_COMM) /* advice: where refused, small */
-      (void)madvise(raw, mapped, MADV_HUGEPAGE);
+    if (raw && label != MEM_WORKSPACE && label != MEM_COMM)
+      (void)madvise(raw, mapped, MADV_HUGEPAGE); /* advice: refused, the pages stay small */
 #endif
   } else if (posix_memalign(&raw, MEM_ALIGN, MEM_ALIGN + bytes) == 0) {
     memset(raw, 0, zero ? MEM_ALIGN + bytes : MEM_ALIGN);
