@@ -206,9 +206,9 @@ static void test_causality(void **state) {
 }
 
 /* The arrays by token (attn_ctx.rows): q, k, v read in place from a (B, T, 3C) buffer, the
- * output written into a (B, T, C) one and the gradients into a (B, T, 3C) one give what the
- * head-split arrays give, bit for bit (the same products over other strides), and touch nothing
- * between the heads' columns: 3 heads, ragged tiles, both masks. */
+ * output written into a (B, T, C) one and the gradients written (not added) into a (B, T, 3C)
+ * one, which holds 7s before, give what the head-split arrays give, bit for bit (the same
+ * products over other strides): 3 heads, ragged tiles, both masks. */
 static void check_rows(const char *variant, long band, bool causal) {
   const long B = 2, H = 3, d = 16, n = 70, C = H * d, N = B * n, count = N * C;
   struct config cfg;
@@ -235,7 +235,8 @@ static void check_rows(const char *variant, long band, bool causal) {
   assert_true(attention_takes_rows(&ctx));
   ctx.rows = (struct attn_rows){3 * C, C};
   float *saved = calloc(attention_saved_floats(&ctx) + 1, sizeof(float));
-  float *y = malloc(sizeof(float) * count), *dqkv = calloc((size_t)(3 * count), sizeof(float));
+  float *y = malloc(sizeof(float) * count), *dqkv = malloc(sizeof(float) * 3 * count);
+  for (long e = 0; e < 3 * count; e++) dqkv[e] = 7.0f; /* written over, or the test fails */
   attention_forward(&ctx, y, saved, qkv, qkv + C, qkv + 2 * C, NULL);
   attention_backward(&ctx, dqkv, dqkv + C, dqkv + 2 * C, NULL, dy, qkv, qkv + C, qkv + 2 * C, NULL,
                      y, saved);

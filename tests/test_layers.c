@@ -140,11 +140,12 @@ static void test_linear_slices(void **state) {
 }
 
 /* Linear on each kernel against the double products, at sizes that make every block ragged (rows,
- * both feature counts) and dW's depth run in three pieces of up to 512 rows, the last one short;
- * the parameter gradients accumulate onto values already there. */
-static void test_linear_blocks(void **state) {
-  (void)state;
-  const int N = 2 * 512 + 37, I = 70, O = 131;
+ * both feature counts) and dW's depth run in pieces of up to 512 rows; the parameter gradients
+ * accumulate onto values already there. N rows: 2 · 512 + 37, the last piece short; 2 · 512, where
+ * libxsmm's blocks sum the bias gradient inside dW's loop, and every kernel's dbias is the same
+ * bits (the same chunks of rows, each summed in order). */
+static void check_linear_blocks(const int N) {
+  const int I = 70, O = 131;
   float *x = malloc(sizeof(float) * N * I), *w = malloc(sizeof(float) * O * I);
   float *b = malloc(sizeof(float) * O), *g = malloc(sizeof(float) * N * O);
   float *y = malloc(sizeof(float) * N * O), *dx = malloc(sizeof(float) * N * I);
@@ -171,6 +172,7 @@ static void test_linear_blocks(void **state) {
     }
   const int kinds = select_kernels(-1);
   const bool was_xsmm = tile_gemm_xsmm();
+  float db0[O];
   for (int kind = 0; kind < kinds; kind++) {
     select_kernels(kind);
     for (int k = 0; k < N * I; k++) dx[k] = NAN; /* written */
@@ -182,10 +184,18 @@ static void test_linear_blocks(void **state) {
     TU_ASSERT_CLOSE(tu_rel_err(dx, dxd, (size_t)N * I), FWD_TOL, "linear dinp");
     TU_ASSERT_CLOSE(tu_rel_err(dw, dwd, (size_t)O * I), FWD_TOL, "linear dweight");
     TU_ASSERT_CLOSE(tu_rel_err(db, dbd, O), FWD_TOL, "linear dbias");
+    if (kind == 0) memcpy(db0, db, sizeof db0);
+    assert_memory_equal(db, db0, sizeof db0);
   }
   tile_gemm_select(was_xsmm);
   free(x), free(w), free(b), free(g), free(y), free(dx), free(dw), free(db);
   free(xd), free(wd), free(bd), free(gd), free(yd), free(dxd), free(dwd), free(dbd);
+}
+
+static void test_linear_blocks(void **state) {
+  (void)state;
+  check_linear_blocks(2 * 512 + 37);
+  check_linear_blocks(2 * 512);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -72,7 +72,9 @@ struct attn_ctx {
    * than by head. ld_qkv > 0: q, k, v, dq, dk, dv are (B, T, ·) with rows of ld_qkv floats, head h
    * of token t of batch element b at (b·T + t)·ld_qkv + h·d (q, k, v read in place from the
    * (B, T, 3C) product that makes them); out, dout likewise with rows of ld_out floats (the
-   * (B, T, C) input of the output projection). The model then skips its head split and merge. */
+   * (B, T, C) input of the output projection). The model then skips its head split and merge.
+   * Backward then writes dq, dk, dv (every head's columns of every row) where by head it adds to
+   * them: the caller zeroes nothing. */
   struct attn_rows {
     long ld_qkv, ld_out;
   } rows;
@@ -104,7 +106,8 @@ struct attn_impl {
   /* out (B, H, T, d) = attention(q, k, v); params: this layer's variant parameters (or NULL). */
   void (*forward)(struct attn_ctx *ctx, float *out, float *saved, const float *q, const float *k,
                   const float *v, const float *params);
-  /* dq, dk, dv, dparams += the gradients for dout; out and saved as forward left them. */
+  /* dq, dk, dv, dparams += the gradients for dout (dq, dk, dv = by token: attn_ctx.rows); out
+   * and saved as forward left them. */
   void (*backward)(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
                    const float *dout, const float *q, const float *k, const float *v,
                    const float *params, const float *out, const float *saved);

@@ -381,23 +381,15 @@ static void exact_fold(const struct exact_op *op, struct exact_span qs, const fl
   mem_free(kt);
 }
 
-/* rows × d floats from src (rows ld_src apart) to dst (ld_dst apart): copied, or added. */
+/* rows × d floats from src (rows ld_src apart) to dst (ld_dst apart) */
 static void rows_copy(float *dst, long ld_dst, const float *src, long ld_src, long rows, int d) {
   for (long r = 0; r < rows; r++) memcpy(dst + r * ld_dst, src + r * ld_src, sizeof(float) * d);
 }
 
-static void rows_add(float *dst, long ld_dst, const float *src, long ld_src, long rows, int d) {
-  for (long r = 0; r < rows; r++) {
-    float *o = dst + r * ld_dst;
-    const float *i = src + r * ld_src;
-#pragma omp simd
-    for (int c = 0; c < d; c++) o[c] += i[c];
-  }
-}
-
 /* Gradients of the queries q (as exact_fold's) against the keys k, v: dq (as q), dk, dv (as k, v)
- * and the hook's parameters +=; dout, D (units·heads, qs.stride[, d]) as saved and formed. One task
- * per unit, so no updates race. */
+ * and the hook's parameters +=, but dq, dk, dv written (=) by token (op->rows, one slab, so a
+ * unit's gradient is whole after its task); dout, D (units·heads, qs.stride[, d]) as saved and
+ * formed. One task per unit, so no updates race. */
 static void exact_grad_step(const struct exact_op *op, struct exact_span qs, const float *q,
                             const float *dout, const float *D, float *dq, struct exact_span ks,
                             const float *k, const float *v, float *dk, float *dv) {
@@ -413,7 +405,7 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
     float *kvt =
         tr ? mem_alloc_uninit(MEM_WORKSPACE, sizeof(float) * 2 * (size_t)ks.len * d) : NULL;
     /* By token (op->rows, one slab): the unit's q, k, v, dout gathered by head and its dq, dk, dv
-     * formed so, then added to the caller's rows, in the thread's buffers (T, d) each: products
+     * formed so, then copied to the caller's rows, in the thread's buffers (T, d) each: products
      * that read and accumulate rows ld floats apart ran backward a third slower. Copied or
      * zeroed per unit below. */
     float *pack =
@@ -473,10 +465,10 @@ static void exact_grad_step(const struct exact_op *op, struct exact_span qs, con
               .scale = op->head_scale ? op->head_scale + (u * nh) % op->H : NULL,
               .ld_dout = ldo};
           exact_block_backward(hk, &x, &g, qs.len, ks.len, op->mk, scratch);
-          if (pack) {
-            rows_add(dq + qg, op->ldi, udq, d, qs.len, d);
-            rows_add(dk + kg, op->ldi, udk, d, ks.len, d);
-            rows_add(dv + vg, op->ldi, udv, d, ks.len, d);
+          if (pack) { /* one slab: the unit's whole gradient, written (attn_ctx.rows) */
+            rows_copy(dq + qg, op->ldi, udq, d, qs.len, d);
+            rows_copy(dk + kg, op->ldi, udk, d, ks.len, d);
+            rows_copy(dv + vg, op->ldi, udv, d, ks.len, d);
           }
         }
     mem_free(pack);

@@ -601,8 +601,9 @@ void model_backward(struct model *m, long step) {
       if (m->recompute) mlp_hidden_forward(m, w, a, r0, rows, ln2, fch, fch_gelu);
       PHASE(TIMER_GEMM, m->be->linear_backward(m->dfch_gelu, g->w2, g->b2, m->dproj + r0 * C,
                                                fch_gelu, w->w2, rows, R, C));
-      /* fch_gelu was last read by the line above: its buffer takes the gradient of fch */
-      float *dfch = fch_gelu;
+      /* the gradient of fch over that of fch_gelu, in place: the pass reads and writes one
+       * buffer, which the product above has just written, where a third would stream */
+      float *dfch = m->dfch_gelu;
       PHASE(TIMER_ACTIVATION, m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R));
       PHASE(TIMER_GEMM,
             m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R));
@@ -616,8 +617,7 @@ void model_backward(struct model *m, long step) {
     PHASE(TIMER_DROPOUT, m->be->residual_dropout_backward(dres, m->dproj, dres, &k1, B, T, C));
     PHASE(TIMER_GEMM,
           m->be->linear_backward(m->datty, g->wo, g->bo, m->dproj, a->atty, w->wo, N, C, C));
-    if (m->heads_in_place) { /* the gradients of q, k, v land in dqkv, read from datty */
-      zero(m->dqkv, 3 * NC);
+    if (m->heads_in_place) { /* the gradients of q, k, v written into dqkv, read from datty */
       timer_start(TIMER_ATTENTION);
       attention_backward(&m->actx[l], m->dqkv, m->dqkv + C, m->dqkv + 2 * C, g->attn, m->datty,
                          a->qkv, a->qkv + C, a->qkv + 2 * C, w->attn, a->atty, a->att_saved);

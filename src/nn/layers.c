@@ -137,11 +137,36 @@ static void linear_forward_blocks(float *out, const float *inp, const float *wei
   }
 }
 
+/* The bias gradient's partial sums (bias_partials) inside dW's loop, where each of its chunks of
+ * rows lies in one of dW's LINEAR_DEPTH rows: the thread forming a row of dW's blocks sums its
+ * block of dout's columns as the product has just read them, not in a pass over dout of its own
+ * (37 MiB a block of the bench model). */
+static bool bias_in_blocks(long N) {
+  return N % LAYERS_CHUNKS == 0 && LINEAR_DEPTH % (N / LAYERS_CHUNKS) == 0;
+}
+
+/* part (LAYERS_CHUNKS, OC) += dout's column sums over each chunk of rows [r0, r1), columns
+ * [o0, o1): rows in order, from row 0 of the chunk */
+static void bias_partials(float *part, const float *dout, long N, int OC, long r0, long r1, long o0,
+                          long o1) {
+  for (int c = (int)(r0 * LAYERS_CHUNKS / N); c < LAYERS_CHUNKS && N * c / LAYERS_CHUNKS < r1;
+       c++) {
+    float *p = part + (size_t)c * OC;
+    const long c0 = N * c / LAYERS_CHUNKS, c1 = N * (c + 1) / LAYERS_CHUNKS;
+    for (long r = c0 > r0 ? c0 : r0; r < (c1 < r1 ? c1 : r1); r++) {
+      const float *g = dout + r * OC;
+#pragma omp simd
+      for (long o = o0; o < o1; o++) p[o] += g[o];
+    }
+  }
+}
+
 /* dinp = dout · weight, by blocks of rows, each thread reading its copy of weight's panel (OC,
  * LINEAR_BLOCK); dweight += doutᵀ · inp, by blocks of (OC, IC), each summed over the rows
- * LINEAR_DEPTH at a time from row 0. One region, the two shared out. */
-static void linear_backward_blocks(float *dinp, float *dweight, const float *dout, const float *inp,
-                                   const float *weight, long N, int IC, int OC) {
+ * LINEAR_DEPTH at a time from row 0; and where part is given (bias_in_blocks), the bias's
+ * partial sums with them. One region, the two shared out. */
+static void linear_backward_blocks(float *dinp, float *dweight, float *part, const float *dout,
+                                   const float *inp, const float *weight, long N, int IC, int OC) {
   const long row_blocks = (N + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
   const long ob = (OC + LINEAR_BLOCK - 1) / LINEAR_BLOCK,
              ib = (IC + LINEAR_BLOCK - 1) / LINEAR_BLOCK;
@@ -168,6 +193,8 @@ static void linear_backward_blocks(float *dinp, float *dweight, const float *dou
         const long o0 = w / ib * LINEAR_BLOCK, c0 = w % ib * LINEAR_BLOCK;
         tile_sgemm(true, false, block_len(OC, o0), block_len(IC, c0), bk, 1.0f, dout + k0 * OC + o0,
                    OC, inp + k0 * IC + c0, IC, 1.0f, dweight + o0 * IC + c0, IC);
+        if (part && c0 == 0)
+          bias_partials(part, dout, N, OC, k0, k0 + bk, o0, o0 + block_len(OC, o0));
       }
     }
   }
@@ -196,8 +223,12 @@ void linear_backward(float *dinp, float *dweight, float *dbias, const float *dou
                      const float *weight, long N, int IC, int OC) {
   if (N == 0) return;
   const int parts = linear_slices(N, IC, OC);
+  /* the bias's column sums in fixed chunks of rows, then the chunks in order */
+  float *part = dbias ? mem_alloc(MEM_WORKSPACE, sizeof(float) * LAYERS_CHUNKS * (size_t)OC) : NULL;
+  bool summed = false; /* part formed already */
   if (linear_on_blocks(N)) {
-    linear_backward_blocks(dinp, dweight, dout, inp, weight, N, IC, OC);
+    summed = part && dweight && bias_in_blocks(N);
+    linear_backward_blocks(dinp, dweight, summed ? part : NULL, dout, inp, weight, N, IC, OC);
   } else if (parts > 1 && linear_slices(OC, IC, N) > 1) { /* dX by rows of N, dW by rows of OC */
 #pragma omp parallel num_threads(parts)
     {
@@ -210,17 +241,10 @@ void linear_backward(float *dinp, float *dweight, float *dbias, const float *dou
     linear_grad_rows(dinp, dweight, dout, inp, weight, N, IC, OC, 0, N, 0, OC);
   }
   if (dbias) {
-    /* Column sums in fixed chunks of rows, then the chunks in order. */
-    float *part = mem_alloc(MEM_WORKSPACE, sizeof(float) * LAYERS_CHUNKS * (size_t)OC);
+    if (!summed) {
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < LAYERS_CHUNKS; c++) {
-      float *p = part + (size_t)c * OC;
-      long r0 = N * c / LAYERS_CHUNKS, r1 = N * (c + 1) / LAYERS_CHUNKS;
-      for (long r = r0; r < r1; r++) {
-        const float *g = dout + r * OC;
-#pragma omp simd
-        for (int o = 0; o < OC; o++) p[o] += g[o];
-      }
+      for (int c = 0; c < LAYERS_CHUNKS; c++)
+        bias_partials(part, dout, N, OC, N * c / LAYERS_CHUNKS, N * (c + 1) / LAYERS_CHUNKS, 0, OC);
     }
     for (int c = 0; c < LAYERS_CHUNKS; c++) {
       const float *p = part + (size_t)c * OC;
