@@ -137,10 +137,11 @@ static void linear_forward_blocks(float *out, const float *inp, const float *wei
   }
 }
 
-/* The bias gradient's partial sums (bias_partials) inside dW's loop, where each of its chunks of
- * rows lies in one of dW's LINEAR_DEPTH rows: the thread forming a row of dW's blocks sums its
- * block of dout's columns as the product has just read them, not in a pass over dout of its own
- * (37 MiB a block of the bench model). */
+/* The bias gradient's partial sums (bias_partials) inside dW's loop, where each of their chunks
+ * of rows lies within one of dW's pieces of LINEAR_DEPTH rows: the thread forming the first block
+ * of a row of dW's blocks sums the block of dout's columns the product has just read, not in a
+ * pass over dout of its own (36 MiB a transformer block of the bench model). The same sums in the
+ * same order as that pass's, so the same bits. */
 static bool bias_in_blocks(long N) {
   return N % LAYERS_CHUNKS == 0 && LINEAR_DEPTH % (N / LAYERS_CHUNKS) == 0;
 }
