@@ -604,7 +604,7 @@ void model_backward(struct model *m, long step) {
       /* the gradient of fch over that of fch_gelu, in place: the pass reads and writes one
        * buffer, which the product above has just written, where a third would stream */
       float *dfch = m->dfch_gelu;
-      PHASE(TIMER_ACTIVATION, m->be->gelu_backward(dfch, m->dfch_gelu, fch, (size_t)rows * R));
+      PHASE(TIMER_ACTIVATION, m->be->gelu_backward(dfch, dfch, fch, (size_t)rows * R));
       PHASE(TIMER_GEMM,
             m->be->linear_backward(m->dln + r0 * C, g->w1, g->b1, dfch, ln2, w->w1, rows, C, R));
       PHASE(TIMER_NORM, m->be->layernorm_backward(dres + r0 * C, g->ln2w, g->ln2b, m->dln + r0 * C,
