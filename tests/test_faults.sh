@@ -172,19 +172,22 @@ expect_fail "a data file shorter than one window is refused, with the sizes" \
 
 # ---- the BLAS core check (docs/perf.md): OpenBLAS's generic fallback is corrected by running ----
 # again with OPENBLAS_CORETYPE set; a user's own setting is kept, with a warning and the fix. The
-# hook FMATTN_FAULT=blas_core=NAME stands for a library that does not know this CPU.
+# hook FMATTN_FAULT=blas_core=NAME stands for a library that does not know this CPU. The checks
+# set OpenBLAS's variables themselves: a site's OPENBLAS_CORETYPE (kept by design) would leave
+# nothing to correct, and its OPENBLAS_L2_SIZE goes with it.
+blas_env() { env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$@"; }
 if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
   ok "the BLAS core check # SKIP this CPU has no AVX2 and FMA: generic kernels are its own"
-elif "$F" "$T" --set run.name=core --set train.steps=1 2>&1 | grep -q "BLAS core unknown"; then
+elif blas_env "$F" "$T" --set run.name=core --set train.steps=1 2>&1 | grep -q "BLAS core unknown"; then
   ok "the BLAS core check # SKIP fmattn's BLAS is not OpenBLAS (no core to check)"
 else
-  FMATTN_FAULT=blas_core=Prescott "$F" "$T" --set run.name=blas1 --set train.steps=1 > blas1.log 2>&1
+  FMATTN_FAULT=blas_core=Prescott blas_env "$F" "$T" --set run.name=blas1 --set train.steps=1 > blas1.log 2>&1
   check "a generic BLAS core is corrected, and the device line says so" grep -q "BLAS core [A-Za-z]* (corrected from Prescott)" blas1.log
-  FMATTN_FAULT=blas_core=Prescott "$MPI_RUN" 2 "$F" "$T" --set run.name=blas2 --set train.steps=1 > blas2.log 2>&1
+  FMATTN_FAULT=blas_core=Prescott blas_env "$MPI_RUN" 2 "$F" "$T" --set run.name=blas2 --set train.steps=1 > blas2.log 2>&1
   check "on 2 ranks: both corrected, said once" sh -c "test \$(grep -c 'fmattn runs with OPENBLAS_CORETYPE=' blas2.log) -eq 1 && grep -q 'corrected from Prescott' blas2.log"
   # the corrected process keeps its name: run again through /proc/self/exe, it was called "exe",
   # and pgrep, ps and job monitors (this file's kill test on such a CPU) no longer found it
-  FMATTN_FAULT=blas_core=Prescott "$F" "$T" --set run.name=blas4 --set train.steps=100000000 \
+  FMATTN_FAULT=blas_core=Prescott env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$F" "$T" --set run.name=blas4 --set train.steps=100000000 \
     --set output.checkpoint_every=0 --set output.log_every=1 > blas4.log 2>&1 &
   bp=$!
   waited=0
@@ -193,7 +196,7 @@ else
   kill -9 "$bp" 2>/dev/null
   wait "$bp" 2>/dev/null
   check "the corrected process keeps its name ('$comm')" sh -c "grep -q 'corrected from Prescott' blas4.log && test '$comm' = '$(basename "$F")'"
-  OPENBLAS_CORETYPE=Prescott "$F" "$T" --set run.name=blas3 --set train.steps=1 > blas3.log 2>&1
+  blas_env OPENBLAS_CORETYPE=Prescott "$F" "$T" --set run.name=blas3 --set train.steps=1 > blas3.log 2>&1
   check "a user's OPENBLAS_CORETYPE is kept, with a warning and the fix" sh -c "grep -q 'BLAS core Prescott, small products on ' blas3.log && grep -q 'unset it, or set OPENBLAS_CORETYPE=' blas3.log"
 fi
 # ---- threads and the cores a rank is bound to (threads.c) --------------------------------------

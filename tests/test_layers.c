@@ -85,16 +85,14 @@ static int select_kernels(int which) {
   return kinds;
 }
 
-/* Linear in row slices (CBLAS: one single-threaded product per thread on its rows, dX's and dW's
- * in one region) and in libxsmm's blocks give every element bit for bit as on one thread. The
- * sizes keep every slice above LINEAR_SLICE_MNK at 2 and 3 threads, so the slices run, and make
- * ragged blocks; odd on purpose. */
-static void test_linear_slices(void **state) {
-  (void)state;
-#ifndef _OPENMP
-  skip(); /* one thread: no slices */
-#else
-  const int N = 3 * 64 + 17, I = 640, O = 3 * 64 + 5;
+/* Linear on CBLAS, in pieces fixed by the shape (one single-threaded product each, dX's and dW's
+ * in one region), and in libxsmm's blocks give every element bit for bit as on one thread, at 2
+ * and 3 threads. Two shapes: one of several pieces each way (785 rows: 3 pieces of forward and dX;
+ * dW of 517 × 640: 2 × 2), one of a single piece (209 rows: one call on OpenBLAS's own threads);
+ * odd on purpose, so the blocks are ragged. tests/test_blas_cores.sh runs this under every
+ * OpenBLAS core the CPU can run. */
+#ifdef _OPENMP
+static void linear_pieces_shape(int N, int I, int O) {
   float *x = malloc(sizeof(float) * N * I), *w = malloc(sizeof(float) * O * I);
   float *b = malloc(sizeof(float) * O), *g = malloc(sizeof(float) * N * O);
   tu_randn(x, (size_t)N * I, 11, 1.0f);
@@ -136,6 +134,16 @@ static void test_linear_slices(void **state) {
   free(w);
   free(b);
   free(g);
+}
+#endif
+
+static void test_linear_pieces(void **state) {
+  (void)state;
+#ifndef _OPENMP
+  skip(); /* one thread only */
+#else
+  linear_pieces_shape(3 * 256 + 17, 640, 2 * 256 + 5);
+  linear_pieces_shape(3 * 64 + 17, 640, 3 * 64 + 5);
 #endif
 }
 
@@ -569,7 +577,7 @@ static void test_xent(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_linear),        cmocka_unit_test(test_linear_slices),
+    cmocka_unit_test(test_linear),        cmocka_unit_test(test_linear_pieces),
     cmocka_unit_test(test_linear_blocks), cmocka_unit_test(test_layernorm),
     cmocka_unit_test(test_gelu),          cmocka_unit_test(test_gelu_threads),
     cmocka_unit_test(test_embedding),     cmocka_unit_test(test_sinusoidal),

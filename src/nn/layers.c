@@ -24,37 +24,34 @@
 /* ---------------------------------------------------------------------------------------------
  * linear */
 
-/* Row slices: a product whose every slice keeps LINEAR_SLICE_MNK multiply-adds or more runs as one
- * single-threaded BLAS call per thread (inside a parallel region OpenBLAS runs on the calling
- * thread), each on its own rows, where OpenBLAS would split the whole call and wait for its
- * threads after it. Linear backward then forms dX's and dW's slices in one region with no wait
- * between them: 6–7 % less time for the bench model's four backward shapes on 2 threads, 2.5–4 %
- * for the forward ones (docs/perf.md). A slice's every element is the same sum in the same order
- * as the whole call's, on any thread count (OpenBLAS splits M and N among threads, never K), as
- * long as no slice is small enough for OpenBLAS's small-matrix and direct kernels (up to
- * 28 · 512² multiply-adds on SkylakeX-class cores), which sum in another order. */
-#define LINEAR_SLICE_MNK ((double)(8L << 20))
+/* Pieces: on CBLAS, a linear product's output is cut into pieces fixed by the product's shape
+ * alone, never by the thread count: each piece LINEAR_PIECE rows (and, for dW, columns) or more
+ * and LINEAR_PIECE_MNK multiply-adds or more, one single-threaded BLAS call over the whole depth
+ * (inside a parallel region OpenBLAS runs on the calling thread). The team takes whole pieces, and
+ * backward forms dX's and dW's in one region with no wait between them (docs/perf.md). Every
+ * piece is the same call on 1, 2 or 64 threads, so every element has the same bits on any thread
+ * count, whatever kernels OpenBLAS runs. Cuts made by the thread count did not: on some of
+ * OpenBLAS's cores an element's bits depend on where its row falls in the call (Haswell's and
+ * Zen's kernels, in a pattern that repeats every 6 rows) or on the call's size, so a thread's
+ * slice of rows gave other bits than the whole call on Haswell, Zen and Prescott, where SkylakeX
+ * and Cooperlake gave the same (tests/test_blas_cores.sh runs the suite's bit-for-bit tests under
+ * each core). A product of one piece too runs on one thread: OpenBLAS's own split of a call
+ * among threads gave other bits on Haswell, Zen and Prescott (test_linear_pieces' second shape). */
+#define LINEAR_PIECE     256
+#define LINEAR_PIECE_MNK ((double)(8L << 20))
 
-/* the slices of a product of rows × n × k: the threads, or 1 */
-static int linear_slices(long rows, long n, long k) {
-#ifdef _OPENMP
-  if (omp_in_parallel()) return 1;
-  const int T = omp_get_max_threads();
-  return T > 1 && (double)(rows / T) * n * k >= LINEAR_SLICE_MNK ? T : 1;
-#else
-  return 1;
-#endif
+/* how many pieces `len` is cut into, where each piece's every unit of len costs `per` multiply-adds
+ */
+static long linear_cuts(long len, double per) {
+  long by_len = len / LINEAR_PIECE, by_work = (long)((double)len * per / LINEAR_PIECE_MNK);
+  long p = by_len < by_work ? by_len : by_work;
+  return p > 1 ? p : 1;
 }
 
-/* this thread's rows [*r0, *r1) of `rows`, cut among the team */
-static void slice_rows(long rows, long *r0, long *r1) {
-#ifdef _OPENMP
-  const int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-  const int t = 0, T = 1;
-#endif
-  *r0 = rows * t / T;
-  *r1 = rows * (t + 1) / T;
+/* piece p of P over len: [*a, *b) */
+static void linear_cut(long len, long p, long P, long *a, long *b) {
+  *a = len * p / P;
+  *b = len * (p + 1) / P;
 }
 
 /* out (N, OC) = inp (N, IC) weightᵀ (+ bias), rows [r0, r1) */
@@ -67,16 +64,29 @@ static void linear_rows(float *out, const float *inp, const float *weight, const
               IC, weight, IC, bias ? 1.0f : 0.0f, out + r0 * OC, OC);
 }
 
-/* dinp's rows [r0, r1) = dout's weight; dweight's rows [o0, o1) += dout's columns ᵀ inp */
-static void linear_grad_rows(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, long N, int IC, int OC, long r0, long r1, long o0,
-                             long o1) {
-  if (dinp && r1 > r0)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), IC, OC, 1.0f,
-                dout + r0 * OC, OC, weight, IC, 0.0f, dinp + r0 * IC, IC);
-  if (dweight && o1 > o0)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), IC, (int)N, 1.0f,
-                dout + o0, OC, inp, IC, 1.0f, dweight + o0 * IC, IC);
+/* this thread's rows [*r0, *r1) of `rows`, cut among the team (the blocks below) */
+static void slice_rows(long rows, long *r0, long *r1) {
+#ifdef _OPENMP
+  const int t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+  const int t = 0, T = 1;
+#endif
+  *r0 = rows * t / T;
+  *r1 = rows * (t + 1) / T;
+}
+
+/* dinp's rows [r0, r1) = dout's rows · weight */
+static void linear_dinp_rows(float *dinp, const float *dout, const float *weight, int IC, int OC,
+                             long r0, long r1) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), IC, OC, 1.0f,
+              dout + r0 * OC, OC, weight, IC, 0.0f, dinp + r0 * IC, IC);
+}
+
+/* dweight's rows [o0, o1) × columns [c0, c1) += dout's columns [o0, o1)ᵀ · inp's [c0, c1) */
+static void linear_dweight_piece(float *dweight, const float *dout, const float *inp, long N,
+                                 int IC, int OC, long o0, long o1, long c0, long c1) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), (int)(c1 - c0), (int)N, 1.0f,
+              dout + o0, OC, inp + c0, IC, 1.0f, dweight + o0 * IC + c0, IC);
 }
 
 /* ---- linear on libxsmm's kernels, in blocks (tilegemm.h) ----
@@ -207,15 +217,11 @@ void linear_forward(float *out, const float *inp, const float *weight, const flo
     linear_forward_blocks(out, inp, weight, bias, N, IC, OC);
     return;
   }
-  const int parts = linear_slices(N, OC, IC);
-  if (parts == 1) {
-    linear_rows(out, inp, weight, bias, 0, N, IC, OC);
-    return;
-  }
-#pragma omp parallel num_threads(parts)
-  {
+  const long P = linear_cuts(N, (double)IC * OC);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long p = 0; p < P; p++) {
     long r0, r1;
-    slice_rows(N, &r0, &r1);
+    linear_cut(N, p, P, &r0, &r1);
     linear_rows(out, inp, weight, bias, r0, r1, IC, OC);
   }
 }
@@ -223,23 +229,33 @@ void linear_forward(float *out, const float *inp, const float *weight, const flo
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, long N, int IC, int OC) {
   if (N == 0) return;
-  const int parts = linear_slices(N, IC, OC);
   /* the bias's column sums in fixed chunks of rows, then the chunks in order */
   float *part = dbias ? mem_alloc(MEM_WORKSPACE, sizeof(float) * LAYERS_CHUNKS * (size_t)OC) : NULL;
   bool summed = false; /* part formed already */
   if (linear_on_blocks(N)) {
     summed = part && dweight && bias_in_blocks(N);
     linear_backward_blocks(dinp, dweight, summed ? part : NULL, dout, inp, weight, N, IC, OC);
-  } else if (parts > 1 && linear_slices(OC, IC, N) > 1) { /* dX by rows of N, dW by rows of OC */
-#pragma omp parallel num_threads(parts)
-    {
-      long r0, r1, o0, o1;
-      slice_rows(N, &r0, &r1);
-      slice_rows(OC, &o0, &o1);
-      linear_grad_rows(dinp, dweight, dout, inp, weight, N, IC, OC, r0, r1, o0, o1);
-    }
   } else {
-    linear_grad_rows(dinp, dweight, dout, inp, weight, N, IC, OC, 0, N, 0, OC);
+    /* dX by pieces of its rows; dW by pieces of its rows and columns, each over all N rows */
+    const long P = dinp ? linear_cuts(N, (double)IC * OC) : 0;
+    const long PO = dweight ? linear_cuts(OC, (double)N * IC) : 0;
+    const long PC = dweight ? linear_cuts(IC, (double)N * (double)OC / (double)PO) : 0;
+#pragma omp parallel
+    {
+#pragma omp for schedule(dynamic, 1) nowait
+      for (long p = 0; p < P; p++) {
+        long r0, r1;
+        linear_cut(N, p, P, &r0, &r1);
+        linear_dinp_rows(dinp, dout, weight, IC, OC, r0, r1);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (long w = 0; w < PO * PC; w++) {
+        long o0, o1, c0, c1;
+        linear_cut(OC, w / PC, PO, &o0, &o1);
+        linear_cut(IC, w % PC, PC, &c0, &c1);
+        linear_dweight_piece(dweight, dout, inp, N, IC, OC, o0, o1, c0, c1);
+      }
+    }
   }
   if (dbias) {
     if (!summed) {

@@ -217,7 +217,17 @@ static void mpi_iallreduce_sum_float(struct comm *c, enum comm_scope scope, floa
     mpi_allreduce_sum_float(c, scope, buf, count);
     return;
   }
+#ifdef FMATTN_SMPI
+  /* SimGrid 3.32's MPI_Iallreduce with MPI_IN_PLACE returns garbage above about 20,000 floats
+   * (right at 5,000, NaN at 20,000 and 100,000), where the same call from a send buffer of its own
+   * is right, and so is the blocking in-place MPI_Allreduce: under SMPI the bucket is sent from a
+   * copy, freed by comm_wait (docs/scaling.md) */
+  r->send = xmalloc(sizeof(float) * count);
+  memcpy(r->send, buf, sizeof(float) * count);
+  MPI_CHECK(MPI_Iallreduce(r->send, buf, (int)count, MPI_FLOAT, MPI_SUM, comm, &r->req[0]));
+#else
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, comm, &r->req[0]));
+#endif
   c->bytes_sent += (uint64_t)(2.0 * (size - 1) / size * (double)(count * sizeof(float)));
 }
 
@@ -339,6 +349,7 @@ void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int d
                           size_t rcount, int src, int tag, struct comm_request *r) {
   r->transport = c->transport;
   r->counts = NULL;
+  r->send = NULL;
   r->exchange = true;
   c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
 }
@@ -348,6 +359,7 @@ void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scou
                            const size_t *rdispl, struct comm_request *r) {
   r->transport = NULL; /* nothing left for comm_wait unless the transport starts it */
   r->counts = NULL;
+  r->send = NULL;
   r->exchange = true;
   timer_start(TIMER_EXCHANGE);
   if (c->transport->ialltoallv_float) {
@@ -363,6 +375,7 @@ void comm_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf
                                struct comm_request *r) {
   r->transport = NULL;
   r->counts = NULL;
+  r->send = NULL;
   r->exchange = false;
   if (c->transport->iallreduce_sum_float) {
     r->transport = c->transport;
@@ -389,5 +402,7 @@ void comm_wait(struct comm_request *r) {
   if (r->exchange) timer_stop(TIMER_EXCHANGE);
   free(r->counts);
   r->counts = NULL;
+  free(r->send);
+  r->send = NULL;
   r->transport = NULL;
 }

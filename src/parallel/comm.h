@@ -87,6 +87,7 @@ struct comm_request {
   const struct comm_transport *transport; /* NULL: nothing to wait for */
   MPI_Request req[2];
   int *counts;   /* an alltoallv's int counts and displacements, alive until comm_wait */
+  float *send;   /* SMPI: an allreduce's copy of its buffer, sent from until comm_wait (comm.c) */
   bool exchange; /* comm_wait's time counts as TIMER_EXCHANGE */
 };
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
