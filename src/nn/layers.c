@@ -36,9 +36,13 @@
  * slice of rows gave other bits than the whole call on Haswell, Zen and Prescott, where SkylakeX
  * and Cooperlake gave the same (tests/test_blas_cores.sh runs the suite's bit-for-bit tests under
  * each core). A product of one piece too runs on one thread: OpenBLAS's own split of a call
- * among threads gave other bits on Haswell, Zen and Prescott (test_linear_pieces' second shape). */
+ * among threads gave other bits on Haswell, Zen and Prescott (test_linear_pieces' second shape).
+ * Only a product of fewer than LINEAR_ONE_CALL multiply-adds (a decoded token's) is called from
+ * where it stands, without a team: OpenBLAS 0.3.21 runs a product of fewer than 4 · 65536 on one
+ * thread by itself. */
 #define LINEAR_PIECE     256
 #define LINEAR_PIECE_MNK ((double)(8L << 20))
+#define LINEAR_ONE_CALL  ((double)(128L << 10))
 
 /* how many pieces `len` is cut into, where each piece's every unit of len costs `per` multiply-adds
  */
@@ -215,6 +219,10 @@ void linear_forward(float *out, const float *inp, const float *weight, const flo
                     int IC, int OC) {
   if (linear_on_blocks(N)) {
     linear_forward_blocks(out, inp, weight, bias, N, IC, OC);
+    return;
+  }
+  if ((double)N * IC * OC < LINEAR_ONE_CALL) {
+    linear_rows(out, inp, weight, bias, 0, N, IC, OC);
     return;
   }
   const long P = linear_cuts(N, (double)IC * OC);
