@@ -9,7 +9,8 @@
 #   - test_layers (linear's pieces and blocks at 2 and 3 threads against 1, GELU's threads, the
 #     in-place and across-kernel bits) and test_attention pass;
 #   - a short training run gives the same checkpoint at 1 and 2 threads, on libxsmm's tiles (the
-#     default) and on CBLAS alone (FMATTN_TILE_GEMM=blas), for full and for fma.
+#     default) and on CBLAS alone (FMATTN_TILE_GEMM=blas), for full and for fma; under Haswell's
+#     kernels, every other variant too (fma.open and FiSH heads included) on CBLAS.
 # A core the CPU lacks the instructions for is a TAP skip that names them.
 . "$TESTDIR/tap.sh"
 need_h5py
@@ -60,6 +61,19 @@ for spec in Prescott:pni Haswell:avx2,fma Zen:avx2,fma \
         py "$TESTDIR/h5check.py" same-tensors "out/${n}1/ckpt_000004.h5" "out/${n}2/ckpt_000004.h5" 0
     done
   done
+  # every other variant too, on CBLAS, under the first core whose kernels give bits by a row's
+  # place in the call (Haswell's; src/nn/layers.c)
+  if [ "$core" = Haswell ]; then
+    for v in local linear fma_linear fmmformer rmfa "nystrom --set model.objective=mlm" \
+      "fma --set attention.fma.open=2" "full --set attention.heads_mode=fish"; do
+      n="$core-$(echo "$v" | tr -c 'a-z0-9_' '_')"
+      # shellcheck disable=SC2086 # $v is a variant and its settings
+      run "${n}1" 1 blas --set attention.variant=$v > /dev/null &&
+        run "${n}2" 2 blas --set attention.variant=$v > /dev/null
+      check "$core, $v on blas: 2 threads give the 1-thread checkpoint, bit for bit" \
+        py "$TESTDIR/h5check.py" same-tensors "out/${n}1/ckpt_000004.h5" "out/${n}2/ckpt_000004.h5" 0
+    done
+  fi
   unset OPENBLAS_CORETYPE
 done
 tap_done
