@@ -75,8 +75,7 @@ static void slice_rows(long rows, long *r0, long *r1) {
 #else
   const int t = 0, T = 1;
 #endif
-  *r0 = rows * t / T;
-  *r1 = rows * (t + 1) / T;
+  linear_cut(rows, t, T, r0, r1);
 }
 
 /* dinp's rows [r0, r1) = dout's rows · weight */
