@@ -118,9 +118,10 @@ void gfma_weights_release(gfma_weights *w);
  * the pass that reads x anyway: returns whether it did (false: the caller converts). */
 bool gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weights *w,
                       const void *x16, void *copy16);
-/* The spanning parent window cp of level l from its children (M2M, every head), for the LET. */
-void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w);
-void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const gfma_weights *w);
+/* Every window of spanning level l from its children (M2M, every head), and its transpose (the
+ * children += from the parents' gradients), for the LET. */
+void gfma_M2M_spanning(const gfma *g, int l, float *Xt, const gfma_weights *w);
+void gfma_M2M_spanning_backward(const gfma *g, int l, float *dXt, const gfma_weights *w);
 /* dx (BH, T, d) += the transpose of the upward pass for dXt, whose coarse levels are pushed into
  * the fine ones in place (each level final once done; fma_upward_pass_backward). */
 void gfma_upward_pass_backward(const gfma *g, float *dx, float *dXt, const gfma_weights *w);

@@ -1,5 +1,6 @@
 // The locally essential tree on device buffers, the twin of src/fma/let.c driven by its plan:
-// windows spanning ranks completed by a hypercube exchange, then the listed summaries fetched
+// the windows spanning ranks computed on every rank after one exchange (m2m: every rank's top
+// window gathered; conv, avg: one allreduce of the shares), then the listed summaries fetched
 // with one alltoallv; backward the transposes. Packing is a device kernel; the traffic goes
 // through the communicator's transport (NCCL), counted as the MPI path counts it.
 #include <vector>
@@ -11,9 +12,9 @@
 // The plan's window lists on the device: (level, window) pairs.
 struct gfma_let {
   int S, s, lspan;
-  int *mine[FMA_MAX_LEVELS + 1], *sibling[FMA_MAX_LEVELS + 1]; /* m2m: the child at l − 1 */
-  std::vector<int *> stage;                                    /* conv, avg: recursive doubling */
-  std::vector<long> stage_count;
+  int *tops;          /* m2m: rank r's top window (lspan − 1, r) at 2r */
+  int *span, *other;  /* conv, avg: every spanning window; those this rank has no share of */
+  long nspan, nother;
   int *send, *recv; /* the fetch: to each rank its windows, [send_off[r], send_off[r + 1]) */
 };
 
@@ -69,25 +70,17 @@ int *upload_pairs(const std::vector<int> &v) {
   return d;
 }
 
-// Exchange the windows ws with rank partner (the same count on both sides); overwrite or add
-// what arrives into the windows rs (let.c's swap_windows).
-void swap_windows(const gfma *g, struct comm *c, int partner, float *const *X, int nsets,
-                  const int *ws, const int *rs, long count, bool add) {
-  const size_t nf = (size_t)(nsets * g->BH * g->p * g->d * count);
-  float *sbuf = comm_alloc(c, MEM_COMM, nf + 1), *rbuf = comm_alloc(c, MEM_COMM, nf + 1);
-  pack(g, sbuf, X, nsets, ws, count, PACK);
-  comm_sendrecv_float(c, sbuf, nf, partner, rbuf, nf, partner, 71);
-  pack(g, rbuf, X, nsets, rs, count, add ? UNPACK_ADD : UNPACK);
-  comm_free_buffer(c, sbuf);
-  comm_free_buffer(c, rbuf);
-}
-
-// The sums over each spanning window's ranks (let.c's spanning_allreduce): partners s XOR j.
-void spanning_allreduce(const gfma *g, struct comm *c, float *const *X, int nsets) {
+// conv, avg: every spanning window's sums over its ranks on every rank, one allreduce of the
+// shares (let.c's spanning_sums); forward first clears the windows this rank has no share of.
+void spanning_sums(const gfma *g, struct comm *c, float *const *X, int nsets, bool forward) {
   const gfma_let *let = g->let;
-  for (size_t k = 0; k < let->stage.size(); k++)
-    swap_windows(g, c, let->s ^ (1 << k), X, nsets, let->stage[k], let->stage[k],
-                 let->stage_count[k], true);
+  if (forward) pack(g, nullptr, X, nsets, let->other, let->nother, ZERO);
+  const size_t n = (size_t)(nsets * g->BH * let->nspan * g->p * g->d);
+  float *buf = comm_alloc(c, MEM_COMM, n + 1);
+  pack(g, buf, X, nsets, let->span, let->nspan, PACK);
+  comm_allreduce_sum_float(c, COMM_SEQ, buf, n);
+  pack(g, buf, X, nsets, let->span, let->nspan, UNPACK);
+  comm_free_buffer(c, buf);
 }
 
 // The listed summaries, owners → users (forward) or their gradients back, added (transpose):
@@ -129,19 +122,21 @@ struct gfma_let *gfma_let_open(const gfma *g, const struct comm *c) {
   let->S = plan->S;
   let->s = plan->s;
   let->lspan = plan->lspan;
-  for (int l = plan->lspan; l <= g->L && st->down == FMA_DOWN_M2M; l++) {
-    const int cc = (int)(st->t0 / st->tree.window[l - 1]);
-    let->mine[l] = upload_pairs({l - 1, cc});
-    let->sibling[l] = upload_pairs({l - 1, cc ^ 1});
-  }
-  for (int j = 1; j < let->S && st->down != FMA_DOWN_M2M && plan->lspan <= g->L; j <<= 1) {
-    std::vector<int> lw;  // the levels whose window's group has more than j ranks
+  if (plan->lspan <= g->L && st->down == FMA_DOWN_M2M) {
+    std::vector<int> tops;
+    for (int r = 0; r < let->S; r++) tops.insert(tops.end(), {plan->lspan - 1, r});
+    let->tops = upload_pairs(tops);
+  } else if (plan->lspan <= g->L) {
+    std::vector<int> span, other;
     for (int l = plan->lspan; l <= g->L; l++)
-      if (st->tree.window[l] / st->T > j)
-        lw.insert(lw.end(), {l, (int)(st->t0 / st->tree.window[l])});
-    if (lw.empty()) break;
-    let->stage.push_back(upload_pairs(lw));
-    let->stage_count.push_back((long)lw.size() / 2);
+      for (long w = 0; w < st->tree.nwindows[l]; w++) {
+        span.insert(span.end(), {l, (int)w});
+        if (w != st->t0 / st->tree.window[l]) other.insert(other.end(), {l, (int)w});
+      }
+    let->span = upload_pairs(span);
+    let->other = upload_pairs(other);
+    let->nspan = (long)span.size() / 2;
+    let->nother = (long)other.size() / 2;
   }
   std::vector<int> send, recv;
   for (size_t k = 0; k < plan->send_off[let->S]; k++)
@@ -156,11 +151,9 @@ struct gfma_let *gfma_let_open(const gfma *g, const struct comm *c) {
 
 void gfma_let_close(struct gfma_let *let) {
   if (!let) return;
-  for (int l = 0; l <= FMA_MAX_LEVELS; l++) {
-    gpu_free(let->mine[l]);
-    gpu_free(let->sibling[l]);
-  }
-  for (int *p : let->stage) gpu_free(p);
+  gpu_free(let->tops);
+  gpu_free(let->span);
+  gpu_free(let->other);
   gpu_free(let->send);
   gpu_free(let->recv);
   delete let;
@@ -170,16 +163,21 @@ void gfma_let_upward(const gfma *g, struct comm *c, float *const *X, int nsets,
                      const gfma_weights *w) {
   const fma_state *st = g->st;
   const gfma_let *let = g->let;
-  if (st->down == FMA_DOWN_M2M) {
-    // each spanning level: swap the child window with the sibling's rank, make the parent
-    for (int l = let->lspan; l <= g->L; l++) {
-      const long gsize = st->tree.window[l] / st->T, cp = st->t0 / st->tree.window[l];
-      swap_windows(g, c, let->s ^ (int)(gsize / 2), X, nsets, let->mine[l], let->sibling[l], 1,
-                   false);
-      for (int s = 0; s < nsets; s++) gfma_M2M_spanning(g, l, cp, X[s], &w[s]);
-    }
+  if (let->lspan <= g->L && st->down == FMA_DOWN_M2M) {
+    // every rank's top window to every rank, then every spanning window here
+    const size_t per = (size_t)(nsets * g->BH * g->p * g->d);
+    float *mine = comm_alloc(c, MEM_COMM, per + 1);
+    float *all = comm_alloc(c, MEM_COMM, per * (size_t)let->S + 1);
+    pack(g, mine, X, nsets, let->tops + 2 * let->s, 1, PACK);
+    comm_allgather_float(c, COMM_SEQ, mine, per, all);
+    for (int r = 0; r < let->S; r++)
+      if (r != let->s) pack(g, all + per * (size_t)r, X, nsets, let->tops + 2 * r, 1, UNPACK);
+    comm_free_buffer(c, mine);
+    comm_free_buffer(c, all);
+    for (int l = let->lspan; l <= g->L; l++)
+      for (int s = 0; s < nsets; s++) gfma_M2M_spanning(g, l, X[s], &w[s]);
   } else if (let->lspan <= g->L) {
-    spanning_allreduce(g, c, X, nsets);
+    spanning_sums(g, c, X, nsets, true);
   }
   fetch(g, c, X, nsets, false);
 }
@@ -188,19 +186,28 @@ void gfma_let_upward_backward(const gfma *g, struct comm *c, float *const *dX, i
                               const gfma_weights *w) {
   const fma_state *st = g->st;
   const gfma_let *let = g->let;
+  const int S = let->S;
   fetch(g, c, dX, nsets, true);
-  if (st->down == FMA_DOWN_M2M) {
-    // coarse to fine: this rank's share of each spanning parent's gradient goes to both children;
-    // the sibling's part travels to the sibling's rank, whose part for this child comes back
-    for (int l = g->L; l >= let->lspan; l--) {
-      const long gsize = st->tree.window[l] / st->T, cp = st->t0 / st->tree.window[l];
-      pack(g, nullptr, dX, nsets, let->sibling[l], 1, ZERO);
-      for (int s = 0; s < nsets; s++) gfma_M2M_spanning_backward(g, l, cp, dX[s], &w[s]);
-      swap_windows(g, c, let->s ^ (int)(gsize / 2), dX, nsets, let->sibling[l], let->mine[l], 1,
-                   true);
-      pack(g, nullptr, dX, nsets, let->sibling[l], 1, ZERO);
+  if (let->lspan <= g->L && st->down == FMA_DOWN_M2M) {
+    // this rank's parts of the spanning gradients down to every top window, each sent to its
+    // rank, which sums what every rank sent in rank order (let.c's order)
+    for (int l = g->L; l >= let->lspan; l--)
+      for (int s = 0; s < nsets; s++) gfma_M2M_spanning_backward(g, l, dX[s], &w[s]);
+    const size_t per = (size_t)(nsets * g->BH * g->p * g->d);
+    float *out = comm_alloc(c, MEM_COMM, per * (size_t)S + 1);
+    float *in = comm_alloc(c, MEM_COMM, per * (size_t)S + 1);
+    std::vector<size_t> cnt((size_t)S, per), displ((size_t)S);
+    for (int r = 0; r < S; r++) {
+      displ[r] = per * (size_t)r;
+      pack(g, out + displ[r], dX, nsets, let->tops + 2 * r, 1, PACK);
     }
+    comm_alltoallv_float(c, out, cnt.data(), displ.data(), in, cnt.data(), displ.data());
+    pack(g, nullptr, dX, nsets, let->tops + 2 * let->s, 1, ZERO);
+    for (int r = 0; r < S; r++)
+      pack(g, in + displ[r], dX, nsets, let->tops + 2 * let->s, 1, UNPACK_ADD);
+    comm_free_buffer(c, out);
+    comm_free_buffer(c, in);
   } else if (let->lspan <= g->L) {
-    spanning_allreduce(g, c, dX, nsets);
+    spanning_sums(g, c, dX, nsets, false);
   }
 }

@@ -444,12 +444,12 @@ bool gfma_upward_pass(const gfma *g, float *Xt, const float *x, const gfma_weigh
   return type == GPU_BF16 && !x16 && copy16;
 }
 
-void gfma_M2M_spanning(const gfma *g, int l, long cp, float *Xt, const gfma_weights *w) {
-  m2m(g, l, cp, cp + 1, Xt, w);
+void gfma_M2M_spanning(const gfma *g, int l, float *Xt, const gfma_weights *w) {
+  m2m(g, l, 0, g->st->tree.nwindows[l], Xt, w);
 }
 
-void gfma_M2M_spanning_backward(const gfma *g, int l, long cp, float *dXt, const gfma_weights *w) {
-  m2m_backward(g, l, cp, cp + 1, dXt, w);
+void gfma_M2M_spanning_backward(const gfma *g, int l, float *dXt, const gfma_weights *w) {
+  m2m_backward(g, l, 0, g->st->tree.nwindows[l], dXt, w);
 }
 
 void gfma_upward_pass_backward(const gfma *g, float *dx, float *dXt, const gfma_weights *w) {
@@ -480,14 +480,15 @@ void gfma_upward_param_grads(const gfma *g, enum fma_set set, float *dparams, co
                              const float *Xt, const float *x) {
   const fma_state *st = g->st;
   if (g->L == 0 || !dparams || st->down == FMA_DOWN_AVG) return;
-  const long most = g->BH * (g->T / g->m + 1);  // rows (h, c) of a level, at most
+  // rows (h, c) of a level, at most: the slab's windows, or every window of a spanning level
+  const long most = g->BH * (g->T / g->m + 1 + st->tree.n / g->T);
   float *ones = static_cast<float *>(gpu_alloc(MEM_WORKSPACE, sizeof(float) * most));
   fill_ones<<<grid_of((size_t)most), kThreads, 0, gpu_stream()>>>(ones, gpu_int(most, "rows"));
   LAUNCH_CHECK(fill_ones);
   if (st->down == FMA_DOWN_M2M)
     for (int l = g->L; l >= 2; l--) {
       long c0, c1;
-      fma_slab_windows(st, l, &c0, &c1);
+      fma_grad_windows(st, l, &c0, &c1);
       m2m_grads(g, set, l, c0, c1, dXt, Xt, dparams, ones);
     }
   const int top = st->down == FMA_DOWN_M2M ? 1 : g->L;  // the P2M levels

@@ -49,7 +49,7 @@ def check_diag(path):
         need = ["/train/" + s for s in ("step", "loss", "bpc", "lr", "grad_norm", "step_ms", "tokens_per_s")]
         need += ["/eval/step", "/eval/valid_loss", "/eval/valid_bpc", "/test/bpc"]
         need += ["/timing/%s_ms" % p for p in ("forward", "backward", "attention", "comm", "optimizer", "io")]
-        need += ["/comm/bytes_per_step", "/memory/peak_bytes"]
+        need += ["/comm/bytes_per_step", "/comm/exchanges_per_layer", "/memory/peak_bytes"]
         need += ["/attention/step", "/attention/level_mass", "/attention/entropy"]
         for name in need:
             if name not in f:

@@ -269,9 +269,11 @@ int main(int argc, char **argv) {
       const char *name = v ? "fma_linear" : "fma";
       if (only && strcmp(only, name) != 0) continue;
       for (int dn = 0; dn < 3; dn++) {
-        /* n/m = 16, 3 levels: at S = 8 slabs of 8 tokens, level-3 windows of 16 span 2 ranks */
+        /* n/m = 16, 3 levels: at S = 8 slabs of 8 tokens, level-3 windows of 16 span 2 ranks;
+         * at S = 16 (test_seq.sh) slabs of one fine block, levels 2 and 3 span */
         check_case(&(struct seq_case){name, causal, downs[dn], 64, 4, 2, 0, 0, NULL}, &comm);
-        /* n/m = 32, 4 levels, windows up to 64 tokens: at S = 8 (slabs of 32) they span 2 */
+        /* n/m = 32, 4 levels, windows up to 64 tokens: at S = 8 (slabs of 32) they span 2; at
+         * S = 16 levels 3 and 4 span */
         check_case(&(struct seq_case){name, causal, downs[dn], 256, 8, 4, 0, 0, NULL}, &comm);
       }
     }

@@ -120,6 +120,10 @@ void fma_weights_zero(const struct fma_state *st, struct fma_down_weights *w);
 /* Windows [*c0, *c1) of level l this rank computes: those inside its slab, or the one spanning
  * window that contains it. */
 void fma_slab_windows(const struct fma_state *st, int l, long *c0, long *c1);
+/* Windows [*c0, *c1) of level l whose parameter gradients this rank forms: fma_slab_windows',
+ * except an m2m level whose windows span ranks: every window (each rank holds its part of every
+ * one's gradient, fma_let_upward_backward). */
+void fma_grad_windows(const struct fma_state *st, int l, long *c0, long *c1);
 /* M2M for one parent window c of level l, in X (rows, d), and its transpose in dX (rows, d):
  * the children's rows j in [j0, j1) (both children: 0, 2p) += from the parent's. */
 void fma_M2M_window(const struct fma_state *st, int l, long c, float *X,
@@ -140,7 +144,7 @@ void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
 void fma_upward_pass_backward(const struct fma_state *st, float *dx, float *dX,
                               const struct fma_down_weights *w, struct fma_times *times);
 /* dw += the gradients of the P2M and M2M weights and biases, summed over `count` heads in a fixed
- * order, over this rank's windows: x, X, dX (after fma_upward_pass_backward) of head h at
+ * order, over this rank's windows (fma_grad_windows): x, X, dX (after fma_upward_pass_backward) of head h at
  * x + h·T·d, X + h·rows·d, dX + h·rows·d. */
 void fma_upward_param_grads(const struct fma_state *st, struct fma_down_weights *dw, const float *x,
                             const float *X, const float *dX, long count);

@@ -1,7 +1,10 @@
-/* The locally essential tree of distributed FMA (fma/let.h). Rank s holds tokens [s·T, (s+1)·T).
- * A level's windows are whole on one rank while w_l ≤ T; a coarser window spans w_l/T ranks, an
- * aligned power-of-two group (S and n/m are powers of two), so recursive doubling between ranks
- * s and s XOR j completes it. A window's owner is the rank holding its first token. */
+/* The locally essential tree of distributed FMA (fma/let.h). Rank s holds tokens [s·T, (s+1)·T)
+ * (S and T/m are powers of two). A level's windows are whole on one rank while w_l ≤ T; a coarser
+ * level's windows span ranks, and every rank computes every one of them after one exchange: for
+ * m2m each rank's top window (level lspan − 1, its whole slab) gathered to all, then M2M of the
+ * few spanning levels (S − 1 windows); for conv and avg one allreduce of every rank's shares of
+ * the spanning windows' sums. A window's owner is the rank holding its first token; the LET's
+ * fetch moves only what a rank's lists name and does not hold. */
 #include "fma/let.h"
 
 #include <stdlib.h>
@@ -14,10 +17,12 @@
 /* ---------------------------------------------------------------------------------------------
  * the plan */
 
-static bool present(const struct fma_state *st, int r, int l, long c) {
+bool fma_let_holds(const struct fma_state *st, int lspan, int r, int l, long c) {
   const long w = st->tree.window[l], T = st->T;
-  if (w <= T) return c * w >= (long)r * T && c * w < (long)(r + 1) * T;
-  return c == (long)r * T / w; /* the spanning window that contains the slab */
+  if (l >= lspan) return true; /* spanning: every rank computes them all */
+  if (l == lspan - 1 && lspan <= st->tree.levels && st->down == FMA_DOWN_M2M)
+    return true; /* gathered for the spanning M2M */
+  return c * w >= (long)r * T && c * w < (long)(r + 1) * T;
 }
 
 static int owner(const struct fma_state *st, int l, long c) {
@@ -74,7 +79,7 @@ struct fma_let *fma_let_plan(const struct fma_state *st, const struct comm *c) {
       mark_needs(st, r, mark);
       for (int l = 1; l <= L; l++)
         for (long w = 0; w < tr->nwindows[l]; w++) {
-          if (!mark[l][w] || present(st, r, l, w)) continue;
+          if (!mark[l][w] || fma_let_holds(st, let->lspan, r, l, w)) continue;
           const int o = owner(st, l, w);
           if (r == s) { /* I receive it from its owner */
             if (pass == 1) {
@@ -163,40 +168,90 @@ static void unpack(const struct fma_state *st, const float *buf, float *const *X
       }
 }
 
-/* Exchange the windows ws with rank partner (the same list on both sides); add or overwrite the
- * received ones into X at the windows rs. */
-static void swap_windows(const struct fma_state *st, struct comm *c, int partner,
-                         const float *const *Xsend, float *const *Xrecv, int nsets, long count,
-                         struct windows ws, struct windows rs, bool add) {
-  const size_t nf = window_floats(st, nsets, count) * ws.count;
-  float *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (nf + 1));
-  float *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (nf + 1));
-  pack(st, sbuf, Xsend, nsets, count, ws);
-  comm_sendrecv_float(c, sbuf, nf, partner, rbuf, nf, partner, 71);
-  unpack(st, rbuf, Xrecv, nsets, count, rs, add);
-  mem_free(sbuf);
-  mem_free(rbuf);
+/* The rows of levels [l0, L] of every (set, head), consecutive (the spanning levels: all their
+ * windows; they end the summary rows): packed from X into buf, or buf unpacked into X. */
+static size_t span_floats(const struct fma_state *st, int l0) {
+  return (size_t)(st->level_row[st->tree.levels + 1] - st->level_row[l0]) * (size_t)st->d;
 }
 
-/* Sum, over the ranks of each spanning window's group, the rows of that window (conv and avg
- * partial sums forward; the gradients backward): recursive doubling over partners s XOR j. */
-static void spanning_allreduce(const struct fma_state *st, struct comm *c, float *const *X,
-                               int nsets, long count) {
-  const struct fma_let *let = st->let;
-  int level[FMA_MAX_LEVELS + 1];
-  long window[FMA_MAX_LEVELS + 1];
-  for (int j = 1; j < let->S; j <<= 1) {
-    size_t k = 0;
-    for (int l = let->lspan; l <= st->tree.levels; l++)
-      if (st->tree.window[l] / st->T > j) { /* the group of this level's window has 2j+ ranks */
-        level[k] = l;
-        window[k] = st->t0 / st->tree.window[l];
-        k++;
-      }
-    if (k == 0) break;
-    struct windows ws = {level, window, k};
-    swap_windows(st, c, let->s ^ j, (const float *const *)X, X, nsets, count, ws, ws, true);
+static void span_rows(const struct fma_state *st, int l0, float *const *X, float *buf, int nsets,
+                      long count, bool to_buf) {
+  const size_t per = span_floats(st, l0);
+  for (int s = 0; s < nsets; s++)
+    for (long h = 0; h < count; h++) {
+      float *x = X[s] + ((size_t)h * st->rows + st->level_row[l0]) * st->d;
+      if (to_buf)
+        memcpy(buf, x, sizeof(float) * per);
+      else
+        memcpy(x, buf, sizeof(float) * per);
+      buf += per;
+    }
+}
+
+/* conv and avg: every spanning window's sums over its ranks, on every rank — one allreduce of
+ * every rank's shares (zero where it holds no tokens of a window); forward the summaries, backward
+ * their gradients (each rank's part from its own queries, summed into the total). */
+static void spanning_sums(const struct fma_state *st, struct comm *c, float *const *X, int nsets,
+                          long count, bool forward) {
+  const int lspan = st->let->lspan, L = st->tree.levels;
+  const long P = st->tree.p, d = st->d;
+  if (forward) /* the windows this rank has no share of */
+    for (int l = lspan; l <= L; l++) {
+      const long mine = st->t0 / st->tree.window[l];
+      for (int s = 0; s < nsets; s++)
+        for (long h = 0; h < count; h++)
+          for (long w = 0; w < st->tree.nwindows[l]; w++)
+            if (w != mine)
+              memset(X[s] + (h * st->rows + st->level_row[l] + w * P) * d, 0,
+                     sizeof(float) * (size_t)(P * d));
+    }
+  const size_t n = span_floats(st, lspan) * (size_t)(nsets * count);
+  float *buf = mem_alloc(MEM_COMM, sizeof(float) * (n + 1));
+  span_rows(st, lspan, X, buf, nsets, count, true);
+  comm_allreduce_sum_float(c, COMM_SEQ, buf, n);
+  span_rows(st, lspan, X, buf, nsets, count, false);
+  mem_free(buf);
+}
+
+/* M2M of every window of the spanning levels, coarse after fine, each (set, head) a task. */
+static void spanning_m2m(const struct fma_state *st, float *const *X, int nsets, long count,
+                         const struct fma_down_weights *w) {
+  const int lspan = st->let->lspan;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long sh = 0; sh < nsets * count; sh++) {
+    const int s = (int)(sh / count);
+    float *Xh = X[s] + (sh % count) * st->rows * st->d;
+    for (int l = lspan; l <= st->tree.levels; l++)
+      for (long c = 0; c < st->tree.nwindows[l]; c++) fma_M2M_window(st, l, c, Xh, &w[s]);
   }
+}
+
+/* Its transpose: each rank pushes its part of every spanning window's gradient down to the top
+ * level (fine after coarse), where rank r's window collects every rank's part. */
+static void spanning_m2m_backward(const struct fma_state *st, float *const *dX, int nsets,
+                                  long count, const struct fma_down_weights *w) {
+  const int lspan = st->let->lspan;
+  const long P = st->tree.p;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long sh = 0; sh < nsets * count; sh++) {
+    const int s = (int)(sh / count);
+    float *dXh = dX[s] + (sh % count) * st->rows * st->d;
+    for (int l = st->tree.levels; l >= lspan; l--)
+      for (long c = 0; c < st->tree.nwindows[l]; c++)
+        fma_M2M_window_backward(st, l, c, dXh, 0, 2 * P, &w[s]);
+  }
+}
+
+/* The top level's window of rank r, (set, head) by (set, head), to or from buf. */
+static void top_window(const struct fma_state *st, float *const *X, float *buf, int nsets,
+                       long count, int r, bool to_buf) {
+  const int lev[1] = {st->let->lspan - 1};
+  const long win[1] = {r};
+  struct windows ws = {lev, win, 1};
+  if (to_buf)
+    pack(st, buf, (const float *const *)X, nsets, count, ws);
+  else
+    unpack(st, buf, X, nsets, count, ws, false);
 }
 
 /* Start exchanging the listed summaries (forward: owners → users) or their gradients (backward:
@@ -270,23 +325,21 @@ void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X,
                     long count, const struct fma_down_weights *w, struct fma_times *times,
                     struct fma_let_fetch *pending) {
   const struct fma_let *let = st->let;
-  const long d = st->d;
   double t0 = timer_now() - exchange_s();
-  if (st->down == FMA_DOWN_M2M) {
-    /* each spanning level: swap the child window with the sibling's rank, make the parent */
-    for (int l = let->lspan; l <= st->tree.levels; l++) {
-      const long g = st->tree.window[l] / st->T, cc = st->t0 / st->tree.window[l - 1];
-      const int lev[1] = {l - 1};
-      const long mine[1] = {cc}, sibling[1] = {cc ^ 1};
-      struct windows ws = {lev, mine, 1}, rs = {lev, sibling, 1};
-      swap_windows(st, c, let->s ^ (int)(g / 2), (const float *const *)X, X, nsets, count, ws, rs,
-                   false);
-      const long cp = st->t0 / st->tree.window[l];
-      for (int s = 0; s < nsets; s++)
-        for (long h = 0; h < count; h++) fma_M2M_window(st, l, cp, X[s] + h * st->rows * d, &w[s]);
-    }
+  if (let->lspan <= st->tree.levels && st->down == FMA_DOWN_M2M) {
+    /* every rank's top window to every rank, then the spanning levels here */
+    const size_t per = window_floats(st, nsets, count);
+    float *mine = mem_alloc(MEM_COMM, sizeof(float) * (per + 1));
+    float *all = mem_alloc(MEM_COMM, sizeof(float) * (per * (size_t)let->S + 1));
+    top_window(st, X, mine, nsets, count, let->s, true);
+    comm_allgather_float(c, COMM_SEQ, mine, per, all);
+    for (int r = 0; r < let->S; r++)
+      if (r != let->s) top_window(st, X, all + per * (size_t)r, nsets, count, r, false);
+    mem_free(mine);
+    mem_free(all);
+    spanning_m2m(st, X, nsets, count, w);
   } else if (let->lspan <= st->tree.levels) {
-    spanning_allreduce(st, c, X, nsets, count);
+    spanning_sums(st, c, X, nsets, count, true);
   }
   if (pending)
     fetch_start(st, c, X, nsets, count, false, pending);
@@ -307,33 +360,34 @@ void fma_let_upward_backward(const struct fma_state *st, struct comm *c, const f
                              float *const *dX, int nsets, long count,
                              const struct fma_down_weights *w, struct fma_times *times) {
   const struct fma_let *let = st->let;
-  const long d = st->d, P = st->tree.p;
+  const int S = let->S;
   double t0 = timer_now() - exchange_s();
   fetch(st, c, dX, nsets, count, true);
-  if (st->down == FMA_DOWN_M2M) {
-    /* coarse to fine: this rank's share of each spanning parent's gradient goes to both children;
-     * the sibling's part travels to the sibling's rank, whose part for this child comes back */
-    for (int l = st->tree.levels; l >= let->lspan; l--) {
-      const long g = st->tree.window[l] / st->T, cc = st->t0 / st->tree.window[l - 1];
-      const long cp = st->t0 / st->tree.window[l], sib = cc ^ 1;
-      const long sib_row = st->level_row[l - 1] + sib * P;
-      for (int s = 0; s < nsets; s++)
-        for (long h = 0; h < count; h++) {
-          float *dXh = dX[s] + h * st->rows * d;
-          memset(dXh + sib_row * d, 0, sizeof(float) * (size_t)(P * d));
-          fma_M2M_window_backward(st, l, cp, dXh, 0, 2 * P, &w[s]);
-        }
-      const int lev[1] = {l - 1};
-      const long mine[1] = {cc}, sibling[1] = {sib};
-      struct windows ws = {lev, sibling, 1}, rs = {lev, mine, 1};
-      swap_windows(st, c, let->s ^ (int)(g / 2), (const float *const *)dX, dX, nsets, count, ws, rs,
-                   true);
-      for (int s = 0; s < nsets; s++)
-        for (long h = 0; h < count; h++)
-          memset(dX[s] + (h * st->rows + sib_row) * d, 0, sizeof(float) * (size_t)(P * d));
+  if (let->lspan <= st->tree.levels && st->down == FMA_DOWN_M2M) {
+    /* this rank's parts of the spanning gradients down to every top window, each sent to its
+     * rank, which sums what every rank sent in rank order */
+    spanning_m2m_backward(st, dX, nsets, count, w);
+    const size_t per = window_floats(st, nsets, count);
+    float *out = mem_alloc(MEM_COMM, sizeof(float) * (per * (size_t)S + 1));
+    float *in = mem_alloc(MEM_COMM, sizeof(float) * (per * (size_t)S + 1));
+    size_t *cnt = xmalloc(sizeof(size_t) * 2 * (size_t)S), *displ = cnt + S;
+    for (int r = 0; r < S; r++) {
+      top_window(st, dX, out + per * (size_t)r, nsets, count, r, true);
+      cnt[r] = per;
+      displ[r] = per * (size_t)r;
     }
+    comm_alltoallv_float(c, out, cnt, displ, in, cnt, displ);
+    for (size_t i = 0; i < per; i++) {
+      float acc = in[i];
+      for (int r = 1; r < S; r++) acc += in[per * (size_t)r + i];
+      out[i] = acc;
+    }
+    top_window(st, dX, out, nsets, count, let->s, false);
+    free(cnt);
+    mem_free(out);
+    mem_free(in);
   } else if (let->lspan <= st->tree.levels) {
-    spanning_allreduce(st, c, dX, nsets, count);
+    spanning_sums(st, c, dX, nsets, count, false);
   }
   times->m2m += timer_now() - exchange_s() - t0;
   (void)X;

@@ -1,7 +1,7 @@
 /* The locally essential tree of distributed FMA (SPEC §7): what a rank's queries need from other
  * ranks and how it gets there — the near field's halo, the upward pass of windows that span
- * ranks, then exactly the summaries the rank's interaction lists name; backward sends the
- * transposes. Every rank can compute every other's needs, so no request messages exist. */
+ * ranks (computed on every rank after one exchange), then exactly the summaries the rank's
+ * interaction lists name that it does not hold; backward sends the transposes. Every rank can compute every other's needs, so no request messages exist. */
 #ifndef FMATTN_FMA_LET_H
 #define FMATTN_FMA_LET_H
 
@@ -28,6 +28,10 @@ struct fma_let {
  * layer shape. Per-rank traffic per layer is O(m·C + p·C·log n), independent of n/S. */
 struct fma_let *fma_let_plan(const struct fma_state *st, const struct comm *c);
 void fma_let_free(struct fma_let *let);
+/* Whether rank r holds summary window c of level l once fma_let_upward has run, without the
+ * fetch: its slab's windows, every window of the levels from lspan up (each rank computes them
+ * all), and for m2m every rank's top window (level lspan − 1, gathered to compute them). */
+bool fma_let_holds(const struct fma_state *st, int lspan, int r, int l, long c);
 
 /* The fetch of the listed summaries while it is in flight: started by fma_let_upward, completed
  * into X by fma_let_fetch_finish. Only the near field may run in between: it reads no summary. */

@@ -2,7 +2,7 @@
  * advance what another's queries will open, so each level of the descent is a request and a reply
  * — children's summaries, then opened fine blocks' keys and values, each asked for once per call
  * — and backward returns the gradients of everything fetched to its owner, added there. An owner
- * holds a window's first token; a spanning window is held by its whole group after the LET. */
+ * holds a window's first token; the spanning windows (and for m2m every top window) are held by every rank after the LET. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,12 +61,10 @@ void fma_open_fetch_free(struct fma_open_fetch *f) {
   free(f);
 }
 
-/* Whether this rank holds summary window c of level l after fma_let_upward: one of its own, the
- * spanning window of its slab, or one the LET brought. */
+/* Whether this rank holds summary window c of level l after fma_let_upward without its fetch:
+ * one of its own, or one every rank computes (fma_let_holds). */
 static bool held_here(const struct fma_state *st, int l, long c) {
-  const long w = st->tree.window[l];
-  if (w <= st->T) return c * w >= st->t0 && c * w < st->t0 + st->T;
-  return c == st->t0 / w;
+  return fma_let_holds(st, st->let->lspan, st->let->s, l, c);
 }
 
 static struct fma_open_fetch *fetch_open(const struct fma_state *st, struct fma_open_work *w,

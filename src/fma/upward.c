@@ -14,13 +14,22 @@
  * windows fit in a slab (w_l ≤ T) has whole windows here; a coarser level's one window that
  * contains the slab spans several ranks: for conv and avg this rank computes the part of its sums
  * over its own tokens (the bias on the window's first rank only), which fma_let adds up; for m2m
- * fma_let brings the sibling child, and the parent is computed on every rank of the window. */
+ * fma_let gathers every rank's top window and computes every spanning window on every rank. */
 
 /* Windows [*c0, *c1) of level l that this rank computes (whole, or its share of a spanning one). */
 void fma_slab_windows(const struct fma_state *st, int l, long *c0, long *c1) {
   const long w = st->tree.window[l];
   *c0 = st->t0 / w;
   *c1 = w <= st->T ? (st->t0 + st->T) / w : *c0 + 1;
+}
+
+void fma_grad_windows(const struct fma_state *st, int l, long *c0, long *c1) {
+  if (st->down == FMA_DOWN_M2M && l > 1 && st->tree.window[l] > st->T) {
+    *c0 = 0;
+    *c1 = st->tree.nwindows[l];
+  } else {
+    fma_slab_windows(st, l, c0, c1);
+  }
 }
 
 /* Taps [*a, *b) of window c of level l that lie in this slab, and whether the bias is added here
@@ -132,7 +141,7 @@ void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
   for (int l = 1; l <= st->tree.levels; l++) {
     double t0 = timer_now();
     if (st->down == FMA_DOWN_M2M && l > 1) {
-      if (st->tree.window[l] > st->T) break; /* spanning: fma_let's hypercube exchange */
+      if (st->tree.window[l] > st->T) break; /* spanning: fma_let's, after its exchange */
       long c0, c1;
       fma_slab_windows(st, l, &c0, &c1);
       for (long c = c0; c < c1; c++) fma_M2M_window(st, l, c, X, w);
@@ -213,7 +222,7 @@ void fma_upward_param_grads(const struct fma_state *st, struct fma_down_weights 
   const long d = st->d, P = st->tree.p, T = st->T, rows = st->rows;
   for (int l = 1; l <= st->tree.levels; l++) {
     long c0, c1;
-    fma_slab_windows(st, l, &c0, &c1);
+    fma_grad_windows(st, l, &c0, &c1);
     const bool from_children = st->down == FMA_DOWN_M2M && l > 1;
     const long span = st->layout.span[l], win = st->tree.window[l];
     /* weights: tap t's slots (every r) are owned by one iteration, which reads each source row

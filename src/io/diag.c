@@ -82,6 +82,10 @@ void diag_train(struct diag *diag, const struct diag_train_record *r) {
   }
   scalar(f, "/comm/bytes_per_step", r->comm_bytes,
          "bytes sent per rank in this step (max over ranks)");
+  scalar(f, "/comm/exchanges_per_layer", r->exchanges_per_layer,
+         "blocking exchanges between sequence ranks (collectives, sendrecvs, alltoallvs, "
+         "non-blocking exchanges) in this step's forward and backward, per block, its diagnostics "
+         "included (max over ranks)");
   scalar(f, "/memory/peak_bytes", r->peak_bytes,
          "peak labelled memory per rank so far (max over ranks), bytes");
   diag_file_close(f);

@@ -21,6 +21,9 @@ struct diag_train_record {
   double loss, bpc, lr, grad_norm, step_ms, tokens_per_s;
   double phase_ms[TIMER_DIAG_COUNT];
   double comm_bytes; /* bytes sent per rank in this step (max over ranks) */
+  /* blocking exchanges between sequence ranks in this step's forward and backward, per block
+   * (comm.h's count, max over ranks) */
+  double exchanges_per_layer;
   double peak_bytes; /* peak labelled memory, max over ranks */
 };
 

@@ -27,6 +27,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->replica, c->seq_rank, &c->seq));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->seq_rank, c->replica, &c->data));
   c->bytes_sent = 0;
+  c->exchanges = 0;
   c->transport = &comm_mpi_transport;
   c->overlap = true;
 }
@@ -34,6 +35,11 @@ void comm_init(struct comm *c, int seq_ranks) {
 void comm_free(struct comm *c) {
   MPI_Comm_free(&c->seq);
   MPI_Comm_free(&c->data);
+}
+
+/* One more blocking point within the sequence group (comm.h), when there is a group. */
+static void count_exchange(struct comm *c, enum comm_scope scope) {
+  if (scope == COMM_SEQ && c->S > 1) c->exchanges++;
 }
 
 static MPI_Comm scope_comm(struct comm *c, enum comm_scope scope, int *size) {
@@ -68,14 +74,17 @@ static void mpi_allreduce_sum_float(struct comm *c, enum comm_scope scope, float
 }
 
 void comm_allreduce_sum_double(struct comm *c, enum comm_scope scope, double *buf, size_t count) {
+  count_exchange(c, scope);
   allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_SUM);
 }
 
 void comm_allreduce_max_int(struct comm *c, enum comm_scope scope, int *buf, size_t count) {
+  count_exchange(c, scope);
   allreduce(c, scope, buf, count, MPI_INT, sizeof(int), MPI_MAX);
 }
 
 void comm_allreduce_max_double(struct comm *c, enum comm_scope scope, double *buf, size_t count) {
+  count_exchange(c, scope);
   allreduce(c, scope, buf, count, MPI_DOUBLE, sizeof(double), MPI_MAX);
 }
 
@@ -110,6 +119,7 @@ void comm_exscan_sum_float(struct comm *c, const float *mine, size_t count, floa
 }
 
 void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t bytes, int root) {
+  count_exchange(c, scope);
   int size;
   MPI_Comm comm = scope_comm(c, scope, &size);
   if (size == 1) return;
@@ -120,6 +130,7 @@ void comm_bcast_bytes(struct comm *c, enum comm_scope scope, void *buf, size_t b
 }
 
 void comm_barrier(struct comm *c, enum comm_scope scope) {
+  count_exchange(c, scope);
   int size;
   MPI_Comm comm = scope_comm(c, scope, &size);
   if (size > 1) MPI_CHECK(MPI_Barrier(comm));
@@ -172,6 +183,7 @@ static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t 
 
 void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
   _Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t travels as uint64_t");
+  count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
   MPI_CHECK(MPI_Alltoall(send, 1, MPI_UINT64_T, recv, 1, MPI_UINT64_T, c->seq));
   timer_stop(TIMER_EXCHANGE);
@@ -181,6 +193,7 @@ void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
 void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
                          const size_t *sdispl, long *recv, const size_t *rcount,
                          const size_t *rdispl) {
+  count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
   alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_LONG, sizeof(long), "longs");
   timer_stop(TIMER_EXCHANGE);
@@ -309,11 +322,13 @@ void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const fl
  * the bulk float traffic, through the transport chosen at comm_init */
 
 void comm_allreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count) {
+  count_exchange(c, scope);
   c->transport->allreduce_sum_float(c, scope, buf, count);
 }
 
 void comm_allgather_float(struct comm *c, enum comm_scope scope, const float *send, size_t count,
                           float *recv) {
+  count_exchange(c, scope);
   if (scope == COMM_SEQ) timer_start(TIMER_EXCHANGE);
   c->transport->allgather_float(c, scope, send, count, recv);
   if (scope == COMM_SEQ) timer_stop(TIMER_EXCHANGE);
@@ -332,6 +347,7 @@ void comm_host_end(struct comm *c, const struct comm_transport *saved) {
 
 void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                          size_t rcount, int src, int tag) {
+  count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
   c->transport->sendrecv_float(c, send, count, dest, recv, rcount, src, tag);
   timer_stop(TIMER_EXCHANGE);
@@ -340,6 +356,7 @@ void comm_sendrecv_float(struct comm *c, const float *send, size_t count, int de
 void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scount,
                           const size_t *sdispl, float *recv, const size_t *rcount,
                           const size_t *rdispl) {
+  count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
   c->transport->alltoallv_float(c, send, scount, sdispl, recv, rcount, rdispl);
   timer_stop(TIMER_EXCHANGE);
@@ -347,6 +364,7 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
 
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r) {
+  count_exchange(c, COMM_SEQ);
   r->transport = c->transport;
   r->counts = NULL;
   r->send = NULL;
@@ -361,6 +379,7 @@ void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scou
   r->counts = NULL;
   r->send = NULL;
   r->exchange = true;
+  count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
   if (c->transport->ialltoallv_float) {
     r->transport = c->transport;

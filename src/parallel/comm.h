@@ -29,6 +29,10 @@ struct comm {
   int D, replica;  /* data-parallel replicas, and mine */
   MPI_Comm world, seq, data;
   uint64_t bytes_sent; /* by this rank since comm_init (estimates for collectives) */
+  /* blocking points within the sequence group since comm_init: each collective of COMM_SEQ,
+   * each sendrecv or alltoallv, each non-blocking exchange (counted once, at its start) — what
+   * bench.h5 and diag.h5 report as exchanges per layer */
+  uint64_t exchanges;
   bool overlap; /* parallel.overlap: exchanges overlap computation where they can (default) */
 };
 

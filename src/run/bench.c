@@ -402,7 +402,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
 
 struct comm_row {
   char variant[64];
-  double n, open, seq_ranks, bytes, fwd_ms, bwd_ms;
+  double n, open, seq_ranks, bytes, exchanges, fwd_ms, bwd_ms;
 };
 
 static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
@@ -426,18 +426,20 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   }
   double *tf = xmalloc(sizeof(double) * (size_t)repeats),
          *tb = xmalloc(sizeof(double) * (size_t)repeats);
-  double bytes = 0;
+  double bytes = 0, exchanges = 0;
   for (int r = -1; r < repeats; r++) {
     comm_barrier(comm, COMM_SEQ);
-    const uint64_t b0 = comm->bytes_sent;
-    double t[3];
+    const uint64_t b0 = comm->bytes_sent, x0 = comm->exchanges;
+    double t[4];
     timed_op_run(&o, &t[0], &t[1]);
     t[2] = (double)(comm->bytes_sent - b0); /* the busiest rank's bytes, the slowest rank's time */
-    comm_allreduce_max_double(comm, COMM_SEQ, t, 3);
+    t[3] = (double)(comm->exchanges - x0);  /* and the most blocking points */
+    comm_allreduce_max_double(comm, COMM_SEQ, t, 4);
     if (r >= 0) {
       tf[r] = 1e3 * t[0];
       tb[r] = 1e3 * t[1];
       bytes = t[2];
+      exchanges = t[3];
     }
   }
   snprintf(row->variant, sizeof row->variant, "%s", v->name);
@@ -445,13 +447,14 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   row->open = row_open(cfg, v);
   row->seq_ranks = (int)S;
   row->bytes = bytes;
+  row->exchanges = exchanges;
   row->fwd_ms = median(tf, repeats);
   row->bwd_ms = median(tb, repeats);
   message(
-      "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | fwd %9.2f ms | bwd "
-      "%9.2f ms",
-      row_label(cfg, v, label, sizeof label), n, row->bytes, row->bytes / 1048576.0, row->fwd_ms,
-      row->bwd_ms);
+      "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | %4.0f exchanges | fwd "
+      "%9.2f ms | bwd %9.2f ms",
+      row_label(cfg, v, label, sizeof label), n, row->bytes, row->bytes / 1048576.0,
+      row->exchanges, row->fwd_ms, row->bwd_ms);
   free(tf);
   free(tb);
   timed_op_close(&o);
@@ -997,6 +1000,9 @@ static const struct column comm_columns[] = {
     NUM(comm_row, seq_ranks, "ranks sharing the sequence"),
     {"bytes_per_rank_per_layer", offsetof(struct comm_row, bytes), false,
      "bytes sent by the busiest rank in one attention forward + backward"},
+    {"exchanges_per_layer", offsetof(struct comm_row, exchanges), false,
+     "blocking exchanges between sequence ranks in one attention forward + backward (most on any "
+     "rank): collectives, sendrecvs, alltoallvs, non-blocking exchanges"},
     NUM(comm_row, fwd_ms, "milliseconds, median forward (slowest rank)"),
     NUM(comm_row, bwd_ms, "milliseconds, median backward (slowest rank)"),
 };

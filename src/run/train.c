@@ -276,7 +276,8 @@ void train_close_run(struct run_state *rs) {
 /* One training step's figures, for the console line and diag.h5. */
 struct step_stats {
   double loss, norm, lr, step_ms;
-  uint64_t bytes0; /* this rank's bytes sent before the step */
+  uint64_t bytes0;   /* this rank's bytes sent before the step */
+  double exchanges; /* blocking exchanges between sequence ranks per block, forward + backward */
 };
 
 /* The global batch of `step`: each replica's local windows; returns the number of predicted
@@ -317,9 +318,11 @@ static struct step_stats train_step(struct run_state *rs, long step, bool diag_n
   model_zero_grads(m);
   long c = 0;
   double sums[2];
+  const uint64_t x0 = comm->exchanges;
   sums[0] = model_forward(m, step, true, counted > 0 ? (float)(1.0 / counted) : 0.0f, &c);
   sums[1] = (double)c;
   model_backward(m, step);
+  st.exchanges = (double)(comm->exchanges - x0) / m->L;
 
   /* the phase timers wait for the device's queue (a no-op on the CPU): the backward's queued tail
    * is neither the allreduce's time nor the optimizer's */
@@ -376,8 +379,9 @@ static struct diag_train_record train_log(struct run_state *rs, long done,
       done, cfg->train.steps, st->loss, st->loss / log(2.0), st->lr, st->norm, st->step_ms, tok_s,
       eta);
   /* bytes sent since the step began, its diagnostics included */
-  double rec[2] = {(double)(rs->comm->bytes_sent - st->bytes0), (double)mem_peak_total()};
-  comm_allreduce_max_double(rs->comm, COMM_WORLD, rec, 2);
+  double rec[3] = {(double)(rs->comm->bytes_sent - st->bytes0), (double)mem_peak_total(),
+                   st->exchanges};
+  comm_allreduce_max_double(rs->comm, COMM_WORLD, rec, 3);
   struct diag_train_record r = {.step = done,
                                 .loss = st->loss,
                                 .bpc = st->loss / log(2.0),
@@ -386,6 +390,7 @@ static struct diag_train_record train_log(struct run_state *rs, long done,
                                 .step_ms = st->step_ms,
                                 .tokens_per_s = tok_s,
                                 .comm_bytes = rec[0],
+                                .exchanges_per_layer = rec[2],
                                 .peak_bytes = rec[1]};
   return r;
 }

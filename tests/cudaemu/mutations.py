@@ -295,9 +295,15 @@ MUTANTS = [
      "in_lw + 2 * in_off[r],", "in_lw + 2 * in_off[r] + 2,",
      "fetch: the summaries from each rank unpacked one window along its list (2 ranks)",
      "test_gpu_fma_seq", {}, 2, FMA),
-    ("fma-let-sibling", "fma_let.cu", "struct gfma_let *gfma_let_open(",
-     "upload_pairs({l - 1, cc ^ 1})", "upload_pairs({l - 1, cc})",
-     "gfma_let_open: m2m's spanning parent made from its own child twice (8 ranks)",
+    ("fma-let-tops", "fma_let.cu", "void gfma_let_upward(",
+     "pack(g, all + per * (size_t)r, X, nsets, let->tops + 2 * r, 1, UNPACK);",
+     "pack(g, all + per * (size_t)r, X, nsets, let->tops + 2 * let->s, 1, UNPACK);",
+     "gfma_let_upward: every rank's gathered top window written over this rank's own (8 ranks)",
+     "test_gpu_fma_seq", {}, 8, FMA),
+    ("fma-let-top-sum", "fma_let.cu", "void gfma_let_upward_backward(",
+     "for (int r = 0; r < S; r++)\n      pack(g, in + displ[r]",
+     "for (int r = 1; r < S; r++)\n      pack(g, in + displ[r]",
+     "gfma_let_upward_backward: rank 0's part of each top window's gradient left out (8 ranks)",
      "test_gpu_fma_seq", {}, 8, FMA),
     # exact attention, blocked and distributed (attention_full_blocked.cu, attention_full_seq.cu;
     # caught by tests/test_gpu_full.c)

@@ -1,0 +1,41 @@
+#!/bin/sh
+# fma's blocking exchanges per layer do not grow with the number of sequence ranks (issue 53):
+# the bench's comm rows (bench.h5 exchanges_per_layer: one attention forward + backward, counted
+# by comm.c) for fma, fma.open = 2 and fma_linear, m2m and conv summaries, at S = 2, 4, 8, 16 on
+# n = 1024 (fma.m = 8: at S = 8 one level's windows span ranks, at S = 16 two). S = 2 and 4 have
+# no spanning level; from S = 8 the spanning windows add one exchange to each of the two upward
+# passes (forward, and backward's recomputation) and one to the backward — a log2 S butterfly
+# would add one per spanning level instead. diag.h5 carries the count per step.
+. "$TESTDIR/tap.sh"
+need_h5py
+cd "$WORK" || exit 1
+F="$FMATTN"
+D="$TESTDIR/decks/seq_parallel.in"
+B="--set run.mode=bench --set bench.what=comm --set bench.variants=fma,fma_linear --set bench.fma_open=0,2 --set bench.n_list=1024 --set bench.repeats=1"
+
+for down in m2m conv; do
+  for S in 2 4 8 16; do
+    check "bench comm, $down, S = $S" "$MPI_RUN" "$S" "$F" "$D" --set run.name="b_${down}_$S" $B \
+      --set parallel.seq_ranks="$S" --set attention.fma.downsample="$down"
+  done
+  check "$down: exchanges per layer equal at S = 8 and 16, at S = 2 and 4, and those 3 fewer" py -c "
+import h5py, sys
+x = {}
+for S in (2, 4, 8, 16):
+    c = h5py.File('out/b_${down}_%d/bench.h5' % S)['comm']
+    rows = list(zip([v.decode() for v in c['variant'][...]], c['open'][...]))
+    x[S] = dict(zip(rows, c['exchanges_per_layer'][...]))
+print(x)
+ok = len(x[2]) == 3 and all(set(x[S]) == set(x[2]) for S in x)
+for r in x[2]:
+    ok = ok and x[2][r] > 0 and x[2][r] == x[4][r] and x[8][r] == x[16][r] == x[2][r] + 3
+sys.exit(0 if ok else 1)"
+done
+
+check "a 2-step run on 8 sequence ranks" "$MPI_RUN" 8 "$F" "$D" --set run.name=t8 --set train.steps=2 \
+  --set parallel.seq_ranks=8 --set train.batch=1 --set model.context=512 --set output.diag_every=1
+check "diag.h5: /comm/exchanges_per_layer > 0 with its description" py -c "
+import h5py, sys
+d = h5py.File('out/t8/diag.h5')['/comm/exchanges_per_layer']
+sys.exit(0 if d.shape[0] == 2 and (d[...] > 0).all() and 'units' in d.attrs else 1)"
+tap_done
