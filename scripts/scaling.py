@@ -156,6 +156,7 @@ def simulate_launch(args, S):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     cmd = list(args.mpirun_argv) + ["-np", str(S), "-platform", args.platform,
                                     "--cfg=smpi/display-timing:yes"]
+    cmd += ["--cfg=" + c for c in args.smpi_cfg]
     return cmd, env, 1
 
 
@@ -227,7 +228,8 @@ def read_bench(path, variant, S, n):
                 row[k] = float(t_all[k][i]) if k in t_all else np.nan
             comm_ms = row["exchange_ms"] + row["allreduce_ms"]
             row["exposed_comm"] = comm_ms / row["step_ms"] if row["step_ms"] > 0 else np.nan
-            row.update(attention_ms=np.nan, fwd_ms=np.nan, bwd_ms=np.nan, bytes=np.nan)
+            row.update(attention_ms=np.nan, fwd_ms=np.nan, bwd_ms=np.nan, bytes=np.nan,
+                       exchanges=np.nan)
             if "comm" in f and "n" in f["comm"]:
                 c = f["comm"]
                 cn = np.asarray(c["n"][()], dtype=float).ravel()
@@ -241,6 +243,8 @@ def read_bench(path, variant, S, n):
                     bw = float(np.ravel(c["bwd_ms"][()])[j])
                     row.update(fwd_ms=fw, bwd_ms=bw, attention_ms=fw + bw,
                                bytes=float(np.ravel(c["bytes_per_rank_per_layer"][()])[j]))
+                    if "exchanges_per_layer" in c:
+                        row["exchanges"] = float(np.ravel(c["exchanges_per_layer"][()])[j])
             if not np.isfinite(row["attention_ms"]):
                 note(f"warning: {path} has no /comm row for {variant} at n = {n}, S = {S} "
                      "(skipped by fmattn?): attention_ms and bytes are NaN")
@@ -300,6 +304,9 @@ def write_results(path, rows, meta):
         ("attention_bwd_ms", "bwd_ms", "f8", "units", "milliseconds, median attention backward"),
         ("bytes_per_rank_per_layer", "bytes", "f8", "units",
          "bytes sent by the busiest rank in one attention forward + backward"),
+        ("exchanges_per_layer", "exchanges", "f8", "units",
+         "blocking exchanges between sequence ranks in one attention forward + backward, most on "
+         "any rank (NaN: fmattn before this column)"),
         ("sgemm_gflops", "sgemm_gflops", "f8", "units",
          "GFLOP/s, SGEMM rate measured in the run, summed over its ranks"),
         ("speedup", "speedup", "f8", "units",
@@ -358,6 +365,7 @@ def finish(args, rows, resolved, cores, cpus, failed=""):
         "simulated": int(bool(args.simulate)),
         "platform": args.platform if args.simulate else "",
         "platform_xml": open(args.platform).read() if args.simulate else "",
+        "smpi_cfg": " ".join(args.smpi_cfg),
         "hostname": socket.gethostname(),
         "cores": cores,
         "cpus": cpus,
@@ -405,6 +413,10 @@ def main():
                     help="run under SimGrid SMPI on a simulated platform: a name in "
                     "scripts/simgrid/ (this_machine, ndr, eth25) or a platform XML; --fmattn "
                     "must be an ./configure --enable-smpi build. Results are marked simulated.")
+    ap.add_argument("--smpi-cfg", action="append", default=[], metavar="KEY:VALUE",
+                    help="with --simulate: a SimGrid setting for smpirun, repeatable, e.g. "
+                    "smpi/coll-selector:ompi (the collectives' algorithms of Open MPI instead of "
+                    "SimGrid's defaults); recorded in the results")
     ap.add_argument("--extra", default="", help="more fmattn settings for every run, as one "
                     "string: \"--set a.b=c --set d.e=f\"")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -419,6 +431,8 @@ def main():
         die(f"deck '{args.deck}' not found (run from the repository root, or give --deck)")
     if args.simulate:
         args.platform = platform_path(args.simulate)
+    elif args.smpi_cfg:
+        die("--smpi-cfg sets SimGrid's smpirun: give --simulate PLATFORM too")
     if args.mpirun is None:
         args.mpirun = "smpirun" if args.simulate else "mpirun"
     if not args.dry_run and os.path.isfile(args.fmattn):

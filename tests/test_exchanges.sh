@@ -32,10 +32,20 @@ for r in x[2]:
 sys.exit(0 if ok else 1)"
 done
 
-check "a 2-step run on 8 sequence ranks" "$MPI_RUN" 8 "$F" "$D" --set run.name=t8 --set train.steps=2 \
-  --set parallel.seq_ranks=8 --set train.batch=1 --set model.context=512 --set output.diag_every=1
-check "diag.h5: /comm/exchanges_per_layer > 0 with its description" py -c "
+# training: with train.recompute the backward's recomputed forward keeps its summaries, LET and
+# halo for the backward (attention/fma.c), so a step exchanges as often as without recomputation
+# (one upward pass fewer per layer), with the same losses bit for bit
+for rc in true false; do
+  check "2 steps on 8 sequence ranks, train.recompute = $rc" "$MPI_RUN" 8 "$F" "$D" --set run.name="t_$rc" \
+    --set train.steps=2 --set parallel.seq_ranks=8 --set train.batch=1 --set model.context=512 \
+    --set output.diag_every=100 --set train.recompute="$rc"
+done
+check "diag.h5: /comm/exchanges_per_layer with its description; equal with and without recomputation; losses equal" py -c "
 import h5py, sys
-d = h5py.File('out/t8/diag.h5')['/comm/exchanges_per_layer']
-sys.exit(0 if d.shape[0] == 2 and (d[...] > 0).all() and 'units' in d.attrs else 1)"
+a, b = h5py.File('out/t_true/diag.h5'), h5py.File('out/t_false/diag.h5')
+x, y = a['/comm/exchanges_per_layer'], b['/comm/exchanges_per_layer']
+print(x[...], y[...])
+ok = x.shape == (2,) and 'units' in x.attrs and x[1] > 0 and x[1] == y[1]
+ok = ok and (a['/train/loss'][...] == b['/train/loss'][...]).all()
+sys.exit(0 if ok else 1)"
 tap_done

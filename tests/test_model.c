@@ -144,7 +144,8 @@ static void test_gradient_dropout(void **state) {
   check_gradient("full", "learned", "clm", true, 0.2); /* masks are a function of the step */
 }
 
-/* train.recompute keeps only block inputs; the gradient must be bit-identical. */
+/* train.recompute keeps only block inputs; the gradient must be bit-identical (for fma and
+ * fma_linear also when the recomputed forward keeps its summaries for the backward). */
 /* The mean loss and a copy of the gradient of cfg's model on the test batch at step 3 (batch 2);
  * *in_place: whether the model read q, k, v in place (model.heads_in_place). */
 static float *gradient_copy(const struct config *cfg, double *loss, size_t *total, bool *in_place) {
@@ -162,20 +163,23 @@ static float *gradient_copy(const struct config *cfg, double *loss, size_t *tota
 }
 
 static void test_recompute_identical(void **state) {
-  float *grads[2];
-  size_t total = 0;
-  double loss[2];
-  bool in_place;
-  for (int r = 0; r < 2; r++) {
-    struct config cfg;
-    make_config(&cfg, "full", "learned", "clm", true, 0.1, r == 1);
-    grads[r] = gradient_copy(&cfg, &loss[r], &total, &in_place);
-    config_free(&cfg);
+  const char *variants[] = {"full", "fma", "fma_linear"};
+  for (size_t c = 0; c < sizeof variants / sizeof *variants; c++) {
+    float *grads[2];
+    size_t total = 0;
+    double loss[2];
+    bool in_place;
+    for (int r = 0; r < 2; r++) {
+      struct config cfg;
+      make_config(&cfg, variants[c], "learned", "clm", true, 0.1, r == 1);
+      grads[r] = gradient_copy(&cfg, &loss[r], &total, &in_place);
+      config_free(&cfg);
+    }
+    assert_true(loss[0] == loss[1]);
+    assert_memory_equal(grads[0], grads[1], sizeof(float) * total);
+    free(grads[0]);
+    free(grads[1]);
   }
-  assert_true(loss[0] == loss[1]);
-  assert_memory_equal(grads[0], grads[1], sizeof(float) * total);
-  free(grads[0]);
-  free(grads[1]);
 }
 
 /* q, k, v read in place from the q|k|v product and the output written where the projection reads

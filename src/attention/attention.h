@@ -68,6 +68,10 @@ struct attn_ctx {
   bool train;
   long sample0;
   struct attn_open_diag open_diag; /* set by the caller of diagnostics, or zeroed */
+  /* Set by the caller before forward: this layer's backward follows at once, on the same q, k, v
+   * and parameters (the recomputation in backward), so the variant may keep for it what it would
+   * otherwise rebuild (fma: the summaries, the LET and the halo). Else false. */
+  bool backward_next;
   /* Set by the caller where attention_takes_rows allows it, else zeroed: the arrays by token rather
    * than by head. ld_qkv > 0: q, k, v, dq, dk, dv are (B, T, ·) with rows of ld_qkv floats, head h
    * of token t of batch element b at (b·T + t)·ld_qkv + h·d (q, k, v read in place from the

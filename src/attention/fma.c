@@ -230,6 +230,63 @@ static void release(const struct fma_state *st, struct fma_inputs *in) {
   mem_free(in->vext);
 }
 
+/* What a forward followed at once by its backward (attn_ctx.backward_next: the recomputation)
+ * keeps for it: prepare's result, for the same q, k, v and parameters — one upward pass, LET and
+ * halo per layer fewer, the same bits. The CPU implementation's state. */
+struct fma_kept {
+  const struct fma_state *st;
+  bool valid;
+  const float *q, *k, *v, *params;
+  struct fma_inputs in;
+};
+
+static void *fma_cpu_open(const struct attn_ctx *ctx) {
+  struct fma_kept *kept = xcalloc(1, sizeof *kept);
+  kept->st = ctx->state;
+  return kept;
+}
+
+static void forget(struct fma_kept *kept) {
+  if (kept->valid) release(kept->st, &kept->in);
+  kept->valid = false;
+}
+
+static void fma_cpu_close(void *impl_state) {
+  if (!impl_state) return;
+  forget(impl_state);
+  free(impl_state);
+}
+
+/* prepare's result for backward: what forward kept for these inputs, or prepared again. */
+static void prepare_backward(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
+                             const float *k, const float *v, const float *params, long count,
+                             bool overlap, struct fma_times *times) {
+  struct fma_kept *kept = ctx->impl_state;
+  if (!kept) {
+    prepare(ctx, in, q, k, v, params, count, overlap, times);
+    return;
+  }
+  if (kept->valid && kept->q == q && kept->k == k && kept->v == v && kept->params == params) {
+    *in = kept->in;
+    kept->valid = false;
+    return;
+  }
+  forget(kept);
+  prepare(ctx, in, q, k, v, params, count, overlap, times);
+}
+
+/* The end of forward: keep in for the backward that follows (attn_ctx.backward_next), or free it. */
+static void keep_or_release(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
+                            const float *k, const float *v, const float *params) {
+  struct fma_kept *kept = ctx->impl_state;
+  if (kept) forget(kept);
+  if (!kept || !ctx->backward_next) {
+    release(ctx->state, in);
+    return;
+  }
+  *kept = (struct fma_kept){ctx->state, true, q, k, v, params, *in};
+}
+
 /* ---------------------------------------------------------------------------------------------
  * fma.open: the opening pass and its evaluation (fma/open.h), a group of heads at a time: every
  * head at once under sequence parallelism, so that each level's exchange carries them all;
@@ -356,7 +413,7 @@ static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const fl
   } else {
     evaluate_forward(st, &in, out, lse, q, BH, &times);
   }
-  release(st, &in);
+  keep_or_release(ctx, &in, q, k, v, params);
   add_times(&times);
 }
 
@@ -443,7 +500,7 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   float *dsrc[FMA_NSETS] = {dk, dv, dq};
   struct fma_times times = {0};
   struct fma_inputs in;
-  prepare(ctx, &in, q, k, v, params, BH, !st->linear && st->open.K == 0, &times);
+  prepare_backward(ctx, &in, q, k, v, params, BH, !st->linear && st->open.K == 0, &times);
   const long ks = in.kstride;
   float *dX[FMA_NSETS] = {NULL, NULL, NULL};
   for (int s = 0; s < nsets(st); s++)
@@ -627,7 +684,11 @@ struct attn_variant attention_fma = {
     .diagnostics = fma_diagnostics,
     .opens = fma_opens,
     .flops = fma_flops,
-    .cpu = {.saved_floats = fma_saved_floats, .forward = fma_forward, .backward = fma_backward},
+    .cpu = {.open = fma_cpu_open,
+            .close = fma_cpu_close,
+            .saved_floats = fma_saved_floats,
+            .forward = fma_forward,
+            .backward = fma_backward},
 };
 
 struct attn_variant attention_fma_linear = {
@@ -644,5 +705,9 @@ struct attn_variant attention_fma_linear = {
     .teardown = fma_teardown,
     .diagnostics = fma_diagnostics,
     .flops = fma_flops,
-    .cpu = {.saved_floats = fma_saved_floats, .forward = fma_forward, .backward = fma_backward},
+    .cpu = {.open = fma_cpu_open,
+            .close = fma_cpu_close,
+            .saved_floats = fma_saved_floats,
+            .forward = fma_forward,
+            .backward = fma_backward},
 };

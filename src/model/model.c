@@ -480,6 +480,7 @@ static void block_forward(struct model *m, int l, struct block_acts *a, long ste
   ctx->step = step; /* the keys of any noise the variant draws (FiSH), the same in backward */
   ctx->train = train;
   ctx->sample0 = (long)(m->comm ? m->comm->replica : 0) * m->B;
+  ctx->backward_next = !write_out; /* the recomputation: this block's backward comes next */
   if (m->heads_in_place)
     attention_forward(ctx, a->atty, a->att_saved, a->qkv, a->qkv + C, a->qkv + 2 * C, w->attn);
   else
