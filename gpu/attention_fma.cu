@@ -148,8 +148,9 @@ void prepare(struct attn_ctx *ctx, gfma *g, inputs *in, const float *q, const fl
   in->kstride = h->hi - h->lo;
   in->kx = device_floats((size_t)(g->BH * in->kstride * g->d));
   in->vx = device_floats((size_t)(g->BH * in->kstride * g->d));
-  halo_gather(h, c, in->kx, k, g->BH, g->d);
-  halo_gather(h, c, in->vx, v, g->BH, g->d);
+  float *ext[2] = {in->kx, in->vx};
+  const float *slab[2] = {k, v};
+  halo_gather_arrays(h, c, ext, slab, 2, g->BH, g->d);  // keys and values in one exchange
   in->k = in->kx;
   in->v = in->vx;
 }
@@ -214,8 +215,9 @@ void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *
                            in.kstride, in.X[FMA_K], in.X[FMA_V], lse, &made);
   if (in.kx) {  // the transposes of the exchanges, then of the local upward pass
     const struct halo *h = &g->st->let->near;
-    halo_scatter_add(h, ctx->comm, dk, dkx, g->BH, g->d);
-    halo_scatter_add(h, ctx->comm, dv, dvx, g->BH, g->d);
+    float *slab[2] = {dk, dv};
+    const float *ext[2] = {dkx, dvx};
+    halo_scatter_add_arrays(h, ctx->comm, slab, ext, 2, g->BH, g->d);
     gfma_let_upward_backward(g, ctx->comm, dX, nsets(g), in.w);
     gpu_free(dkx);
     gpu_free(dvx);

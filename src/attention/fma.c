@@ -177,7 +177,9 @@ struct fma_inputs {
   struct fma_let_fetch fetch; /* the LET's summaries in flight, when overlapped */
 };
 
-/* overlap: leave the fetch of the listed summaries in flight (in->fetch) for the near field to
+/* Under sequence parallelism: the near field's halo (keys and values in one exchange) posted
+ * first and completed last, the upward pass and the LET's spanning exchange in between.
+ * overlap: leave the fetch of the listed summaries in flight (in->fetch) for the near field to
  * hide; fma_let_fetch_finish completes it before the far field. */
 static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q, const float *k,
                     const float *v, const float *params, long count, bool overlap,
@@ -189,6 +191,22 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
     st->klo = st->let->near.lo;
   }
   memset(in, 0, sizeof *in);
+  in->k = k;
+  in->v = v;
+  in->kstride = T;
+  /* the near field's halo, posted first: the upward pass hides it */
+  struct halo_exchange near = {0};
+  if (st->let) {
+    const struct halo *h = &st->let->near;
+    in->kstride = h->hi - h->lo;
+    in->kext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
+    in->vext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
+    float *ext[2] = {in->kext, in->vext};
+    const float *slab[2] = {k, v};
+    halo_gather_start(h, ctx->comm, &near, ext, slab, 2, count, d);
+    in->k = in->kext;
+    in->v = in->vext;
+  }
   const float *src[FMA_NSETS] = {k, v, q};
   for (int s = 0; s < nsets(st); s++) {
     fma_weights_load(st, params, (enum fma_set)s, &in->w[s]);
@@ -204,20 +222,10 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
       merge_times(times, &t);
     }
   }
-  in->k = k;
-  in->v = v;
-  in->kstride = T;
   if (st->let) {
     fma_let_upward(st, ctx->comm, in->X, nsets(st), count, in->w, times,
                    overlap && ctx->comm->overlap ? &in->fetch : NULL);
-    const struct halo *h = &st->let->near;
-    in->kstride = h->hi - h->lo;
-    in->kext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
-    in->vext = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * in->kstride * d + 1));
-    halo_gather(h, ctx->comm, in->kext, k, count, d);
-    halo_gather(h, ctx->comm, in->vext, v, count, d);
-    in->k = in->kext;
-    in->v = in->vext;
+    halo_finish(&near);
   }
 }
 
@@ -520,8 +528,9 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
   else
     evaluate_backward(st, &in, dq, dkx, dvx, dX, dout, out, q, D, lse, lse_far, BH, &times);
   if (st->let) { /* the transposes of the exchanges, then of the local upward pass */
-    halo_scatter_add(&st->let->near, ctx->comm, dk, dkx, BH, d);
-    halo_scatter_add(&st->let->near, ctx->comm, dv, dvx, BH, d);
+    float *slab[2] = {dk, dv};
+    const float *ext[2] = {dkx, dvx};
+    halo_scatter_add_arrays(&st->let->near, ctx->comm, slab, ext, 2, BH, d);
     fma_let_upward_backward(st, ctx->comm, (const float *const *)in.X, dX, nsets(st), BH, in.w,
                             &times);
   }

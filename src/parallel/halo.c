@@ -53,74 +53,125 @@ void halo_free(struct halo *h) {
 
 bool halo_local(const struct halo *h) { return h->lo == h->t0 && h->hi == h->t0 + h->T; }
 
-/* One side of an exchange: rows of `stride` tokens starting at global token `lo`, and per rank r
- * the global token range [a[r], b[r]) that goes to (or comes from) r. */
-struct side {
-  long stride, lo;
-  const long *a, *b;
-};
-
-/* Counts and displacements in floats of a side's messages. */
-static void layout(int S, struct side x, long rows, long d, size_t *count, size_t *displ) {
+/* Counts and displacements in floats of one side's messages: narr arrays of rows × len × d floats
+ * per rank r, len = b[r] − a[r]. */
+static void layout(int S, const long *a, const long *b, int narr, long rows, long d, size_t *count,
+                   size_t *displ) {
   size_t off = 0;
   for (int r = 0; r < S; r++) {
-    count[r] = (size_t)((x.b[r] - x.a[r]) * rows * d);
+    count[r] = (size_t)((b[r] - a[r]) * rows * d * narr);
     displ[r] = off;
     off += count[r];
   }
 }
 
-/* Send each rank its range of src, and copy (or add) what arrives into dst. */
-static void exchange(const struct halo *h, struct comm *c, float *dst, struct side to,
-                     const float *src, struct side from, long rows, long d, bool add) {
+/* Start sending each rank its range of every src[j] (rows of src_stride tokens from global token
+ * src_lo); halo_finish copies (or adds) what arrives into the dst arrays (rows of x->stride tokens
+ * from global token x->lo, ranges x->a, x->b). */
+static void exchange_start(const struct halo *h, struct comm *c, struct halo_exchange *x,
+                           const long *send_a, const long *send_b, const float *const *src,
+                           long src_stride, long src_lo, int narr, long rows, long d) {
   const int S = h->S;
+  if (narr > HALO_MAX_ARRAYS) error("halo: %d arrays in one exchange (at most %d)", narr,
+                                    HALO_MAX_ARRAYS);
   size_t *sc = xmalloc(sizeof(size_t) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S,
          *rd = sc + 3 * S;
-  layout(S, from, rows, d, sc, sd);
-  layout(S, to, rows, d, rc, rd);
-  float *sbuf = comm_alloc(c, MEM_COMM, sd[S - 1] + sc[S - 1] + 1);
-  float *rbuf = comm_alloc(c, MEM_COMM, rd[S - 1] + rc[S - 1] + 1);
+  layout(S, send_a, send_b, narr, rows, d, sc, sd);
+  layout(S, x->a, x->b, narr, rows, d, rc, rd);
+  x->sbuf = comm_alloc(c, MEM_COMM, sd[S - 1] + sc[S - 1] + 1);
+  x->rbuf = comm_alloc(c, MEM_COMM, rd[S - 1] + rc[S - 1] + 1);
   for (int r = 0; r < S; r++) {
-    const long len = from.b[r] - from.a[r];
-    if (len > 0)
-      comm_copy_rows(c, sbuf + sd[r], (size_t)(len * d), src + (from.a[r] - from.lo) * d,
-                     (size_t)(from.stride * d), (size_t)rows, (size_t)(len * d));
-  }
-  comm_alltoallv_float(c, sbuf, sc, sd, rbuf, rc, rd);
-  for (int r = 0; r < S; r++) {
-    const long len = to.b[r] - to.a[r];
-    if (len <= 0) continue;
-    float *out = dst + (to.a[r] - to.lo) * d;
-    const float *in = rbuf + rd[r];
-    if (add)
-      comm_add_rows(c, out, (size_t)(to.stride * d), in, (size_t)(len * d), (size_t)rows,
-                    (size_t)(len * d));
-    else
-      comm_copy_rows(c, out, (size_t)(to.stride * d), in, (size_t)(len * d), (size_t)rows,
+    const long len = send_b[r] - send_a[r];
+    for (int j = 0; j < narr && len > 0; j++)
+      comm_copy_rows(c, x->sbuf + sd[r] + (size_t)(j * rows * len * d), (size_t)(len * d),
+                     src[j] + (send_a[r] - src_lo) * d, (size_t)(src_stride * d), (size_t)rows,
                      (size_t)(len * d));
   }
-  comm_free_buffer(c, sbuf);
-  comm_free_buffer(c, rbuf);
-  free(sc);
+  comm_ialltoallv_float(c, x->sbuf, sc, sd, x->rbuf, rc, rd, &x->req);
+  x->counts = sc;
+  x->narr = narr;
+  x->rows = rows;
+  x->d = d;
+  x->c = c;
+  x->active = true;
+}
+
+void halo_finish(struct halo_exchange *x) {
+  if (!x->active) return;
+  struct comm *c = x->c;
+  const int S = c->S;
+  const size_t *rd = x->counts + 3 * (size_t)S;
+  const long rows = x->rows, d = x->d;
+  comm_wait(&x->req);
+  for (int r = 0; r < S; r++) {
+    const long len = x->b[r] - x->a[r];
+    for (int j = 0; j < x->narr && len > 0; j++) {
+      float *out = x->dst[j] + (x->a[r] - x->lo) * d;
+      const float *in = x->rbuf + rd[r] + (size_t)(j * rows * len * d);
+      if (x->add)
+        comm_add_rows(c, out, (size_t)(x->stride * d), in, (size_t)(len * d), (size_t)rows,
+                      (size_t)(len * d));
+      else
+        comm_copy_rows(c, out, (size_t)(x->stride * d), in, (size_t)(len * d), (size_t)rows,
+                       (size_t)(len * d));
+    }
+  }
+  comm_free_buffer(c, x->sbuf);
+  comm_free_buffer(c, x->rbuf);
+  free(x->counts);
+  x->active = false;
+}
+
+void halo_gather_start(const struct halo *h, struct comm *c, struct halo_exchange *x,
+                       float *const *ext, const float *const *local, int narr, long rows,
+                       long d) {
+  const long E = h->hi - h->lo, T = h->T; /* my own slab, then the halos */
+  memset(x, 0, sizeof *x);
+  for (int j = 0; j < narr; j++)
+    comm_copy_rows(c, ext[j] + (h->t0 - h->lo) * d, (size_t)(E * d), local[j], (size_t)(T * d),
+                   (size_t)rows, (size_t)(T * d));
+  if (h->S == 1) return;
+  for (int j = 0; j < narr; j++) x->dst[j] = ext[j];
+  x->stride = E;
+  x->lo = h->lo;
+  x->a = h->recv_a;
+  x->b = h->recv_b;
+  x->add = false;
+  exchange_start(h, c, x, h->send_a, h->send_b, local, T, h->t0, narr, rows, d);
+}
+
+void halo_gather_arrays(const struct halo *h, struct comm *c, float *const *ext,
+                        const float *const *local, int narr, long rows, long d) {
+  struct halo_exchange x;
+  halo_gather_start(h, c, &x, ext, local, narr, rows, d);
+  halo_finish(&x);
 }
 
 void halo_gather(const struct halo *h, struct comm *c, float *ext, const float *local, long rows,
                  long d) {
-  const long E = h->hi - h->lo, T = h->T; /* my own slab, then the halos */
-  comm_copy_rows(c, ext + (h->t0 - h->lo) * d, (size_t)(E * d), local, (size_t)(T * d),
-                 (size_t)rows, (size_t)(T * d));
+  halo_gather_arrays(h, c, &ext, &local, 1, rows, d);
+}
+
+void halo_scatter_add_arrays(const struct halo *h, struct comm *c, float *const *local,
+                             const float *const *ext, int narr, long rows, long d) {
+  const long E = h->hi - h->lo, T = h->T;
+  for (int j = 0; j < narr; j++)
+    comm_add_rows(c, local[j], (size_t)(T * d), ext[j] + (h->t0 - h->lo) * d, (size_t)(E * d),
+                  (size_t)rows, (size_t)(T * d));
   if (h->S == 1) return;
-  exchange(h, c, ext, (struct side){E, h->lo, h->recv_a, h->recv_b}, local,
-           (struct side){T, h->t0, h->send_a, h->send_b}, rows, d, false);
+  /* the transpose: what I received in gather, I now send back; what I sent, I receive */
+  struct halo_exchange x = {0};
+  for (int j = 0; j < narr; j++) x.dst[j] = local[j];
+  x.stride = T;
+  x.lo = h->t0;
+  x.a = h->send_a;
+  x.b = h->send_b;
+  x.add = true;
+  exchange_start(h, c, &x, h->recv_a, h->recv_b, ext, E, h->lo, narr, rows, d);
+  halo_finish(&x);
 }
 
 void halo_scatter_add(const struct halo *h, struct comm *c, float *local, const float *ext,
                       long rows, long d) {
-  const long E = h->hi - h->lo, T = h->T;
-  comm_add_rows(c, local, (size_t)(T * d), ext + (h->t0 - h->lo) * d, (size_t)(E * d), (size_t)rows,
-                (size_t)(T * d));
-  if (h->S == 1) return;
-  /* the transpose: what I received in gather, I now send back; what I sent, I receive */
-  exchange(h, c, local, (struct side){T, h->t0, h->send_a, h->send_b}, ext,
-           (struct side){E, h->lo, h->recv_a, h->recv_b}, rows, d, true);
+  halo_scatter_add_arrays(h, c, &local, &ext, 1, rows, d);
 }
