@@ -10,7 +10,9 @@
  * at n = 512: 771 → 764 ms, medians of 6 alternating runs; docs/perf.md). */
 #include "core/memory.h"
 
+#include <malloc.h>
 #include <stdbool.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,20 @@ static size_t mem_total_peak_;
 
 static const char *mem_names_[MEM_NLABELS] = {"params",    "grads", "optimizer", "activations",
                                               "workspace", "data",  "comm"};
+
+/* glibc's malloc serves blocks from 128 KiB up (a threshold it raises as such blocks are freed, to
+ * 32 MiB at most) with fresh mappings, and returns the top of the heap to the kernel once 128 KiB
+ * of it are free: every such block then faults its pages in again at each use. On a virtual
+ * machine whose page faults are dear this was most of the extra per-rank time of fma under
+ * sequence parallelism (n = 32K on 2 ranks: attention forward 112 → 41 ms, equal to one rank's
+ * 16K; docs/scaling.md). Blocks below MEM_MAP_MIN stay on the heap, and the heap keeps what it
+ * has held; blocks from MEM_MAP_MIN up are mem_block's own mappings. */
+__attribute__((constructor)) static void mem_malloc_settings(void) {
+#ifdef M_MMAP_THRESHOLD
+  (void)mallopt(M_MMAP_THRESHOLD, (int)MEM_MAP_MIN);
+  (void)mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
+}
 
 static void *mem_block(enum mem_label label, size_t bytes, bool zero) {
   void *raw = NULL;
