@@ -44,7 +44,7 @@ static const char *mem_names_[MEM_NLABELS] = {"params",    "grads", "optimizer",
  * 32 MiB at most) with fresh mappings, and returns the top of the heap to the kernel once 128 KiB
  * of it are free: every such block then faults its pages in again at each use. On a virtual
  * machine whose page faults are dear this was most of the extra per-rank time of fma under
- * sequence parallelism (n = 32K on 2 ranks: attention forward 112 → 41 ms, equal to one rank's
+ * sequence parallelism (n = 32K on 2 ranks: attention forward 112 → 36–44 ms, one rank's
  * 16K; docs/scaling.md). Blocks below MEM_MAP_MIN stay on the heap, and the heap keeps what it
  * has held; blocks from MEM_MAP_MIN up are mem_block's own mappings. */
 __attribute__((constructor)) static void mem_malloc_settings(void) {
