@@ -12,8 +12,8 @@
 // The plan's window lists on the device: (level, window) pairs.
 struct gfma_let {
   int S, s, lspan;
-  int *tops;          /* m2m: rank r's top window (lspan − 1, r) at 2r */
-  int *span, *other;  /* conv, avg: every spanning window; those this rank has no share of */
+  int *tops;         /* m2m: rank r's top window (lspan − 1, r) at 2r */
+  int *span, *other; /* conv, avg: every spanning window; those this rank has no share of */
   long nspan, nother;
   int *send, *recv; /* the fetch: to each rank its windows, [send_off[r], send_off[r + 1]) */
 };

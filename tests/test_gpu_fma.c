@@ -480,8 +480,8 @@ static void check_seq(const struct fcase *t, double tol, int *failures) {
 
 /* n = 96, m = 6: 16 blocks, 3 levels of windows 6, 12, 24 tokens; on 2 ranks slabs of 48 tokens,
  * on 8 ranks of 12, where level-3 windows span 2 ranks (m2m's gathered top windows, the
- * allreduced partial sums of conv and avg). m = 12: slabs of one block on 8 ranks, the near field's halo a
- * whole slab on each side, level-2 windows spanning 2 ranks. */
+ * allreduced partial sums of conv and avg). m = 12: slabs of one block on 8 ranks, the near field's
+ * halo a whole slab on each side, level-2 windows spanning 2 ranks. */
 static void test_gpu_fma_seq(void **state) {
   const struct fcase cases[] = {{"fma", "conv", true, true, 96, 6, 2, 8},
                                 {"fma", "m2m", true, true, 96, 6, 2, 8},

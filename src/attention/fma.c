@@ -283,7 +283,8 @@ static void prepare_backward(struct attn_ctx *ctx, struct fma_inputs *in, const 
   prepare(ctx, in, q, k, v, params, count, overlap, times);
 }
 
-/* The end of forward: keep in for the backward that follows (attn_ctx.backward_next), or free it. */
+/* The end of forward: keep in for the backward that follows (attn_ctx.backward_next), or free it.
+ */
 static void keep_or_release(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
                             const float *k, const float *v, const float *params) {
   struct fma_kept *kept = ctx->impl_state;

@@ -144,8 +144,8 @@ void fma_upward_pass(const struct fma_state *st, float *X, const float *x,
 void fma_upward_pass_backward(const struct fma_state *st, float *dx, float *dX,
                               const struct fma_down_weights *w, struct fma_times *times);
 /* dw += the gradients of the P2M and M2M weights and biases, summed over `count` heads in a fixed
- * order, over this rank's windows (fma_grad_windows): x, X, dX (after fma_upward_pass_backward) of head h at
- * x + h·T·d, X + h·rows·d, dX + h·rows·d. */
+ * order, over this rank's windows (fma_grad_windows): x, X, dX (after fma_upward_pass_backward) of
+ * head h at x + h·T·d, X + h·rows·d, dX + h·rows·d. */
 void fma_upward_param_grads(const struct fma_state *st, struct fma_down_weights *dw, const float *x,
                             const float *X, const float *dX, long count);
 

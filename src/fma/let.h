@@ -1,7 +1,8 @@
 /* The locally essential tree of distributed FMA (SPEC §7): what a rank's queries need from other
  * ranks and how it gets there — the near field's halo, the upward pass of windows that span
  * ranks (computed on every rank after one exchange), then exactly the summaries the rank's
- * interaction lists name that it does not hold; backward sends the transposes. Every rank can compute every other's needs, so no request messages exist. */
+ * interaction lists name that it does not hold; backward sends the transposes. Every rank can
+ * compute every other's needs, so no request messages exist. */
 #ifndef FMATTN_FMA_LET_H
 #define FMATTN_FMA_LET_H
 

@@ -2,7 +2,8 @@
  * advance what another's queries will open, so each level of the descent is a request and a reply
  * — children's summaries, then opened fine blocks' keys and values, each asked for once per call
  * — and backward returns the gradients of everything fetched to its owner, added there. An owner
- * holds a window's first token; the spanning windows (and for m2m every top window) are held by every rank after the LET. */
+ * holds a window's first token; the spanning windows (and for m2m every top window) are held by
+ * every rank after the LET. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -72,8 +72,8 @@ static void exchange_start(const struct halo *h, struct comm *c, struct halo_exc
                            const long *send_a, const long *send_b, const float *const *src,
                            long src_stride, long src_lo, int narr, long rows, long d) {
   const int S = h->S;
-  if (narr > HALO_MAX_ARRAYS) error("halo: %d arrays in one exchange (at most %d)", narr,
-                                    HALO_MAX_ARRAYS);
+  if (narr > HALO_MAX_ARRAYS)
+    error("halo: %d arrays in one exchange (at most %d)", narr, HALO_MAX_ARRAYS);
   size_t *sc = xmalloc(sizeof(size_t) * 4 * (size_t)S), *sd = sc + S, *rc = sc + 2 * S,
          *rd = sc + 3 * S;
   layout(S, send_a, send_b, narr, rows, d, sc, sd);
@@ -123,8 +123,7 @@ void halo_finish(struct halo_exchange *x) {
 }
 
 void halo_gather_start(const struct halo *h, struct comm *c, struct halo_exchange *x,
-                       float *const *ext, const float *const *local, int narr, long rows,
-                       long d) {
+                       float *const *ext, const float *const *local, int narr, long rows, long d) {
   const long E = h->hi - h->lo, T = h->T; /* my own slab, then the halos */
   memset(x, 0, sizeof *x);
   for (int j = 0; j < narr; j++)

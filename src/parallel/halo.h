@@ -46,8 +46,8 @@ struct halo_exchange {
   float *sbuf, *rbuf;
   size_t *counts; /* 4·S: sent, their displacements, received, theirs */
   float *dst[HALO_MAX_ARRAYS];
-  long stride, lo;    /* dst rows: stride tokens from global token lo */
-  const long *a, *b;  /* (S) tokens [a, b) from rank r */
+  long stride, lo;   /* dst rows: stride tokens from global token lo */
+  const long *a, *b; /* (S) tokens [a, b) from rank r */
   int narr;
   long rows, d;
   bool add, active;

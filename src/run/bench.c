@@ -453,8 +453,8 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   message(
       "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | %4.0f exchanges | fwd "
       "%9.2f ms | bwd %9.2f ms",
-      row_label(cfg, v, label, sizeof label), n, row->bytes, row->bytes / 1048576.0,
-      row->exchanges, row->fwd_ms, row->bwd_ms);
+      row_label(cfg, v, label, sizeof label), n, row->bytes, row->bytes / 1048576.0, row->exchanges,
+      row->fwd_ms, row->bwd_ms);
   free(tf);
   free(tb);
   timed_op_close(&o);

@@ -276,7 +276,7 @@ void train_close_run(struct run_state *rs) {
 /* One training step's figures, for the console line and diag.h5. */
 struct step_stats {
   double loss, norm, lr, step_ms;
-  uint64_t bytes0;   /* this rank's bytes sent before the step */
+  uint64_t bytes0;  /* this rank's bytes sent before the step */
   double exchanges; /* blocking exchanges between sequence ranks per block, forward + backward */
 };
 
