@@ -249,8 +249,10 @@ struct fma_kept {
 };
 
 static void *fma_cpu_open(const struct attn_ctx *ctx) {
+  struct fma_state *st = ctx->state;
+  if (st->open.K == 0) fma_state_compact(st); /* O(n/S) summary rows; one rank: every window */
   struct fma_kept *kept = xcalloc(1, sizeof *kept);
-  kept->st = ctx->state;
+  kept->st = st;
   return kept;
 }
 

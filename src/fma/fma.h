@@ -67,8 +67,13 @@ struct fma_state {
   long t0, T; /* this rank's slab of queries and tokens: [t0, t0 + T) (the whole sequence: 0, n) */
   long klo;   /* global index of row 0 of the key/value arrays evaluate reads (slab or halo) */
   struct fma_let *let; /* the locally essential tree under sequence parallelism, else NULL */
-  long rows;           /* summary rows per (batch, head): Σ_l windows_l · p */
-  long level_row[FMA_MAX_LEVELS + 2]; /* first row of level l; level_row[L + 1] = rows */
+  /* The summary rows per (batch, head): level by level, the windows [win_lo[l], win_hi[l]) of
+   * each (every window, or — fma_state_compact — those this rank touches), p rows each. Window c
+   * of level l starts at row level_row[l] + c·p for c in that range, so a compact level's
+   * level_row lies before its first row; level_row[L + 1] = rows. */
+  long rows;
+  long level_row[FMA_MAX_LEVELS + 2];
+  long win_lo[FMA_MAX_LEVELS + 1], win_hi[FMA_MAX_LEVELS + 1];
   struct fma_layout layout;
   struct fma_open_layout open; /* open.K == 0: the paper's fma, no opening */
   struct fma_open_work *work;  /* the opening pass's buffers, kept between calls (open.c) */
@@ -82,6 +87,19 @@ struct fma_state {
 struct fma_state *fma_state_create(const struct fma_options *opt, long n, long d, bool causal,
                                    bool linear, long t0, long T);
 void fma_state_free(struct fma_state *st);
+/* The first level whose windows span ranks (w_l > T); levels + 1 when none does. */
+int fma_spanning_level(const struct fma_state *st);
+/* Whether every rank holds every window of level l once the spanning levels are complete (see
+ * fma_let_holds): the spanning levels, and for m2m the level below them (every rank's top). */
+bool fma_level_everywhere(const struct fma_state *st, int l);
+/* Windows [*lo, *hi) of level l that the rank whose slab starts at t0 (of length st->T) touches:
+ * every window where fma_level_everywhere, else its slab's windows and those its interaction
+ * lists (and fma_linear's query rows) name. Computed from lists.c in O(T/w_l). */
+void fma_touched_windows(const struct fma_state *st, long t0, int l, long *lo, long *hi);
+/* Index the summary rows by the windows this rank touches (O(n/S + S) rows, not O(n)): every
+ * level's [win_lo, win_hi) becomes fma_touched_windows'. The identity on one rank. The layout of
+ * the paper's fma, fma_linear and their CPU operators; fma.open and the GPU keep every window. */
+void fma_state_compact(struct fma_state *st);
 
 /* ---- params.c: the summary parameters ---- */
 

@@ -21,7 +21,7 @@ bool fma_let_holds(const struct fma_state *st, int lspan, int r, int l, long c) 
   const long w = st->tree.window[l], T = st->T;
   if (l >= lspan) return true; /* spanning: every rank computes them all */
   if (l == lspan - 1 && lspan <= st->tree.levels && st->down == FMA_DOWN_M2M)
-    return true; /* gathered for the spanning M2M */
+    return true; /* gathered for the spanning M2M (fma_level_everywhere) */
   return c * w >= (long)r * T && c * w < (long)(r + 1) * T;
 }
 
@@ -29,89 +29,107 @@ static int owner(const struct fma_state *st, int l, long c) {
   return (int)(c * st->tree.window[l] / st->T);
 }
 
-/* mark[l][c] = 1 for every window rank r's queries list (and, for fma_linear, whose query
- * summaries they use). */
-static void mark_needs(const struct fma_state *st, int r, unsigned char **mark) {
+/* mark[c − lo] = 1 for every window of level l in [lo, hi) that rank r's queries list (and, for
+ * fma_linear, whose query rows its sub-segments read); l is a level whose windows fit a slab.
+ * Only r's windows whose lists can reach [lo, hi) are visited. */
+static void mark_needs(const struct fma_state *st, int r, int l, long lo, long hi,
+                       unsigned char *mark) {
   const struct fma_tree *tr = &st->tree;
-  const long T = st->T, m = tr->m;
-  for (int l = 1; l <= tr->levels; l++) memset(mark[l], 0, (size_t)tr->nwindows[l]);
-  for (long qb = (long)r * T / m; qb < (long)(r + 1) * T / m; qb++)
-    for (int l = 1; l <= tr->levels; l++) {
-      long list[FMA_LIST_MAX];
-      const int nw = fma_lists_level(tr, st->causal, l, qb * m / tr->window[l], list);
-      for (int k = 0; k < nw; k++) mark[l][list[k]] = 1;
+  const long T = st->T, w = tr->window[l];
+  memset(mark, 0, (size_t)(hi - lo));
+  long c0 = (long)r * T / w, c1 = (long)(r + 1) * T / w;
+  c0 = c0 > lo - FMA_LIST_REACH ? c0 : lo - FMA_LIST_REACH;
+  c1 = c1 < hi + FMA_LIST_REACH ? c1 : hi + FMA_LIST_REACH;
+  for (long c = c0; c < c1; c++) {
+    long list[FMA_LIST_MAX];
+    const int nw = fma_lists_level(tr, st->causal, l, c, list);
+    for (int k = 0; k < nw; k++)
+      if (list[k] >= lo && list[k] < hi) mark[list[k] - lo] = 1;
+  }
+  if (st->linear) {
+    const long seg = w / tr->p;
+    long rho0 = (long)r * T / seg, rho1 = ((long)(r + 1) * T - 1) / seg;
+    rho0 = rho0 > lo * tr->p ? rho0 : lo * tr->p;
+    rho1 = rho1 < hi * tr->p ? rho1 : hi * tr->p;
+    for (long rho = rho0; rho <= rho1; rho++) {
+      const long qrow = fma_linear_query_row(st, rho);
+      if (qrow >= 0 && qrow / tr->p >= lo && qrow / tr->p < hi) mark[qrow / tr->p - lo] = 1;
     }
-  if (st->linear)
-    for (int l = 1; l <= tr->levels; l++) {
-      const long seg = tr->window[l] / tr->p;
-      for (long rho = (long)r * T / seg; rho <= ((long)(r + 1) * T - 1) / seg; rho++) {
-        const long qrow = fma_linear_query_row(st, rho);
-        if (qrow >= 0) mark[l][qrow / tr->p] = 1;
-      }
-    }
+  }
 }
 
+/* The (level, window) lists of one direction, [off[r], off[r + 1]) for rank r: counted in a first
+ * pass (level, window NULL), filled in a second. */
 struct list_builder {
   int *level;
   long *window;
-  size_t *off;
+  size_t *off, *fill;
 };
+
+static void add_window(struct list_builder *b, int r, int l, long c) {
+  if (b->level) {
+    b->level[b->off[r] + b->fill[r]] = l;
+    b->window[b->off[r] + b->fill[r]] = c;
+  }
+  b->fill[r]++;
+}
+
+/* What this rank receives at level l (the windows its lists name that it does not hold, from
+ * their owners) and sends (its windows that rank r's lists name and r does not hold, to every r
+ * whose lists can reach them): window order within a level, levels in order, on both sides. */
+static void plan_level(const struct fma_state *st, const struct fma_let *let, int l,
+                       struct list_builder *recv, struct list_builder *send) {
+  const long T = st->T, w = st->tree.window[l];
+  const int s = let->s;
+  long lo, hi;
+  fma_touched_windows(st, st->t0, l, &lo, &hi);
+  unsigned char *mark = xmalloc((size_t)(hi - lo) + 1);
+  mark_needs(st, s, l, lo, hi, mark);
+  for (long c = lo; c < hi; c++)
+    if (mark[c - lo] && !fma_let_holds(st, let->lspan, s, l, c))
+      add_window(recv, owner(st, l, c), l, c);
+  free(mark);
+  const long mine0 = (long)s * T / w, mine1 = (long)(s + 1) * T / w; /* the windows I own */
+  mark = xmalloc((size_t)(mine1 - mine0) + 1);
+  for (int r = 0; r < let->S; r++) {
+    const long r0 = (long)r * T / w, r1 = (long)(r + 1) * T / w;
+    if (r == s || r1 + FMA_LIST_REACH < mine0 || r0 - FMA_LIST_REACH > mine1) continue;
+    mark_needs(st, r, l, mine0, mine1, mark);
+    for (long c = mine0; c < mine1; c++)
+      if (mark[c - mine0] && !fma_let_holds(st, let->lspan, r, l, c)) add_window(send, r, l, c);
+  }
+  free(mark);
+}
 
 struct fma_let *fma_let_plan(const struct fma_state *st, const struct comm *c) {
   const struct fma_tree *tr = &st->tree;
   struct fma_let *let = xcalloc(1, sizeof *let);
   let->S = c->S;
   let->s = c->seq_rank;
-  const int S = c->S, s = c->seq_rank, L = tr->levels;
-  let->lspan = L + 1;
-  for (int l = L; l >= 1; l--)
-    if (tr->window[l] > st->T) let->lspan = l;
+  const int S = c->S, L = tr->levels;
+  let->lspan = fma_spanning_level(st);
   halo_plan(&let->near, c, tr->n, st->T, tr->m, st->causal ? 0 : tr->m);
-
-  unsigned char *mark[FMA_MAX_LEVELS + 1] = {NULL};
-  for (int l = 1; l <= L; l++) mark[l] = xmalloc((size_t)tr->nwindows[l]);
-  /* two passes over the same loops: count, then fill */
   let->send_off = xcalloc((size_t)S + 1, sizeof(size_t));
   let->recv_off = xcalloc((size_t)S + 1, sizeof(size_t));
-  for (int pass = 0; pass < 2; pass++) {
-    size_t *sfill = xcalloc((size_t)S, sizeof(size_t)), *rfill = xcalloc((size_t)S, sizeof(size_t));
-    for (int r = 0; r < S; r++) {
-      mark_needs(st, r, mark);
-      for (int l = 1; l <= L; l++)
-        for (long w = 0; w < tr->nwindows[l]; w++) {
-          if (!mark[l][w] || fma_let_holds(st, let->lspan, r, l, w)) continue;
-          const int o = owner(st, l, w);
-          if (r == s) { /* I receive it from its owner */
-            if (pass == 1) {
-              size_t k = let->recv_off[o] + rfill[o];
-              let->recv_level[k] = l;
-              let->recv_window[k] = w;
-            }
-            rfill[o]++;
-          } else if (o == s) { /* I send it to r */
-            if (pass == 1) {
-              size_t k = let->send_off[r] + sfill[r];
-              let->send_level[k] = l;
-              let->send_window[k] = w;
-            }
-            sfill[r]++;
-          }
-        }
-    }
+  struct list_builder recv = {.off = let->recv_off}, send = {.off = let->send_off};
+  for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+    recv.fill = xcalloc((size_t)S, sizeof(size_t));
+    send.fill = xcalloc((size_t)S, sizeof(size_t));
+    for (int l = 1; l <= L; l++)
+      if (!fma_level_everywhere(st, l)) plan_level(st, let, l, &recv, &send);
     if (pass == 0) {
       for (int r = 0; r < S; r++) {
-        let->send_off[r + 1] = let->send_off[r] + sfill[r];
-        let->recv_off[r + 1] = let->recv_off[r] + rfill[r];
+        let->send_off[r + 1] = let->send_off[r] + send.fill[r];
+        let->recv_off[r + 1] = let->recv_off[r] + recv.fill[r];
       }
-      let->send_level = xcalloc(let->send_off[S] + 1, sizeof(int));
-      let->send_window = xcalloc(let->send_off[S] + 1, sizeof(long));
-      let->recv_level = xcalloc(let->recv_off[S] + 1, sizeof(int));
-      let->recv_window = xcalloc(let->recv_off[S] + 1, sizeof(long));
+      send.level = let->send_level = xcalloc(let->send_off[S] + 1, sizeof(int));
+      send.window = let->send_window = xcalloc(let->send_off[S] + 1, sizeof(long));
+      recv.level = let->recv_level = xcalloc(let->recv_off[S] + 1, sizeof(int));
+      recv.window = let->recv_window = xcalloc(let->recv_off[S] + 1, sizeof(long));
     }
-    free(sfill);
-    free(rfill);
+    free(recv.fill);
+    free(send.fill);
   }
-  for (int l = 1; l <= L; l++) free(mark[l]);
   return let;
 }
 

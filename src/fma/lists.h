@@ -15,6 +15,8 @@ extern "C" {
 #endif
 
 #define FMA_LIST_MAX 3
+/* A listed window is at most this many windows from the query's own (the LET plan relies on it). */
+#define FMA_LIST_REACH 3
 
 /* Near-field blocks of fine block b: causal b−1, b; bidirectional b−1, b, b+1. Returns the count;
  * blocks[] receives the existing ones in increasing order. In causal mode block b itself is seen
