@@ -1,9 +1,9 @@
 /* Labelled allocation with per-label current/peak accounting (memory.h). Each block carries a
  * 64-byte header recording its label and size, so mem_free needs only the pointer. Blocks of
  * MEM_MAP_MIN bytes or more are anonymous mappings: the kernel zeroes a page when it is first
- * touched, so a large buffer of which a rank uses a part (fma's summary rows: every window of the
- * tree, of which a sequence rank fills its slab's and its LET's) costs that part, not a memset
- * of the whole. That holds for workspaces and communication buffers, which keep small pages;
+ * touched, so a large buffer of which a rank uses a part (fma.open's summary rows: every window of
+ * the tree, of which a sequence rank fills its slab's and what it fetches) costs that part, not a
+ * memset of the whole. That holds for workspaces and communication buffers, which keep small pages;
  * the model's own mappings (parameters, gradients, moments, activations, data), used whole, ask
  * for transparent huge pages, which a kernel set to `madvise` grants only on request: the passes
  * around the GEMMs then stream across a page every 2 MiB, not every 4 KiB (the bench model's step

@@ -522,7 +522,8 @@ static void train_phases(double out[NPHASES]) {
  * by tens of percent within a minute (docs/perf.md), so a step against a rate measured seconds
  * earlier carries that drift; against one measured beside it, less. Each timed step is followed by
  * one SGEMM product and one FMA-peak probe, every rank at once; the ratios are per step, then the
- * median. A GPU back end measures its own rates: no adjacent references (NaN). */
+ * median. A GPU back end measures its own rates, and under SMPI the start's stand: no adjacent
+ * references (NaN). */
 struct adjacent {
   bool on;
   int steps;
@@ -533,6 +534,11 @@ struct adjacent {
 static void adjacent_open(struct adjacent *a, const struct backend *be, int repeats) {
   memset(a, 0, sizeof *a);
   a->on = be->gemm_gflops == NULL;
+#ifdef FMATTN_SMPI
+  /* simulated ranks run one after another on the simulating core, so the rate measured at the
+   * start stands for every one; per-rank probes would hold 48 MiB each in the one process */
+  a->on = false;
+#endif
   if (!a->on) return;
   sgemm_probe_open(&a->probe);
   sgemm_probe_once(&a->probe); /* warm */
