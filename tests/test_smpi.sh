@@ -8,7 +8,8 @@
 # allreduce adds the ranks' contributions in another order than Open MPI's); so does fma at dim 128
 # on 4 sequence ranks, whose gradient buckets (about 200,000 floats) SimGrid's in-place
 # MPI_Iallreduce got wrong, with the overlap on and off. The simulated time
-# must be reported and positive. configure refuses
+# must be reported and positive. On the GPU-node platform that scripts/simgrid/gpu_platform.py
+# writes, a message within a node is faster than one across nodes. configure refuses
 # --enable-smpi with --with-cuda, and names SimGrid when smpicc is missing.
 . "$TESTDIR/tap.sh"
 need_h5py
@@ -91,4 +92,12 @@ check "every simulated step took positive time" py -c "
 import h5py, sys
 t = h5py.File('out/s2d2_smpi/diag.h5', 'r')['train/step_ms'][...]
 sys.exit(0 if len(t) and (t > 0).all() else 1)"
+# the GPU-node platform of scripts/simgrid/gpu_platform.py: within a node faster than across
+check "gpu_platform.py writes a platform; pingpong is faster within a node than across nodes" sh -c "
+  ${PYTHON3:-/usr/bin/python3} '$SRCDIR/scripts/simgrid/gpu_platform.py' 100 2 > gpu.xml &&
+  smpicc -O2 -o pingpong '$SRCDIR/scripts/simgrid/pingpong.c' > /dev/null 2>&1 &&
+  printf 'n00-g0\\nn00-g1\\n' > in.hosts && printf 'n00-g0\\nn01-g0\\n' > out.hosts &&
+  smpirun -np 2 -platform gpu.xml -hostfile in.hosts --cfg=smpi/simulate-computation:no ./pingpong 2> /dev/null | tail -n 1 > in.txt &&
+  smpirun -np 2 -platform gpu.xml -hostfile out.hosts --cfg=smpi/simulate-computation:no ./pingpong 2> /dev/null | tail -n 1 > out.txt &&
+  awk 'NR == FNR { a = \$2; next } { exit !(\$2 > a && a > 0) }' in.txt out.txt"
 tap_done
