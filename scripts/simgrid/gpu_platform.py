@@ -29,6 +29,8 @@ def platform(speedup, nodes):
            '    <prop id="smpi/host-speed" value="1Gf"/>',
            '    <prop id="smpi/bw-factor" value="0:0.95"/>',
            '    <prop id="smpi/lat-factor" value="0:1"/>',
+           '    <!-- no simulated sleep in MPI_Test: see scripts/simgrid/README.md -->',
+           '    <prop id="smpi/test" value="0"/>',
            "  </config>",
            '  <zone id="world" routing="Full">']
     for k in range(nodes):
