@@ -283,6 +283,7 @@ extern "C" void gpu_comm_attach(struct comm *c) {
 extern "C" void gpu_comm_detach(struct comm *c) {
   nccl_state *st = state(c);
   if (!st) return;
+  comm_buffers_free(c);  // the kept exchange buffers are device memory
   for (ncclComm_t nc : st->comm) {
     if (!nc) continue;
     for (auto it = live.begin(); it != live.end(); ++it)

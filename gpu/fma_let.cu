@@ -76,11 +76,11 @@ void spanning_sums(const gfma *g, struct comm *c, float *const *X, int nsets, bo
   const gfma_let *let = g->let;
   if (forward) pack(g, nullptr, X, nsets, let->other, let->nother, ZERO);
   const size_t n = (size_t)(nsets * g->BH * let->nspan * g->p * g->d);
-  float *buf = comm_alloc(c, MEM_COMM, n + 1);
+  float *buf = comm_buffer(c, COMM_BUF_SPAN_SEND, n + 1);
   pack(g, buf, X, nsets, let->span, let->nspan, PACK);
   comm_allreduce_sum_float(c, COMM_SEQ, buf, n);
   pack(g, buf, X, nsets, let->span, let->nspan, UNPACK);
-  comm_free_buffer(c, buf);
+  comm_buffer_release(c, COMM_BUF_SPAN_SEND);
 }
 
 // The listed summaries, owners → users (forward) or their gradients back, added (transpose):
@@ -100,8 +100,8 @@ void fetch(const gfma *g, struct comm *c, float *const *X, int nsets, bool trans
     rc[r] = per * (in_off[r + 1] - in_off[r]);
     rd[r] = per * in_off[r];
   }
-  float *sbuf = comm_alloc(c, MEM_COMM, per * out_off[S] + 1);
-  float *rbuf = comm_alloc(c, MEM_COMM, per * in_off[S] + 1);
+  float *sbuf = comm_buffer(c, COMM_BUF_LET_SEND, per * out_off[S] + 1);
+  float *rbuf = comm_buffer(c, COMM_BUF_LET_RECV, per * in_off[S] + 1);
   for (int r = 0; r < S; r++)
     pack(g, sbuf + sd[r], X, nsets, out_lw + 2 * out_off[r], (long)(out_off[r + 1] - out_off[r]),
          PACK);
@@ -109,8 +109,8 @@ void fetch(const gfma *g, struct comm *c, float *const *X, int nsets, bool trans
   for (int r = 0; r < S; r++)
     pack(g, rbuf + rd[r], X, nsets, in_lw + 2 * in_off[r], (long)(in_off[r + 1] - in_off[r]),
          transpose ? UNPACK_ADD : UNPACK);
-  comm_free_buffer(c, sbuf);
-  comm_free_buffer(c, rbuf);
+  comm_buffer_release(c, COMM_BUF_LET_SEND);
+  comm_buffer_release(c, COMM_BUF_LET_RECV);
 }
 
 }  // namespace
@@ -166,14 +166,14 @@ void gfma_let_upward(const gfma *g, struct comm *c, float *const *X, int nsets,
   if (let->lspan <= g->L && st->down == FMA_DOWN_M2M) {
     // every rank's top window to every rank, then every spanning window here
     const size_t per = (size_t)(nsets * g->BH * g->p * g->d);
-    float *mine = comm_alloc(c, MEM_COMM, per + 1);
-    float *all = comm_alloc(c, MEM_COMM, per * (size_t)let->S + 1);
+    float *mine = comm_buffer(c, COMM_BUF_SPAN_SEND, per + 1);
+    float *all = comm_buffer(c, COMM_BUF_SPAN_RECV, per * (size_t)let->S + 1);
     pack(g, mine, X, nsets, let->tops + 2 * let->s, 1, PACK);
     comm_allgather_float(c, COMM_SEQ, mine, per, all);
     for (int r = 0; r < let->S; r++)
       if (r != let->s) pack(g, all + per * (size_t)r, X, nsets, let->tops + 2 * r, 1, UNPACK);
-    comm_free_buffer(c, mine);
-    comm_free_buffer(c, all);
+    comm_buffer_release(c, COMM_BUF_SPAN_SEND);
+    comm_buffer_release(c, COMM_BUF_SPAN_RECV);
     for (int l = let->lspan; l <= g->L; l++)
       for (int s = 0; s < nsets; s++) gfma_M2M_spanning(g, l, X[s], &w[s]);
   } else if (let->lspan <= g->L) {
@@ -194,8 +194,8 @@ void gfma_let_upward_backward(const gfma *g, struct comm *c, float *const *dX, i
     for (int l = g->L; l >= let->lspan; l--)
       for (int s = 0; s < nsets; s++) gfma_M2M_spanning_backward(g, l, dX[s], &w[s]);
     const size_t per = (size_t)(nsets * g->BH * g->p * g->d);
-    float *out = comm_alloc(c, MEM_COMM, per * (size_t)S + 1);
-    float *in = comm_alloc(c, MEM_COMM, per * (size_t)S + 1);
+    float *out = comm_buffer(c, COMM_BUF_SPAN_SEND, per * (size_t)S + 1);
+    float *in = comm_buffer(c, COMM_BUF_SPAN_RECV, per * (size_t)S + 1);
     std::vector<size_t> cnt((size_t)S, per), displ((size_t)S);
     for (int r = 0; r < S; r++) {
       displ[r] = per * (size_t)r;
@@ -205,8 +205,8 @@ void gfma_let_upward_backward(const gfma *g, struct comm *c, float *const *dX, i
     pack(g, nullptr, dX, nsets, let->tops + 2 * let->s, 1, ZERO);
     for (int r = 0; r < S; r++)
       pack(g, in + displ[r], dX, nsets, let->tops + 2 * let->s, 1, UNPACK_ADD);
-    comm_free_buffer(c, out);
-    comm_free_buffer(c, in);
+    comm_buffer_release(c, COMM_BUF_SPAN_SEND);
+    comm_buffer_release(c, COMM_BUF_SPAN_RECV);
   } else if (let->lspan <= g->L) {
     spanning_sums(g, c, dX, nsets, false);
   }

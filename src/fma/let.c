@@ -17,11 +17,9 @@
 /* ---------------------------------------------------------------------------------------------
  * the plan */
 
-bool fma_let_holds(const struct fma_state *st, int lspan, int r, int l, long c) {
+bool fma_let_holds(const struct fma_state *st, int r, int l, long c) {
   const long w = st->tree.window[l], T = st->T;
-  if (l >= lspan) return true; /* spanning: every rank computes them all */
-  if (l == lspan - 1 && lspan <= st->tree.levels && st->down == FMA_DOWN_M2M)
-    return true; /* gathered for the spanning M2M (fma_level_everywhere) */
+  if (fma_level_everywhere(st, l)) return true;
   return c * w >= (long)r * T && c * w < (long)(r + 1) * T;
 }
 
@@ -86,8 +84,7 @@ static void plan_level(const struct fma_state *st, const struct fma_let *let, in
   unsigned char *mark = xmalloc((size_t)(hi - lo) + 1);
   mark_needs(st, s, l, lo, hi, mark);
   for (long c = lo; c < hi; c++)
-    if (mark[c - lo] && !fma_let_holds(st, let->lspan, s, l, c))
-      add_window(recv, owner(st, l, c), l, c);
+    if (mark[c - lo] && !fma_let_holds(st, s, l, c)) add_window(recv, owner(st, l, c), l, c);
   free(mark);
   const long mine0 = (long)s * T / w, mine1 = (long)(s + 1) * T / w; /* the windows I own */
   mark = xmalloc((size_t)(mine1 - mine0) + 1);
@@ -96,7 +93,7 @@ static void plan_level(const struct fma_state *st, const struct fma_let *let, in
     if (r == s || r1 + FMA_LIST_REACH < mine0 || r0 - FMA_LIST_REACH > mine1) continue;
     mark_needs(st, r, l, mine0, mine1, mark);
     for (long c = mine0; c < mine1; c++)
-      if (mark[c - mine0] && !fma_let_holds(st, let->lspan, r, l, c)) add_window(send, r, l, c);
+      if (mark[c - mine0] && !fma_let_holds(st, r, l, c)) add_window(send, r, l, c);
   }
   free(mark);
 }
@@ -224,11 +221,11 @@ static void spanning_sums(const struct fma_state *st, struct comm *c, float *con
                      sizeof(float) * (size_t)(P * d));
     }
   const size_t n = span_floats(st, lspan) * (size_t)(nsets * count);
-  float *buf = mem_alloc(MEM_COMM, sizeof(float) * (n + 1));
+  float *buf = comm_buffer(c, COMM_BUF_SPAN_SEND, n + 1);
   span_rows(st, lspan, X, buf, nsets, count, true);
   comm_allreduce_sum_float(c, COMM_SEQ, buf, n);
   span_rows(st, lspan, X, buf, nsets, count, false);
-  mem_free(buf);
+  comm_buffer_release(c, COMM_BUF_SPAN_SEND);
 }
 
 /* M2M of every window of the spanning levels, coarse after fine, each (set, head) a task. */
@@ -291,8 +288,8 @@ static void fetch_start(const struct fma_state *st, struct comm *c, float *const
     rc[r] = per * (in_off[r + 1] - in_off[r]);
     rd[r] = per * in_off[r];
   }
-  f->sbuf = mem_alloc(MEM_COMM, sizeof(float) * (per * out_off[S] + 1));
-  f->rbuf = mem_alloc(MEM_COMM, sizeof(float) * (per * in_off[S] + 1));
+  f->sbuf = comm_buffer(c, COMM_BUF_LET_SEND, per * out_off[S] + 1);
+  f->rbuf = comm_buffer(c, COMM_BUF_LET_RECV, per * in_off[S] + 1);
   for (int r = 0; r < S; r++) {
     struct windows ws = {out_level + out_off[r], out_window + out_off[r],
                          out_off[r + 1] - out_off[r]};
@@ -300,6 +297,7 @@ static void fetch_start(const struct fma_state *st, struct comm *c, float *const
   }
   comm_ialltoallv_float(c, f->sbuf, cnt, sd, f->rbuf, rc, rd, &f->req);
   f->counts = cnt;
+  f->c = c;
   for (int s = 0; s < nsets; s++) f->X[s] = X[s];
   f->nsets = nsets;
   f->count = count;
@@ -318,8 +316,8 @@ static void fetch_finish(const struct fma_state *st, struct fma_let_fetch *f, bo
     struct windows ws = {in_level + in_off[r], in_window + in_off[r], in_off[r + 1] - in_off[r]};
     unpack(st, f->rbuf + rd[r], f->X, f->nsets, f->count, ws, transpose);
   }
-  mem_free(f->sbuf);
-  mem_free(f->rbuf);
+  comm_buffer_release(f->c, COMM_BUF_LET_SEND);
+  comm_buffer_release(f->c, COMM_BUF_LET_RECV);
   free(f->counts);
   f->active = false;
 }
@@ -347,14 +345,14 @@ void fma_let_upward(const struct fma_state *st, struct comm *c, float *const *X,
   if (let->lspan <= st->tree.levels && st->down == FMA_DOWN_M2M) {
     /* every rank's top window to every rank, then the spanning levels here */
     const size_t per = window_floats(st, nsets, count);
-    float *mine = mem_alloc(MEM_COMM, sizeof(float) * (per + 1));
-    float *all = mem_alloc(MEM_COMM, sizeof(float) * (per * (size_t)let->S + 1));
+    float *mine = comm_buffer(c, COMM_BUF_SPAN_SEND, per + 1);
+    float *all = comm_buffer(c, COMM_BUF_SPAN_RECV, per * (size_t)let->S + 1);
     top_window(st, X, mine, nsets, count, let->s, true);
     comm_allgather_float(c, COMM_SEQ, mine, per, all);
     for (int r = 0; r < let->S; r++)
       if (r != let->s) top_window(st, X, all + per * (size_t)r, nsets, count, r, false);
-    mem_free(mine);
-    mem_free(all);
+    comm_buffer_release(c, COMM_BUF_SPAN_SEND);
+    comm_buffer_release(c, COMM_BUF_SPAN_RECV);
     spanning_m2m(st, X, nsets, count, w);
   } else if (let->lspan <= st->tree.levels) {
     spanning_sums(st, c, X, nsets, count, true);
@@ -386,8 +384,8 @@ void fma_let_upward_backward(const struct fma_state *st, struct comm *c, const f
      * rank, which sums what every rank sent in rank order */
     spanning_m2m_backward(st, dX, nsets, count, w);
     const size_t per = window_floats(st, nsets, count);
-    float *out = mem_alloc(MEM_COMM, sizeof(float) * (per * (size_t)S + 1));
-    float *in = mem_alloc(MEM_COMM, sizeof(float) * (per * (size_t)S + 1));
+    float *out = comm_buffer(c, COMM_BUF_SPAN_SEND, per * (size_t)S + 1);
+    float *in = comm_buffer(c, COMM_BUF_SPAN_RECV, per * (size_t)S + 1);
     size_t *cnt = xmalloc(sizeof(size_t) * 2 * (size_t)S), *displ = cnt + S;
     for (int r = 0; r < S; r++) {
       top_window(st, dX, out + per * (size_t)r, nsets, count, r, true);
@@ -402,8 +400,8 @@ void fma_let_upward_backward(const struct fma_state *st, struct comm *c, const f
     }
     top_window(st, dX, out, nsets, count, let->s, false);
     free(cnt);
-    mem_free(out);
-    mem_free(in);
+    comm_buffer_release(c, COMM_BUF_SPAN_SEND);
+    comm_buffer_release(c, COMM_BUF_SPAN_RECV);
   } else if (let->lspan <= st->tree.levels) {
     spanning_sums(st, c, dX, nsets, count, false);
   }

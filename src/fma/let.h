@@ -32,14 +32,15 @@ void fma_let_free(struct fma_let *let);
 /* Whether rank r holds summary window c of level l once fma_let_upward has run, without the
  * fetch: its slab's windows, every window of the levels from lspan up (each rank computes them
  * all), and for m2m every rank's top window (level lspan − 1, gathered to compute them). */
-bool fma_let_holds(const struct fma_state *st, int lspan, int r, int l, long c);
+bool fma_let_holds(const struct fma_state *st, int r, int l, long c);
 
 /* The fetch of the listed summaries while it is in flight: started by fma_let_upward, completed
  * into X by fma_let_fetch_finish. Only the near field may run in between: it reads no summary. */
 struct fma_let_fetch {
   struct comm_request req;
-  float *sbuf, *rbuf;
-  size_t *counts; /* 4·S: sent, their displacements, received, theirs */
+  struct comm *c;
+  float *sbuf, *rbuf; /* c's kept LET buffers */
+  size_t *counts;     /* 4·S: sent, their displacements, received, theirs */
   float *X[FMA_NSETS];
   int nsets;
   long count;

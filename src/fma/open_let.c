@@ -65,7 +65,7 @@ void fma_open_fetch_free(struct fma_open_fetch *f) {
 /* Whether this rank holds summary window c of level l after fma_let_upward without its fetch:
  * one of its own, or one every rank computes (fma_let_holds). */
 static bool held_here(const struct fma_state *st, int l, long c) {
-  return fma_let_holds(st, st->let->lspan, st->let->s, l, c);
+  return fma_let_holds(st, st->let->s, l, c);
 }
 
 static struct fma_open_fetch *fetch_open(const struct fma_state *st, struct fma_open_work *w,
@@ -136,8 +136,8 @@ static void round_trip(const struct fma_state *st, struct fma_open_fetch *f,
   for (int r = 0; r < S; r++) memcpy(sbuf + sd[r], need[r].code, sizeof(long) * need[r].n);
   comm_alltoallv_long(c, sbuf, sc, sd, rbuf, rc, rd);
   /* replies: what each rank asked of me, in its order */
-  float *reply = mem_alloc(MEM_COMM, sizeof(float) * (nr * per + 1));
-  float *got = mem_alloc(MEM_COMM, sizeof(float) * (ns * per + 1));
+  float *reply = comm_buffer(c, COMM_BUF_OPEN_SEND, nr * per + 1);
+  float *got = comm_buffer(c, COMM_BUF_OPEN_RECV, ns * per + 1);
   for (int r = 0; r < S; r++) {
     for (size_t i = 0; i < rc[r]; i++) {
       pack(st, f, a, rbuf[rd[r] + i], reply + (rd[r] + i) * per);
@@ -154,8 +154,8 @@ static void round_trip(const struct fma_state *st, struct fma_open_fetch *f,
       unpack(st, f, a, sbuf[sd[r] + i], got + (sd[r] + i) * per);
       list_push(&from[r], sbuf[sd[r] + i]);
     }
-  mem_free(reply);
-  mem_free(got);
+  comm_buffer_release(c, COMM_BUF_OPEN_SEND);
+  comm_buffer_release(c, COMM_BUF_OPEN_RECV);
   free(sbuf);
   free(rbuf);
   free(cnt);
@@ -338,8 +338,8 @@ static void send_back(struct comm *c, const struct item_list *from, const struct
     ns += sc[r];
     nr += rc[r];
   }
-  *sbuf = mem_alloc(MEM_COMM, sizeof(float) * (ns + 1));
-  *rbuf = mem_alloc(MEM_COMM, sizeof(float) * (nr + 1));
+  *sbuf = comm_buffer(c, COMM_BUF_OPEN_SEND, ns + 1);
+  *rbuf = comm_buffer(c, COMM_BUF_OPEN_RECV, nr + 1);
 }
 
 static void add(float *dst, const float *src, size_t n) {
@@ -376,8 +376,8 @@ void fma_open_let_return(const struct fma_state *st, struct fma_open_work *w,
       add(g->dK + window_row(st, h, l, wc), in, pw);
       add(g->dV + window_row(st, h, l, wc), in + pw, pw);
     }
-  mem_free(sbuf);
-  mem_free(rbuf);
+  comm_buffer_release(c, COMM_BUF_OPEN_SEND);
+  comm_buffer_release(c, COMM_BUF_OPEN_RECV);
   /* fine blocks: m rows of dk then m of dv each */
   const size_t bw = (size_t)(st->tree.m * st->d);
   send_back(c, f->tok_from, f->tok_to, 2 * bw, &sbuf, &rbuf, cnt);
@@ -398,7 +398,7 @@ void fma_open_let_return(const struct fma_state *st, struct fma_open_work *w,
       add(g->dk + at, in, bw);
       add(g->dv + at, in + bw, bw);
     }
-  mem_free(sbuf);
-  mem_free(rbuf);
+  comm_buffer_release(c, COMM_BUF_OPEN_SEND);
+  comm_buffer_release(c, COMM_BUF_OPEN_RECV);
   free(cnt);
 }

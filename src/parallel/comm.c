@@ -30,9 +30,11 @@ void comm_init(struct comm *c, int seq_ranks) {
   c->exchanges = 0;
   c->transport = &comm_mpi_transport;
   c->overlap = true;
+  memset(c->kept, 0, sizeof c->kept);
 }
 
 void comm_free(struct comm *c) {
+  comm_buffers_free(c);
   MPI_Comm_free(&c->seq);
   MPI_Comm_free(&c->data);
 }
@@ -424,4 +426,30 @@ void comm_wait(struct comm_request *r) {
   free(r->send);
   r->send = NULL;
   r->transport = NULL;
+}
+
+float *comm_buffer(struct comm *c, enum comm_buffer_slot slot, size_t floats) {
+  struct comm_kept_buffer *b = &c->kept[slot];
+  if (b->held) error("internal: exchange buffer %d asked for while in use", (int)slot);
+  if (b->p && (b->cap < floats || b->transport != c->transport)) {
+    b->transport->free(b->p);
+    b->p = NULL;
+  }
+  if (!b->p) {
+    b->cap = floats > b->cap ? floats : b->cap;
+    b->transport = c->transport;
+    b->p = c->transport->alloc(MEM_COMM, b->cap);
+  }
+  b->held = true;
+  return b->p;
+}
+
+void comm_buffer_release(struct comm *c, enum comm_buffer_slot slot) { c->kept[slot].held = false; }
+
+void comm_buffers_free(struct comm *c) {
+  for (int s = 0; s < COMM_BUF_SLOTS; s++) {
+    struct comm_kept_buffer *b = &c->kept[s];
+    if (b->p) b->transport->free(b->p);
+    memset(b, 0, sizeof *b);
+  }
 }

@@ -21,6 +21,26 @@ struct comm_request;
 
 struct comm_transport;
 
+/* The exchange buffers a run keeps (comm_buffer): one per use that can be in flight at once. */
+enum comm_buffer_slot {
+  COMM_BUF_HALO_SEND,
+  COMM_BUF_HALO_RECV,
+  COMM_BUF_LET_SEND, /* the LET's fetch */
+  COMM_BUF_LET_RECV,
+  COMM_BUF_SPAN_SEND, /* the spanning levels' exchange */
+  COMM_BUF_SPAN_RECV,
+  COMM_BUF_OPEN_SEND, /* fma.open's descent */
+  COMM_BUF_OPEN_RECV,
+  COMM_BUF_SLOTS
+};
+
+struct comm_kept_buffer {
+  float *p;
+  size_t cap;                             /* floats */
+  const struct comm_transport *transport; /* whose memory p is */
+  bool held;
+};
+
 struct comm {
   const struct comm_transport *transport; /* the bulk float traffic: MPI (host buffers) */
   void *transport_state;                  /* what another transport keeps (NCCL communicators) */
@@ -34,6 +54,7 @@ struct comm {
    * bench.h5 and diag.h5 report as exchanges per layer */
   uint64_t exchanges;
   bool overlap; /* parallel.overlap: exchanges overlap computation where they can (default) */
+  struct comm_kept_buffer kept[COMM_BUF_SLOTS];
 };
 
 /* Split MPI_COMM_WORLD; world size must be a multiple of seq_ranks (checked by the deck layer). */
@@ -154,6 +175,15 @@ void comm_copy_rows(const struct comm *c, float *dst, size_t dst_stride, const f
                     size_t src_stride, size_t rows, size_t len);
 void comm_add_rows(const struct comm *c, float *dst, size_t dst_stride, const float *src,
                    size_t src_stride, size_t rows, size_t len);
+
+/* An exchange buffer of at least floats floats in the transport's memory (not zeroed), kept by c
+ * for the run: allocated at the first use of its slot and again only when a larger one is asked
+ * for, so a layer's exchanges allocate nothing once the first step has run. The slot is held until
+ * comm_buffer_release; asking for a held slot is an error (two exchanges of one kind in flight).
+ * comm_buffers_free (comm_free, and a transport before it detaches) returns them all. */
+float *comm_buffer(struct comm *c, enum comm_buffer_slot slot, size_t floats);
+void comm_buffer_release(struct comm *c, enum comm_buffer_slot slot);
+void comm_buffers_free(struct comm *c);
 
 #ifdef __cplusplus
 }

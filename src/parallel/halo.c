@@ -78,8 +78,8 @@ static void exchange_start(const struct halo *h, struct comm *c, struct halo_exc
          *rd = sc + 3 * S;
   layout(S, send_a, send_b, narr, rows, d, sc, sd);
   layout(S, x->a, x->b, narr, rows, d, rc, rd);
-  x->sbuf = comm_alloc(c, MEM_COMM, sd[S - 1] + sc[S - 1] + 1);
-  x->rbuf = comm_alloc(c, MEM_COMM, rd[S - 1] + rc[S - 1] + 1);
+  x->sbuf = comm_buffer(c, COMM_BUF_HALO_SEND, sd[S - 1] + sc[S - 1] + 1);
+  x->rbuf = comm_buffer(c, COMM_BUF_HALO_RECV, rd[S - 1] + rc[S - 1] + 1);
   for (int r = 0; r < S; r++) {
     const long len = send_b[r] - send_a[r];
     for (int j = 0; j < narr && len > 0; j++)
@@ -116,8 +116,8 @@ void halo_finish(struct halo_exchange *x) {
                        (size_t)(len * d));
     }
   }
-  comm_free_buffer(c, x->sbuf);
-  comm_free_buffer(c, x->rbuf);
+  comm_buffer_release(c, COMM_BUF_HALO_SEND);
+  comm_buffer_release(c, COMM_BUF_HALO_RECV);
   free(x->counts);
   x->active = false;
 }
