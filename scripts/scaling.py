@@ -154,9 +154,13 @@ def simulate_launch(args, S):
     """(argv prefix, environment, threads) for S simulated ranks: one thread each (a simulated
     node is one core), every rank on its own host of the platform in order."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    if args.fold_memory:
+        env["FMATTN_SMPI_FOLD"] = "1"  # src/core/memory.c: activations on shared pages
     cmd = list(args.mpirun_argv) + ["-np", str(S), "-platform", args.platform,
                                     "--cfg=smpi/display-timing:yes"]
     cmd += ["--cfg=" + c for c in args.smpi_cfg]
+    if args.fold_memory:
+        cmd += ["--cfg=smpi/shared-malloc:local"]
     return cmd, env, 1
 
 
@@ -366,6 +370,7 @@ def finish(args, rows, resolved, cores, cpus, failed=""):
         "platform": args.platform if args.simulate else "",
         "platform_xml": open(args.platform).read() if args.simulate else "",
         "smpi_cfg": " ".join(args.smpi_cfg),
+        "fold_memory": int(bool(args.simulate and args.fold_memory)),
         "hostname": socket.gethostname(),
         "cores": cores,
         "cpus": cpus,
@@ -417,6 +422,12 @@ def main():
                     help="with --simulate: a SimGrid setting for smpirun, repeatable, e.g. "
                     "smpi/coll-selector:ompi (the collectives' algorithms of Open MPI instead of "
                     "SimGrid's defaults); recorded in the results")
+    ap.add_argument("--fold-memory", action="store_true",
+                    help="with --simulate: every simulated rank's activations and workspaces of "
+                    "1 MiB or more share the same physical pages (SimGrid's shared malloc, "
+                    "FMATTN_SMPI_FOLD=1): a rank's memory is its parameters, optimizer and "
+                    "buffers, so 64-128 ranks fit one machine; the values are garbage, the "
+                    "timings are not. Recorded in the results")
     ap.add_argument("--extra", default="", help="more fmattn settings for every run, as one "
                     "string: \"--set a.b=c --set d.e=f\"")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -431,8 +442,8 @@ def main():
         die(f"deck '{args.deck}' not found (run from the repository root, or give --deck)")
     if args.simulate:
         args.platform = platform_path(args.simulate)
-    elif args.smpi_cfg:
-        die("--smpi-cfg sets SimGrid's smpirun: give --simulate PLATFORM too")
+    elif args.smpi_cfg or args.fold_memory:
+        die("--smpi-cfg and --fold-memory are for SimGrid's smpirun: give --simulate PLATFORM too")
     if args.mpirun is None:
         args.mpirun = "smpirun" if args.simulate else "mpirun"
     if not args.dry_run and os.path.isfile(args.fmattn):

@@ -92,6 +92,20 @@ check "every simulated step took positive time" py -c "
 import h5py, sys
 t = h5py.File('out/s2d2_smpi/diag.h5', 'r')['train/step_ms'][...]
 sys.exit(0 if len(t) and (t > 0).all() else 1)"
+# folded memory (scripts/scaling.py --fold-memory): every simulated rank's activations and
+# workspaces of 1 MiB or more on shared pages, so that 64-128 ranks fit one machine; a bench step
+# at 2K tokens per rank (dim 128: its blocks reach 1 MiB) runs and reports what it folded
+check "FMATTN_SMPI_FOLD=1 with smpi/shared-malloc:local: a bench step runs, with blocks folded" sh -c "
+  FMATTN_SMPI_FOLD=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 smpirun -np 4 -platform '$PLATFORM' -hostfile hosts \
+    --cfg=smpi/shared-malloc:local '$S' '$D' --set run.name=fold --set run.mode=bench \
+    --set bench.what=train --set bench.n_list=8192 --set model.context=8192 --set model.dim=128 \
+    --set parallel.seq_ranks=4 --set bench.repeats=1 > fold.log 2>&1 || { tail -n 30 fold.log; exit 1; }
+  mib=\$(sed -n 's/.*: \\([0-9.]*\\) MiB of rank 0.s activations and workspaces folded onto.*/\\1/p' fold.log)
+  [ -n \"\$mib\" ] && awk -v m=\"\$mib\" 'BEGIN { exit !(m > 1) }'"
+check "the folded step's time is positive and finite" py -c "
+import h5py, math, sys
+t = h5py.File('out/fold/bench.h5', 'r')['train/step_ms'][...]
+sys.exit(0 if len(t) and all(math.isfinite(x) and x > 0 for x in t) else 1)"
 # the GPU-node platform of scripts/simgrid/gpu_platform.py: within a node faster than across
 check "gpu_platform.py writes a platform; pingpong is faster within a node than across nodes" sh -c "
   ${PYTHON3:-/usr/bin/python3} '$SRCDIR/scripts/simgrid/gpu_platform.py' 100 2 > gpu.xml &&

@@ -22,6 +22,10 @@
 #include "core/error.h"
 #include "core/fault.h"
 
+#ifdef FMATTN_SMPI
+#include <smpi/smpi.h>
+#endif
+
 #define MEM_ALIGN   64
 #define MEM_MAP_MIN ((size_t)16 << 20)
 
@@ -54,7 +58,98 @@ __attribute__((constructor)) static void mem_malloc_settings(void) {
 #endif
 }
 
+static void count_block(enum mem_label label, size_t bytes) {
+#pragma omp critical(fmattn_memory)
+  {
+    mem_cur_[label] += bytes;
+    if (mem_cur_[label] > mem_peak_[label]) mem_peak_[label] = mem_cur_[label];
+    mem_total_cur_ += bytes;
+    if (mem_total_cur_ > mem_total_peak_) mem_total_peak_ = mem_total_cur_;
+  }
+}
+
+static void uncount_block(enum mem_label label, size_t bytes) {
+#pragma omp critical(fmattn_memory)
+  {
+    mem_cur_[label] -= bytes;
+    mem_total_cur_ -= bytes;
+  }
+}
+
+#ifdef FMATTN_SMPI
+/* Folded memory, for simulations only (FMATTN_SMPI_FOLD=1 in the environment of the SMPI build,
+ * run with --cfg=smpi/shared-malloc:local): the activations' and workspaces' blocks of FOLD_MIN
+ * bytes or more come from SimGrid's shared malloc, keyed by the block's ordinal on its rank, so
+ * the k-th block of every simulated rank lies on the same physical pages while a rank's own
+ * blocks never overlap. (SimGrid's global mode maps every block of every rank onto one 1 MiB
+ * file: a rank's operands then alias each other and its arithmetic ran 3-8x slower.) The values
+ * are garbage where ranks overwrite each other between their bursts; the timings are not: every
+ * rank runs its arithmetic on distinct memory of the right size. A folded block is never given
+ * back: freed, it waits here for the next request it fits (at most twice its size), so a step's
+ * blocks are mapped and faulted once per run, not at every allocation (which made shared malloc
+ * 7x slower per step on this VM). Sizes and labels live in this table, never in the shared pages;
+ * under SMPI's privatisation each simulated rank has its own. */
+#define FOLD_MIN ((size_t)1 << 20)
+struct fold_block {
+  char *p;
+  size_t cap, bytes;
+  int label;
+  bool used;
+};
+static struct fold_block *fold_;
+static size_t fold_n_, fold_cap_;
+static int fold_on_ = -1;
+
+static bool fold_wanted(enum mem_label label, size_t bytes) {
+  if (fold_on_ < 0) {
+    const char *e = getenv("FMATTN_SMPI_FOLD");
+    fold_on_ = e && strcmp(e, "1") == 0;
+  }
+  return fold_on_ && bytes >= FOLD_MIN && (label == MEM_ACTIVATIONS || label == MEM_WORKSPACE);
+}
+
+static void *fold_alloc(enum mem_label label, size_t bytes, bool zero) {
+  struct fold_block *best = NULL;
+  for (size_t i = 0; i < fold_n_; i++) {
+    struct fold_block *b = &fold_[i];
+    if (!b->used && b->cap >= bytes && b->cap / 2 <= bytes && (!best || b->cap < best->cap))
+      best = b;
+  }
+  if (!best) {
+    if (fold_n_ == fold_cap_) {
+      fold_cap_ = fold_cap_ ? 2 * fold_cap_ : 64;
+      fold_ = realloc(fold_, sizeof *fold_ * fold_cap_);
+      if (!fold_) error("out of memory: the folded blocks' table");
+    }
+    best = &fold_[fold_n_];
+    best->p = smpi_shared_malloc(bytes, "fmattn-fold", (int)fold_n_);
+    fold_n_++;
+    if (!best->p) error("out of memory: %zu bytes of SimGrid shared memory", bytes);
+    best->cap = bytes;
+  }
+  best->used = true;
+  best->bytes = bytes;
+  best->label = (int)label;
+  if (zero) memset(best->p, 0, bytes);
+  count_block(label, bytes);
+  return best->p;
+}
+
+static bool fold_free(void *ptr) {
+  for (size_t i = 0; i < fold_n_; i++)
+    if (fold_[i].p == ptr && fold_[i].used) {
+      fold_[i].used = false;
+      uncount_block((enum mem_label)fold_[i].label, fold_[i].bytes);
+      return true;
+    }
+  return false;
+}
+#endif
+
 static void *mem_block(enum mem_label label, size_t bytes, bool zero) {
+#ifdef FMATTN_SMPI
+  if (fold_wanted(label, bytes)) return fold_alloc(label, bytes, zero);
+#endif
   void *raw = NULL;
   size_t mapped = 0;
   if (MEM_ALIGN + bytes >= MEM_MAP_MIN) {
@@ -79,13 +174,7 @@ static void *mem_block(enum mem_label label, size_t bytes, bool zero) {
   h->mapped = mapped;
   h->label = (int)label;
   h->magic = 0xF3A77E11u;
-#pragma omp critical(fmattn_memory)
-  {
-    mem_cur_[label] += bytes;
-    if (mem_cur_[label] > mem_peak_[label]) mem_peak_[label] = mem_cur_[label];
-    mem_total_cur_ += bytes;
-    if (mem_total_cur_ > mem_total_peak_) mem_total_peak_ = mem_total_cur_;
-  }
+  count_block(label, bytes);
   return (char *)raw + MEM_ALIGN;
 }
 
@@ -97,18 +186,25 @@ void *mem_alloc_uninit(enum mem_label label, size_t bytes) {
 
 void mem_free(void *ptr) {
   if (!ptr) return;
+#ifdef FMATTN_SMPI
+  if (fold_on_ > 0 && fold_free(ptr)) return;
+#endif
   struct mem_header *h = (struct mem_header *)((char *)ptr - MEM_ALIGN);
   if (h->magic != 0xF3A77E11u) error("mem_free of a pointer not from mem_alloc");
   h->magic = 0;
-#pragma omp critical(fmattn_memory)
-  {
-    mem_cur_[h->label] -= h->bytes;
-    mem_total_cur_ -= h->bytes;
-  }
+  uncount_block((enum mem_label)h->label, h->bytes);
   if (h->mapped)
     munmap(h, h->mapped);
   else
     free(h);
+}
+
+size_t mem_folded_bytes(void) {
+  size_t bytes = 0;
+#ifdef FMATTN_SMPI
+  for (size_t i = 0; i < fold_n_; i++) bytes += fold_[i].cap;
+#endif
+  return bytes;
 }
 
 size_t mem_current(enum mem_label label) { return mem_cur_[label]; }

@@ -45,6 +45,10 @@ void mem_device_reset_peak(enum mem_label label);
 /* Every peak, host and device, by label and in all, back to what is in use now. */
 void mem_reset_peaks(void);
 
+/* Bytes of this rank's blocks folded onto pages shared by every simulated rank (an SMPI build run
+ * with FMATTN_SMPI_FOLD=1; memory.c): 0 otherwise. */
+size_t mem_folded_bytes(void);
+
 /* Resident set size high-water mark of this process (from getrusage), bytes. */
 size_t mem_process_peak_rss(void);
 

@@ -403,6 +403,7 @@ static bool bench_attention_one(const struct config *cfg, long n, int repeats, d
 struct comm_row {
   char variant[64];
   double n, open, seq_ranks, bytes, exchanges, fwd_ms, bwd_ms;
+  double work_imbalance; /* the busiest rank's attention FLOPs (the variant's count) / the mean */
 };
 
 static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, int repeats,
@@ -413,9 +414,10 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   struct timed_op o;
   timed_op_open(&o, cfg, comm,
                 (struct attn_dims){B, H, T, d, n, t0, cfg->model.objective == OBJECTIVE_CLM});
-  double p2p = 0.0, flops = v->flops(&o.ctx, &p2p);
+  double p2p = 0.0, flops = v->flops(&o.ctx, &p2p), most = flops;
   /* judge the time by the whole job's FLOPs against the machine's rate (all ranks) */
   comm_allreduce_sum_double(comm, COMM_SEQ, &flops, 1);
+  comm_allreduce_max_double(comm, COMM_SEQ, &most, 1);
   const double est = 3.0 * flops / (0.5 * rate * 1e9);
   char label[64];
   if (est > BENCH_MAX_SECONDS) {
@@ -450,11 +452,12 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   row->exchanges = exchanges;
   row->fwd_ms = median(tf, repeats);
   row->bwd_ms = median(tb, repeats);
+  row->work_imbalance = flops > 0 ? most * (double)S / flops : 1.0;
   message(
       "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | %4.0f exchanges | fwd "
-      "%9.2f ms | bwd %9.2f ms",
+      "%9.2f ms | bwd %9.2f ms | work max/mean %.3f",
       row_label(cfg, v, label, sizeof label), n, row->bytes, row->bytes / 1048576.0, row->exchanges,
-      row->fwd_ms, row->bwd_ms);
+      row->fwd_ms, row->bwd_ms, row->work_imbalance);
   free(tf);
   free(tb);
   timed_op_close(&o);
@@ -674,6 +677,12 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
       "communication %.1f ms on the busiest rank, %.1f on average",
       m.n, row->near_ms, row->far_ms, row->exchange_ms, row->allreduce_ms, row->optimizer_ms,
       row->busy_max_ms, row->busy_mean_ms);
+  if (mem_folded_bytes() > 0)
+    message(
+        "  train      n = %8ld: %.1f MiB of rank 0's activations and workspaces folded onto "
+        "pages every simulated rank shares (FMATTN_SMPI_FOLD): the times stand, the values "
+        "do not",
+        m.n, (double)mem_folded_bytes() / 1048576.0);
   const double passes = row->norm_ms + row->activation_ms + row->dropout_ms + row->copy_ms +
                         row->loss_ms + row->other_ms;
   /* on a GPU the kinds time the host's launches, not the device's work: /gpu counts it instead */
@@ -1011,6 +1020,10 @@ static const struct column comm_columns[] = {
      "rank): collectives, sendrecvs, alltoallvs, non-blocking exchanges"},
     NUM(comm_row, fwd_ms, "milliseconds, median forward (slowest rank)"),
     NUM(comm_row, bwd_ms, "milliseconds, median backward (slowest rank)"),
+    NUM(comm_row, work_imbalance,
+        "the busiest sequence rank's attention FLOPs over the mean (the variant's own count of its "
+        "slab's work: near pairs and far rows from the interaction lists, the upward pass shared "
+        "equally); 1 = balanced"),
 };
 static const struct column gen_columns[] = {
     TEXT(gen_row, variant, "attention variant"),
