@@ -156,6 +156,10 @@ def simulate_launch(args, S):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     if args.fold_memory:
         env["FMATTN_SMPI_FOLD"] = "1"  # src/core/memory.c: activations on shared pages
+    if args.sample:
+        env["FMATTN_SMPI_SAMPLE"] = str(args.sample)  # src/parallel/simsample.h
+    if args.sample_rates:
+        env["FMATTN_SMPI_SAMPLE_LOAD"] = os.path.abspath(args.sample_rates)
     cmd = list(args.mpirun_argv) + ["-np", str(S), "-platform", args.platform,
                                     "--cfg=smpi/display-timing:yes"]
     cmd += ["--cfg=" + c for c in args.smpi_cfg]
@@ -202,7 +206,9 @@ def fmattn_args(args, deck_extra, kind, S, n, run_name, out_dir):
     return words
 
 
-def show(cmd, env, keys=("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMP_NUM_THREADS")):
+def show(cmd, env, keys=("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMP_NUM_THREADS",
+                         "FMATTN_SMPI_FOLD", "FMATTN_SMPI_SAMPLE", "FMATTN_SMPI_SAMPLE_SAVE",
+                         "FMATTN_SMPI_SAMPLE_LOAD")):
     pre = " ".join(f"{k}={env[k]}" for k in keys if k in env)
     return (pre + " " if pre else "") + shlex.join(cmd)
 
@@ -371,6 +377,9 @@ def finish(args, rows, resolved, cores, cpus, failed=""):
         "platform_xml": open(args.platform).read() if args.simulate else "",
         "smpi_cfg": " ".join(args.smpi_cfg),
         "fold_memory": int(bool(args.simulate and args.fold_memory)),
+        "sample": int(args.sample if args.simulate else 0),
+        "sample_rates": (open(args.sample_rates).read() if args.simulate and args.sample_rates
+                         else ""),
         "hostname": socket.gethostname(),
         "cores": cores,
         "cpus": cpus,
@@ -428,6 +437,20 @@ def main():
                     "FMATTN_SMPI_FOLD=1): a rank's memory is its parameters, optimizer and "
                     "buffers, so 64-128 ranks fit one machine; the values are garbage, the "
                     "timings are not. Recorded in the results")
+    ap.add_argument("--sample", type=int, default=0, metavar="K",
+                    help="with --simulate: sampled compute (FMATTN_SMPI_SAMPLE=K): once every "
+                    "rank's warm-up step is done, each region of arithmetic (a model pass, an "
+                    "fma operator) runs for real K times, on whichever ranks reach it first, and "
+                    "is then skipped on every rank and charged its measured rate times the "
+                    "rank's own work; the simulated ranks then cost what a few cost, not what 64 "
+                    "sharing one process's caches cost, and a sweep runs many times faster. "
+                    "Each run writes its rates to sampled_rates.txt in its directory. "
+                    "Recorded in the results (0: off)")
+    ap.add_argument("--sample-rates", metavar="FILE", default="",
+                    help="with --sample: charge every run at the rates in FILE (a run's "
+                    "sampled_rates.txt, e.g. the S = 1 run's), measuring only sites it lacks: "
+                    "every rank then computes as fast as one rank alone did. Recorded in the "
+                    "results")
     ap.add_argument("--extra", default="", help="more fmattn settings for every run, as one "
                     "string: \"--set a.b=c --set d.e=f\"")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -442,8 +465,15 @@ def main():
         die(f"deck '{args.deck}' not found (run from the repository root, or give --deck)")
     if args.simulate:
         args.platform = platform_path(args.simulate)
-    elif args.smpi_cfg or args.fold_memory:
-        die("--smpi-cfg and --fold-memory are for SimGrid's smpirun: give --simulate PLATFORM too")
+    elif args.smpi_cfg or args.fold_memory or args.sample:
+        die("--smpi-cfg, --fold-memory and --sample are for SimGrid's smpirun: give --simulate "
+            "PLATFORM too")
+    if args.sample < 0:
+        die("--sample must be >= 0")
+    if args.sample_rates and not args.sample:
+        die("--sample-rates needs --sample K")
+    if args.sample_rates and not os.path.isfile(args.sample_rates):
+        die(f"--sample-rates: no file '{args.sample_rates}'")
     if args.mpirun is None:
         args.mpirun = "smpirun" if args.simulate else "mpirun"
     if not args.dry_run and os.path.isfile(args.fmattn):
@@ -485,6 +515,8 @@ def main():
     for kind, S, n in points:
         name = f"scaling_{kind}_S{S}_n{n}"
         pre, env, threads = launch(args, S, cores, user_threads)
+        if args.simulate and args.sample:  # each run's measured rates, for --sample-rates
+            env["FMATTN_SMPI_SAMPLE_SAVE"] = os.path.join(out_dir, name, "sampled_rates.txt")
         cmd = pre + fmattn_args(args, extra, kind, S, n, name, out_dir)
         plan.append((kind, S, n, name, cmd, env, threads))
     where = (f"simulated on {args.platform} (SimGrid SMPI; computation timed on "

@@ -13,6 +13,7 @@
 #include "deck/config.h"
 #include "model/backend.h"
 #include "parallel/comm.h"
+#include "parallel/simsample.h"
 #include "run/bench.h"
 #include "run/eval.h"
 #include "run/generate.h"
@@ -125,6 +126,7 @@ int main(int argc, char **argv) {
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   error_set_rank(rank, world);
+  sim_sample_open(MPI_COMM_WORLD); /* simulations only (simsample.h) */
   if (blas_core_note()[0] && rank == 0) {
     if (blas_core_corrected_from())
       message("%s", blas_core_note());

@@ -97,6 +97,10 @@ expect_fail "scaling.py refuses --extra that sets a key the sweep owns" "paralle
   "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --extra "--set parallel.seq_ranks=4"
 expect_fail "scaling.py refuses a deck fmattn rejects" "rejected the deck" \
   "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --extra "--set attention.fma.m=3"
+expect_fail "scaling.py refuses --sample without --simulate" "give --simulate PLATFORM too" \
+  "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --sample 3
+expect_fail "scaling.py refuses --sample-rates without --sample" "--sample-rates needs --sample K" \
+  "$P" scripts/scaling.py --fmattn "$FMATTN" --dry-run --simulate ndr --sample-rates /dev/null
 expect_fail "plot_scaling.py names a missing file" "absent.h5 not found" \
   "$P" scripts/plot_scaling.py "$WORK/absent.h5" -o "$WORK/plots"
 # the variant comparison, --quick: two variants, a few steps, on a text Debian always ships

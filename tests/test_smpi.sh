@@ -106,6 +106,32 @@ check "the folded step's time is positive and finite" py -c "
 import h5py, math, sys
 t = h5py.File('out/fold/bench.h5', 'r')['train/step_ms'][...]
 sys.exit(0 if len(t) and all(math.isfinite(x) and x > 0 for x in t) else 1)"
+# the fma operators' timers read inside one burst (core/timer.h's regions): their times are
+# positive and part of the step's
+check "the near and far fields' simulated times are positive and within the step" py -c "
+import h5py, sys
+t = h5py.File('out/fold/bench.h5', 'r')['train']
+step, near, far = t['step_ms'][0], t['near_ms'][0], t['far_ms'][0]
+print(step, near, far)
+sys.exit(0 if 0 < near and 0 < far and near + far < step else 1)"
+# sampled compute (scripts/scaling.py --sample, src/parallel/simsample.h): after the warm-up step
+# each region runs for real twice, then every rank is charged its measured rate; the step costs
+# about what the unsampled one does, and a malformed setting is refused
+check "FMATTN_SMPI_SAMPLE=2: the bench's steps skip measured regions and are charged for them" sh -c "
+  FMATTN_SMPI_SAMPLE=2 FMATTN_SMPI_FOLD=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 smpirun -np 4 \
+    -platform '$PLATFORM' -hostfile hosts --cfg=smpi/shared-malloc:local '$S' '$D' \
+    --set run.name=sampled --set run.mode=bench --set bench.what=train --set bench.n_list=8192 \
+    --set model.context=8192 --set model.dim=128 --set parallel.seq_ranks=4 --set bench.repeats=3 \
+    > sampled.log 2>&1 || { tail -n 30 sampled.log; exit 1; }
+  grep 'sampled compute' sampled.log | awk '{ for (i = 1; i < NF; i++) if (\$(i+1) == \"it\") n = \$i } END { exit !(n > 0) }'"
+check "the sampled step costs what the unsampled one does (within 2x)" py -c "
+import h5py, sys
+a = h5py.File('out/fold/bench.h5', 'r')['train/step_ms'][0]
+b = h5py.File('out/sampled/bench.h5', 'r')['train/step_ms'][0]
+print(a, b)
+sys.exit(0 if 0.5 < b / a < 2.0 else 1)"
+expect_fail "FMATTN_SMPI_SAMPLE=many is refused" "FMATTN_SMPI_SAMPLE: expected the measurements per site" \
+  env FMATTN_SMPI_SAMPLE=many smpirun -np 1 -platform "$PLATFORM" "$S" "$D" --set run.name=badsample
 # the GPU-node platform of scripts/simgrid/gpu_platform.py: within a node faster than across
 check "gpu_platform.py writes a platform; pingpong is faster within a node than across nodes" sh -c "
   ${PYTHON3:-/usr/bin/python3} '$SRCDIR/scripts/simgrid/gpu_platform.py' 100 2 > gpu.xml &&

@@ -16,6 +16,7 @@
 #include "fma/let.h"
 #include "fma/open.h"
 #include "parallel/halo.h"
+#include "parallel/simsample.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -165,6 +166,20 @@ static void merge_times(struct fma_times *into, const struct fma_times *t) {
 
 static int nsets(const struct fma_state *st) { return st->linear ? 3 : 2; }
 
+/* The summary rows this rank's query blocks list (windows times p, every level): the far
+ * field's work per head, by which a sampled simulation charges it (simsample.h) and the FLOPs
+ * count it. */
+static double far_rows(const struct fma_state *st) {
+  const struct fma_tree *tr = &st->tree;
+  long windows[FMA_LIST_MAX];
+  double rows = 0.0;
+  for (long b = st->t0 / tr->m; b < (st->t0 + st->T) / tr->m; b++)
+    for (int l = 1; l <= tr->levels; l++)
+      rows +=
+          (double)fma_lists_level(tr, st->causal, l, b * tr->m / tr->window[l], windows) * tr->p;
+  return rows;
+}
+
 /* Everything evaluate reads, for `count` heads: the summaries of every set (under sequence
  * parallelism, completed and fetched by the locally essential tree) and the keys and values from
  * global row st->klo (the slab itself, or a copy with the near-field halo). */
@@ -213,6 +228,11 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
     in->X[s] = mem_alloc(MEM_WORKSPACE, sizeof(float) * (size_t)(count * rows * d + 1));
     float *X = in->X[s];
     const struct fma_down_weights *w = &in->w[s];
+    struct sim_sample smp;
+    if (!sim_sample_begin(&smp, "fma upward", (double)count)) {
+      times->p2m += smp.charged;
+      continue;
+    }
 #pragma omp parallel
     {
       struct fma_times t = {0};
@@ -221,6 +241,7 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
         fma_upward_pass(st, X + h * rows * d, src[s] + h * T * d, w, &t);
       merge_times(times, &t);
     }
+    sim_sample_end(&smp);
   }
   if (st->let) {
     fma_let_upward(st, ctx->comm, in->X, nsets(st), count, in->w, times,
@@ -376,6 +397,12 @@ static void evaluate_forward(const struct fma_state *st, struct fma_inputs *in, 
   const long chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK;
   for (int far = 0; far <= 1; far++) {
     if (far) fma_let_fetch_finish(st, &in->fetch, times);
+    struct sim_sample smp;
+    if (!sim_sample_begin(&smp, far ? "fma far forward" : "fma near forward",
+                          far && sim_sampling() ? (double)BH * far_rows(st) : (double)BH)) {
+      *(far ? &times->m2p : &times->p2p) += smp.charged;
+      continue;
+    }
 #pragma omp parallel
     {
       struct fma_times t = {0};
@@ -394,6 +421,7 @@ static void evaluate_forward(const struct fma_state *st, struct fma_inputs *in, 
         }
       merge_times(times, &t);
     }
+    sim_sample_end(&smp);
   }
 }
 
@@ -445,18 +473,22 @@ static void upward_backward(const struct fma_state *st, const struct fma_inputs 
                             float *const *dsrc, const float *const *src, float *const *dX,
                             float *dparams, long BH, struct fma_times *times) {
   const long T = st->T, d = st->d, rows = st->rows;
+  struct sim_sample smp;
+  const bool run = sim_sample_begin(&smp, "fma upward backward", (double)BH);
+  if (run) {
 #pragma omp parallel
-  {
-    struct fma_times t = {0};
+    {
+      struct fma_times t = {0};
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < BH; bh++)
-      for (int s = 0; s < nsets(st); s++)
-        fma_upward_pass_backward(st, dsrc[s] + bh * T * d, dX[s] + bh * rows * d, &in->w[s], &t);
-    merge_times(times, &t);
+      for (long bh = 0; bh < BH; bh++)
+        for (int s = 0; s < nsets(st); s++)
+          fma_upward_pass_backward(st, dsrc[s] + bh * T * d, dX[s] + bh * rows * d, &in->w[s], &t);
+      merge_times(times, &t);
+    }
   }
   double t0 = timer_now();
   for (int s = 0; s < nsets(st); s++) {
-    if (dparams && st->down != FMA_DOWN_AVG) {
+    if (run && dparams && st->down != FMA_DOWN_AVG) {
       struct fma_down_weights dw;
       fma_weights_zero(st, &dw);
       fma_upward_param_grads(st, &dw, src[s], in->X[s], dX[s], BH);
@@ -465,7 +497,8 @@ static void upward_backward(const struct fma_state *st, const struct fma_inputs 
     }
     mem_free(dX[s]);
   }
-  times->p2m += timer_now() - t0;
+  if (run) sim_sample_end(&smp);
+  times->p2m += timer_now() - t0 + smp.charged;
 }
 
 /* evaluate's transposes for every (batch, head), one per task so that scattered updates never
@@ -478,6 +511,13 @@ static void evaluate_backward(const struct fma_state *st, struct fma_inputs *in,
   const long T = st->T, d = st->d, rows = st->rows, ks = in->kstride;
   for (int far = 0; far <= (st->linear ? 0 : 1); far++) {
     if (far) fma_let_fetch_finish(st, &in->fetch, times);
+    struct sim_sample smp;
+    if (!st->linear &&
+        !sim_sample_begin(&smp, far ? "fma far backward" : "fma near backward",
+                          far && sim_sampling() ? (double)BH * far_rows(st) : (double)BH)) {
+      *(far ? &times->m2p : &times->p2p) += smp.charged;
+      continue;
+    }
 #pragma omp parallel
     {
       struct fma_times t = {0};
@@ -499,6 +539,7 @@ static void evaluate_backward(const struct fma_state *st, struct fma_inputs *in,
       }
       merge_times(times, &t);
     }
+    if (!st->linear) sim_sample_end(&smp);
   }
 }
 
@@ -637,10 +678,6 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
     int cnt = fma_lists_near(tr, st->causal, b, blocks);
     near_exec += m * m * cnt;
     near_pairs += st->causal ? m * m * (cnt - 1) + m * (m + 1) / 2 : m * m * cnt;
-    for (int l = 1; l <= tr->levels && !st->linear; l++) {
-      int nw = fma_lists_level(tr, st->causal, l, b * tr->m / tr->window[l], windows);
-      far += m * nw * tr->p;
-    }
     /* fma.open: every slot of the far row as if used (the opened windows' children and fine
      * blocks; random inputs fill nearly all) — what the opening executes, an upper bound of the
      * pairs a query's softmax keeps */
@@ -662,6 +699,7 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
         int nw = fma_lists_level(tr, st->causal, l, rho / tr->p, windows);
         far += (double)nw * tr->p * share;
       }
+  if (!st->linear) far += m * far_rows(st);
   *p2p_flops = 4.0 * d * near_exec * BH;
   return BH * (4.0 * d * (near_pairs + far) + up * share * d * nsets(st));
 }

@@ -43,6 +43,22 @@ enum timer_id {
 #define TIMER_DIAG_COUNT (TIMER_IO + 1)
 
 double timer_now(void); /* seconds, monotonic */
+
+/* A stretch of arithmetic with no communication inside (simsample.h's regions). In the SimGrid
+ * SMPI build every clock reading asks the simulation for its time, which ends the rank's burst
+ * and lets every other simulated rank run before this one goes on: the fma operators' timers,
+ * read per block of 64 queries, then interleave 64 ranks block by block on the simulating core,
+ * and each rank's arithmetic finds the caches the others left. Inside a region timer_now()
+ * instead reads the simulating core's clock from the region's start, scaled as SMPI charges a
+ * burst (measured once per rank), and the region is one burst. Nests; no-ops in
+ * every other build. */
+#ifdef FMATTN_SMPI
+void timer_region_begin(void);
+void timer_region_end(void);
+#else
+static inline void timer_region_begin(void) {}
+static inline void timer_region_end(void) {}
+#endif
 void timer_start(enum timer_id id);
 void timer_stop(enum timer_id id);
 /* Add time measured elsewhere (e.g. summed over threads) to a timer. */

@@ -14,6 +14,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "nn/layers.h"
+#include "parallel/simsample.h"
 
 #include "model/backend.h"
 
@@ -383,12 +384,20 @@ void model_sync_to_device(struct model *m) {
  * forward */
 
 /* One back-end call timed under its phase (timer.h): bench's per-phase breakdown of a step. On a
- * GPU the phases measure the host's launches, not the kernels (the queue is not drained). */
-#define PHASE(id, call) \
-  do {                  \
-    timer_start(id);    \
-    call;               \
-    timer_stop(id);     \
+ * GPU the phases measure the host's launches, not the kernels (the queue is not drained). In a
+ * sampled simulation each call site is a site of its own, charged its measured mean once
+ * measured (simsample.h). */
+#define PHASE_STR_(x) #x
+#define PHASE_STR(x)  PHASE_STR_(x)
+#define PHASE(id, call)                                                                    \
+  do {                                                                                     \
+    timer_start(id);                                                                       \
+    struct sim_sample phase_sample_;                                                       \
+    if (sim_sample_begin(&phase_sample_, "model.c:" PHASE_STR(__LINE__) " " #call, 1.0)) { \
+      call;                                                                                \
+      sim_sample_end(&phase_sample_);                                                      \
+    }                                                                                      \
+    timer_stop(id);                                                                        \
   } while (0)
 
 static struct dropout_key drop_key(const struct model *m, long step, int site, bool train) {

@@ -25,6 +25,7 @@
 #include "model/backend.h"
 #include "model/model.h"
 #include "model/optimizer.h"
+#include "parallel/simsample.h"
 #include "run/train.h"
 
 #define BENCH_ROWS 256
@@ -599,6 +600,7 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
     if (r == 0) {
       train_phases(phase0);
       counts_begin(m.be);
+      sim_sample_arm(); /* a sampled simulation measures from here (simsample.h) */
     }
     double t0 = timer_now();
     model_zero_grads(&m);
@@ -683,6 +685,13 @@ static bool bench_train_one(const struct config *cfg, struct comm *comm, int rep
         "pages every simulated rank shares (FMATTN_SMPI_FOLD): the times stand, the values "
         "do not",
         m.n, (double)mem_folded_bytes() / 1048576.0);
+  long sampled_run, sampled_skipped;
+  if (sim_sample_counts(&sampled_run, &sampled_skipped))
+    message(
+        "  train      n = %8ld: sampled compute (FMATTN_SMPI_SAMPLE): rank 0 ran %ld measured "
+        "regions and was charged for %ld it skipped, at their sites' measured rates",
+        m.n, sampled_run, sampled_skipped);
+  sim_sample_report(8);
   const double passes = row->norm_ms + row->activation_ms + row->dropout_ms + row->copy_ms +
                         row->loss_ms + row->other_ms;
   /* on a GPU the kinds time the host's launches, not the device's work: /gpu counts it instead */
