@@ -28,8 +28,9 @@ static double real_now(void) {
 
 /* Simulated seconds per second of the simulating core, as SMPI charges this rank's bursts
  * (smpi/host-speed over the host's speed in the platform; 0 under smpi/simulate-computation:no):
- * measured once per rank on a burst of 2 ms, since SimGrid keeps smpi/host-speed where
- * sg_cfg_get_double cannot read it. */
+ * measured on a burst of 2 ms, since SimGrid keeps smpi/host-speed where sg_cfg_get_double cannot
+ * read it — while no other rank computes on the host (timer_region_calibrate), or else the
+ * host's sharing would enter the scale. */
 static double burst_scale(void) {
   double sim0 = timer_now(), real0 = real_now(), real1;
   volatile double x = 0.0;
@@ -40,6 +41,8 @@ static double burst_scale(void) {
   const double scale = (timer_now() - sim0) / (real1 - real0);
   return scale > 0.0 ? scale : 1e-300; /* 1e-300: measured, no computation simulated */
 }
+
+void timer_region_calibrate(void) { region_scale_ = burst_scale(); }
 
 void timer_region_begin(void) {
   if (region_depth_ > 0) {

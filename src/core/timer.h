@@ -55,6 +55,9 @@ double timer_now(void); /* seconds, monotonic */
 #ifdef FMATTN_SMPI
 void timer_region_begin(void);
 void timer_region_end(void);
+/* Measure this rank's scale now (simsample.c calls it on one rank at a time at start-up, so that
+ * no other rank shares the simulated host meanwhile); else the first region measures it. */
+void timer_region_calibrate(void);
 #else
 static inline void timer_region_begin(void) {}
 static inline void timer_region_end(void) {}

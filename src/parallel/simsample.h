@@ -35,8 +35,9 @@ struct sim_sample {
 };
 
 #ifdef FMATTN_SMPI
-/* After MPI_Init, on every rank of MPI_COMM_WORLD (collective): reads FMATTN_SMPI_SAMPLE (the
- * measurements per site; unset or 0: off) and shares one table among the simulated ranks. */
+/* After MPI_Init, on every rank of MPI_COMM_WORLD (collective): measures the regions' clock
+ * scale (timer.h) one rank at a time, reads FMATTN_SMPI_SAMPLE (the measurements per site; unset
+ * or 0: off) and shares one table among the simulated ranks. */
 void sim_sample_open(MPI_Comm world);
 /* A rank's warm-up step is done: measuring starts once every rank has said so. Idempotent. Only
  * bench's training steps call it (a training run's losses would be stale), so every other mode
