@@ -20,7 +20,7 @@ pkg-config --exists hdf5-serial 2> /dev/null ||
   skip_all "./configure --enable-smpi && make # SKIP no serial HDF5 (pkg-config hdf5-serial); install libhdf5-dev"
 copy_source_tree "./configure --enable-smpi && make"
 cd tree || exit 1
-unset MAKEFLAGS MFLAGS MAKELEVEL
+unset MAKEFLAGS MFLAGS MAKELEVEL TESTS # the outer make check's TESTS= reaches the environment
 check "./bootstrap" sh -c "./bootstrap > bootstrap.log 2>&1 || { cat bootstrap.log; exit 1; }"
 expect_fail "./configure --enable-smpi --with-cuda is refused" \
   "--enable-smpi and --with-cuda exclude each other" ./configure --enable-smpi --with-cuda
