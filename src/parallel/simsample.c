@@ -51,14 +51,14 @@ static struct sim_site *site_of(const char *name) {
   return s;
 }
 
-/* The rates another run measured (sim_sample_save's file): its sites count as measured. Rank 0,
- * before the table is shared; false on a malformed file. */
+/* The rates another run measured (the file sim_sample_report writes to FMATTN_SMPI_SAMPLE_SAVE):
+ * its sites count as measured. Rank 0, before the table is shared; false on a malformed file. */
 static bool load(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return false;
   char line[512];
   bool ok = true;
-  while (ok && fgets(line, sizeof line, f)) {
+  while (fgets(line, sizeof line, f)) {
     char *tab = strchr(line, '\t');
     int n;
     double seconds, work;
