@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "fma/balance.h"
 #include "fma/fma.h"
 #include "fma/let.h"
 #include "fma/open.h"
@@ -166,15 +167,15 @@ static void merge_times(struct fma_times *into, const struct fma_times *t) {
 
 static int nsets(const struct fma_state *st) { return st->linear ? 3 : 2; }
 
-/* The summary rows this rank's query blocks list (windows times p, every level): the far
- * field's work per head, by which a sampled simulation charges it (simsample.h) and the FLOPs
- * count it. */
+/* The summary rows this rank's query blocks list (windows times p, every level but those a
+ * helper evaluates: fma/balance.h): the far field's work per head, by which a sampled simulation
+ * charges it (simsample.h) and the FLOPs count it. */
 static double far_rows(const struct fma_state *st) {
   const struct fma_tree *tr = &st->tree;
   long windows[FMA_LIST_MAX];
   double rows = 0.0;
   for (long b = st->t0 / tr->m; b < (st->t0 + st->T) / tr->m; b++)
-    for (int l = 1; l <= tr->levels; l++)
+    for (int l = 1; l <= (b >= st->far_cut ? st->far_top : tr->levels); l++)
       rows +=
           (double)fma_lists_level(tr, st->causal, l, b * tr->m / tr->window[l], windows) * tr->p;
   return rows;
@@ -203,6 +204,7 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
   const long T = st->T, d = st->d, rows = st->rows;
   if (ctx->comm && ctx->comm->S > 1 && !st->let) { /* planned once per layer */
     st->let = fma_let_plan(st, ctx->comm);
+    st->let->bal = fma_balance_plan(st);
     st->klo = st->let->near.lo;
   }
   memset(in, 0, sizeof *in);
@@ -390,13 +392,19 @@ static void open_backward(struct attn_ctx *ctx, const struct fma_inputs *in, flo
 
 /* fma's evaluation of every (batch, head) and chunk of query blocks: the near field while the
  * LET's fetch is in flight, then the far field. */
-static void evaluate_forward(const struct fma_state *st, struct fma_inputs *in, float *out,
-                             float *lse, const float *q, long BH, struct fma_times *times) {
+static void evaluate_forward(const struct fma_state *st, struct comm *c, struct fma_inputs *in,
+                             float *out, float *lse, const float *q, long BH,
+                             struct fma_times *times) {
   const long T = st->T, d = st->d, rows = st->rows, ks = in->kstride;
   const long b0 = st->t0 / st->tree.m, nblocks = T / st->tree.m;
   const long chunks = (nblocks + FMA_CHUNK - 1) / FMA_CHUNK;
+  const bool bal = st->let && st->let->bal;
+  struct fma_balance_xfer qx = {0}, px = {0};
+  if (bal) fma_balance_forward_start(st, c, q, BH, &qx); /* the given blocks' queries */
   for (int far = 0; far <= 1; far++) {
     if (far) fma_let_fetch_finish(st, &in->fetch, times);
+    if (far && bal) /* the taken blocks' parts first: their owners wait for them */
+      fma_balance_forward_serve(st, in->X[FMA_K], in->X[FMA_V], BH, &qx, &px, times);
     struct sim_sample smp;
     if (!sim_sample_begin(&smp, far ? "fma far forward" : "fma near forward",
                           far && sim_sampling() ? (double)BH * far_rows(st) : (double)BH)) {
@@ -423,6 +431,7 @@ static void evaluate_forward(const struct fma_state *st, struct fma_inputs *in, 
     }
     sim_sample_end(&smp);
   }
+  if (bal) fma_balance_forward_finish(st, out, lse, BH, &px);
 }
 
 static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const float *q,
@@ -450,7 +459,7 @@ static void fma_forward(struct attn_ctx *ctx, float *out, float *saved, const fl
       merge_times(&times, &t);
     }
   } else {
-    evaluate_forward(st, &in, out, lse, q, BH, &times);
+    evaluate_forward(st, ctx->comm, &in, out, lse, q, BH, &times);
   }
   keep_or_release(ctx, &in, q, k, v, params);
   add_times(&times);
@@ -504,13 +513,20 @@ static void upward_backward(const struct fma_state *st, const struct fma_inputs 
 /* evaluate's transposes for every (batch, head), one per task so that scattered updates never
  * race: dq, dk, dv (as in->k, in->v) and dX (the summaries' gradients) += for dout. fma runs the
  * near field for every head while the LET's fetch is in flight, then the far field. */
-static void evaluate_backward(const struct fma_state *st, struct fma_inputs *in, float *dq,
-                              float *dkx, float *dvx, float *const *dX, const float *dout,
-                              const float *out, const float *q, const float *D, const float *lse,
-                              const float *lse_far, long BH, struct fma_times *times) {
+static void evaluate_backward(const struct fma_state *st, struct comm *c, struct fma_inputs *in,
+                              float *dq, float *dkx, float *dvx, float *const *dX,
+                              const float *dout, const float *out, const float *q, const float *D,
+                              const float *lse, const float *lse_far, long BH,
+                              struct fma_times *times) {
   const long T = st->T, d = st->d, rows = st->rows, ks = in->kstride;
+  const bool bal = st->let && st->let->bal;
+  struct fma_balance_xfer qx = {0}, px = {0};
+  if (bal) fma_balance_backward_start(st, c, q, dout, D, lse, BH, &qx);
   for (int far = 0; far <= (st->linear ? 0 : 1); far++) {
     if (far) fma_let_fetch_finish(st, &in->fetch, times);
+    if (far && bal)
+      fma_balance_backward_serve(st, in->X[FMA_K], in->X[FMA_V], dX[FMA_K], dX[FMA_V], BH, &qx, &px,
+                                 times);
     struct sim_sample smp;
     if (!st->linear &&
         !sim_sample_begin(&smp, far ? "fma far backward" : "fma near backward",
@@ -541,6 +557,7 @@ static void evaluate_backward(const struct fma_state *st, struct fma_inputs *in,
     }
     if (!st->linear) sim_sample_end(&smp);
   }
+  if (bal) fma_balance_backward_finish(st, dq, BH, &px);
 }
 
 static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, float *dparams,
@@ -570,7 +587,8 @@ static void fma_backward(struct attn_ctx *ctx, float *dq, float *dk, float *dv, 
     open_backward(ctx, &in, dq, dkx, dvx, dX[FMA_K], dX[FMA_V], dout, D, q, lse,
                   (const int32_t *)(saved + BH * T), BH, &times);
   else
-    evaluate_backward(st, &in, dq, dkx, dvx, dX, dout, out, q, D, lse, lse_far, BH, &times);
+    evaluate_backward(st, ctx->comm, &in, dq, dkx, dvx, dX, dout, out, q, D, lse, lse_far, BH,
+                      &times);
   if (st->let) { /* the transposes of the exchanges, then of the local upward pass */
     float *slab[2] = {dk, dv};
     const float *ext[2] = {dkx, dvx};
@@ -699,7 +717,8 @@ static double fma_flops(const struct attn_ctx *ctx, double *p2p_flops) {
         int nw = fma_lists_level(tr, st->causal, l, rho / tr->p, windows);
         far += (double)nw * tr->p * share;
       }
-  if (!st->linear) far += m * far_rows(st);
+  if (!st->linear)
+    far += m * (far_rows(st) + (st->let && st->let->bal ? st->let->bal->rows_in : 0));
   *p2p_flops = 4.0 * d * near_exec * BH;
   return BH * (4.0 * d * (near_pairs + far) + up * share * d * nsets(st));
 }

@@ -14,7 +14,8 @@
 #include "fma/fma.h"
 #include "nn/vecmath.h"
 
-void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk) {
+void fma_block_keys_levels(const struct fma_state *st, long qb, int lo, int hi,
+                           struct fma_block_keys *bk) {
   const struct fma_tree *tree = &st->tree;
   long blocks[FMA_LIST_MAX];
   int nb = fma_lists_near(tree, st->causal, qb, blocks);
@@ -24,7 +25,7 @@ void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *
   for (int l = 1; l <= tree->levels; l++) {
     long windows[FMA_LIST_MAX];
     const long c = qb * tree->m / tree->window[l];
-    const int nw = fma_lists_level(tree, st->causal, l, c, windows);
+    const int nw = l < lo || l > hi ? 0 : fma_lists_level(tree, st->causal, l, c, windows);
     const float logw = st->multiplicity ? logf((float)(tree->window[l] / tree->p)) : 0.0f;
     bk->level_count[l] = nw;
     bk->level_col[l] = bk->nfar;
@@ -37,6 +38,16 @@ void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *
         bk->nfar++;
       }
   }
+}
+
+void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk) {
+  fma_block_keys_levels(st, qb, 1, st->tree.levels, bk);
+}
+
+/* The highest level whose listed summaries block qb of this rank's slab evaluates here: every
+ * level, except for the blocks whose spanning levels a helper evaluates (fma/balance.c). */
+static int local_top(const struct fma_state *st, long qb) {
+  return qb >= st->far_cut ? st->far_top : st->tree.levels;
 }
 
 /* Per-call scratch for one block at a time. */
@@ -245,9 +256,9 @@ static void block_diagnostics(const struct fma_state *st, const float *P, long m
 
 /* Query block qb's keys (fma_block_keys) and the rows of its listed summaries K, V gathered into
  * the scratch (timed as M2P). */
-static void block_keys(const struct fma_state *st, long qb, struct block_scratch *s, const float *K,
-                       const float *V, struct fma_times *times) {
-  fma_block_keys(st, qb, &s->bk);
+static void block_keys(const struct fma_state *st, long qb, int lo, int hi, struct block_scratch *s,
+                       const float *K, const float *V, struct fma_times *times) {
+  fma_block_keys_levels(st, qb, lo, hi, &s->bk);
   const double t0 = timer_now();
   gather(s->Kf, K, s->bk.far_row, (int)s->bk.nfar, st->d);
   gather(s->Vf, V, s->bk.far_row, (int)s->bk.nfar, st->d);
@@ -277,7 +288,7 @@ void fma_evaluate_forward(const struct fma_state *st, float *out, float *lse, co
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = qb0; qb < qb1; qb++) {
-    block_keys(st, qb, &s, K, V, times);
+    block_keys(st, qb, 1, st->tree.levels, &s, K, V, times);
     const long nf = s.bk.nfar;
     const long nn = block_scores(st, qb, q, k, &s, true, times);
     const long ld = nn + nf;
@@ -346,7 +357,7 @@ void fma_evaluate_far_forward(const struct fma_state *st, float *out, float *lse
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = qb0; qb < qb1; qb++) {
-    block_keys(st, qb, &s, K, V, times);
+    block_keys(st, qb, 1, local_top(st, qb), &s, K, V, times);
     const long nf = s.bk.nfar;
     if (nf == 0) continue;
     double t0 = timer_now();
@@ -388,7 +399,7 @@ void fma_evaluate_far_backward(const struct fma_state *st, float *dq, float *dK,
   struct block_scratch s;
   scratch_init(&s, st);
   for (long qb = st->t0 / m; qb < (st->t0 + st->T) / m; qb++) {
-    block_keys(st, qb, &s, K, V, times);
+    block_keys(st, qb, 1, local_top(st, qb), &s, K, V, times);
     const long i0 = qb * m, nn = s.bk.near_count, nf = s.bk.nfar, ld = nn + nf;
     if (nf == 0) continue;
     const float *g = dout + (i0 - st->t0) * st->d;
@@ -398,6 +409,69 @@ void fma_evaluate_far_backward(const struct fma_state *st, float *dq, float *dK,
     fma_M2P_values_backward(st, dV, s.dP + nn, ld, g, s.S + nn, ld, s.Vf, s.dVf, &s.bk);
     rows_softmax_backward(s.dP + nn, s.S + nn, m, nf, ld, D + (i0 - st->t0));
     fma_M2P_scores_backward(st, qb, dq, dK, s.dP + nn, ld, q, s.Kf, s.dKf, &s.bk);
+    times->m2p += timer_now() - t0;
+  }
+  scratch_free(&s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fma's far field of levels [lo, levels] for another rank's query blocks (fma/balance.c): a part
+ * of the single softmax, returned as (o, lse) of its own columns, and its transpose. The block's
+ * operators run on a view of the state whose slab is that one block. */
+
+static struct fma_state block_view(const struct fma_state *st, long qb) {
+  struct fma_state v = *st;
+  v.t0 = qb * st->tree.m;
+  v.T = st->tree.m;
+  return v;
+}
+
+void fma_evaluate_far_part(const struct fma_state *st, int lo, const long *qb, long nb,
+                           const float *q, long qstride, const float *K, const float *V, float *o,
+                           float *lse, long ostride, struct fma_times *times) {
+  const long m = st->tree.m, d = st->d;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long i = 0; i < nb; i++) {
+    const struct fma_state v = block_view(st, qb[i]);
+    float *oi = o + i * ostride, *li = lse + i * ostride;
+    block_keys(st, qb[i], lo, st->tree.levels, &s, K, V, times);
+    const long nf = s.bk.nfar;
+    memset(oi, 0, sizeof(float) * (size_t)(m * d));
+    if (nf == 0) {
+      for (long r = 0; r < m; r++) li[r] = -INFINITY; /* no columns: no mass */
+      continue;
+    }
+    double t0 = timer_now();
+    fma_M2P_scores(&v, qb[i], q + i * qstride, s.Kf, &s.bk, s.S, nf);
+    rows_softmax(s.S, m, nf, li);
+    fma_M2P_values(&v, oi, s.S, nf, s.Vf, &s.bk);
+    times->m2p += timer_now() - t0;
+  }
+  scratch_free(&s);
+}
+
+void fma_evaluate_far_part_backward(const struct fma_state *st, int lo, const long *qb, long nb,
+                                    const float *in, long stride, const float *K, const float *V,
+                                    float *dK, float *dV, float *dq, long dqstride,
+                                    struct fma_times *times) {
+  const long m = st->tree.m, d = st->d;
+  struct block_scratch s;
+  scratch_init(&s, st);
+  for (long i = 0; i < nb; i++) {
+    const struct fma_state v = block_view(st, qb[i]);
+    const float *q = in + i * stride, *g = q + m * d, *D = g + m * d, *L = D + m;
+    float *dqi = dq + i * dqstride;
+    block_keys(st, qb[i], lo, st->tree.levels, &s, K, V, times);
+    const long nf = s.bk.nfar;
+    memset(dqi, 0, sizeof(float) * (size_t)(m * d));
+    if (nf == 0) continue;
+    double t0 = timer_now();
+    fma_M2P_scores(&v, qb[i], q, s.Kf, &s.bk, s.S, nf);
+    rows_probabilities(s.S, m, nf, nf, L);
+    fma_M2P_values_backward(&v, dV, s.dP, nf, g, s.S, nf, s.Vf, s.dVf, &s.bk);
+    rows_softmax_backward(s.dP, s.S, m, nf, nf, D);
+    fma_M2P_scores_backward(&v, qb[i], dqi, dK, s.dP, nf, q, s.Kf, s.dKf, &s.bk);
     times->m2p += timer_now() - t0;
   }
   scratch_free(&s);

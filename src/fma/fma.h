@@ -76,7 +76,11 @@ struct fma_state {
   long win_lo[FMA_MAX_LEVELS + 1], win_hi[FMA_MAX_LEVELS + 1];
   struct fma_layout layout;
   struct fma_open_layout open; /* open.K == 0: the paper's fma, no opening */
-  struct fma_open_work *work;  /* the opening pass's buffers, kept between calls (open.c) */
+  /* Balanced causal work (fma/balance.c): the blocks of the slab from far_cut on evaluate the far
+   * field of levels up to far_top here, a helper rank the rest. LONG_MAX: every level here. */
+  long far_cut;
+  int far_top;
+  struct fma_open_work *work; /* the opening pass's buffers, kept between calls (open.c) */
 };
 
 /* ---- state.c ---- */
@@ -184,6 +188,9 @@ struct fma_block_keys {
 };
 /* Fill the lists of query block qb (the caller's far arrays hold FMA_LIST_MAX·p·L rows). */
 void fma_block_keys(const struct fma_state *st, long qb, struct fma_block_keys *bk);
+/* The same with the far field of levels [lo, hi] only (the others list nothing). */
+void fma_block_keys_levels(const struct fma_state *st, long qb, int lo, int hi,
+                           struct fma_block_keys *bk);
 
 /* The operators on one query block qb (queries i0 = qb·m .. i0 + m − 1), for evaluate and for the
  * opening's evaluation (evaluate_open.c). q, dq from slab row i0 − t0; k, v, dk, dv from global row
@@ -249,6 +256,19 @@ void fma_evaluate_near_backward(const struct fma_state *st, float *dq, float *dk
 void fma_evaluate_far_backward(const struct fma_state *st, float *dq, float *dK, float *dV,
                                const float *dout, const float *D, const float *q, const float *K,
                                const float *V, const float *lse, struct fma_times *times);
+/* The far field of levels [lo, levels] for nb query blocks of another rank (qb: their global
+ * indices), one head: block i's queries (m, d) at q + i·qstride; its part of the softmax (o
+ * (m, d) normalised over these columns, and their log-sum-exp (m), −inf when it lists none) at
+ * o + i·ostride and lse + i·ostride. Its transpose: block i's queries, dout (m, d), D and the
+ * whole softmax's lse (m each) in that order at in + i·stride; dK, dV (rows, d) += the listed
+ * summaries' gradients; dq (m, d) of block i written at dq + i·dqstride. */
+void fma_evaluate_far_part(const struct fma_state *st, int lo, const long *qb, long nb,
+                           const float *q, long qstride, const float *K, const float *V, float *o,
+                           float *lse, long ostride, struct fma_times *times);
+void fma_evaluate_far_part_backward(const struct fma_state *st, int lo, const long *qb, long nb,
+                                    const float *in, long stride, const float *K, const float *V,
+                                    float *dK, float *dV, float *dq, long dqstride,
+                                    struct fma_times *times);
 
 /* fma_linear (SPEC §6.5), one head over the slab (arrays as fma_evaluate_forward's): the near
  * field with its own softmax, then each level's sub-segment query summaries Q attending to the

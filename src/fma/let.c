@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "fma/balance.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the plan */
@@ -139,6 +140,7 @@ void fma_let_free(struct fma_let *let) {
   free(let->recv_window);
   free(let->send_off);
   free(let->recv_off);
+  fma_balance_free(let->bal);
   free(let);
 }
 

@@ -23,6 +23,7 @@ struct fma_let {
   int *send_level, *recv_level;
   long *send_window, *recv_window;
   size_t *send_off, *recv_off;
+  struct fma_balance *bal; /* balanced causal work (fma/balance.h), NULL: none */
 };
 
 /* Plan for this layer's state (slab, tree, variant) on the sequence group, computed once per

@@ -1,6 +1,7 @@
 /* The state of one FMA layer (fma.h): the tree, the settings the operators read, the slab, the
  * first summary row of every level and the parameters' layout, from struct fma_options and plain
  * sizes. Every implementation of the operators builds its state here. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,6 +108,8 @@ struct fma_state *fma_state_create(const struct fma_options *opt, long n, long d
   st->t0 = t0;
   st->T = T;
   st->klo = t0;
+  st->far_cut = LONG_MAX; /* every level evaluated here until fma_balance_plan says otherwise */
+  st->far_top = st->tree.levels;
   for (int l = 1; l <= st->tree.levels; l++) st->win_hi[l] = st->tree.nwindows[l];
   lay_out_rows(st);
   fma_params_layout(opt, n, d, linear, &st->layout);

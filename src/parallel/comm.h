@@ -31,6 +31,10 @@ enum comm_buffer_slot {
   COMM_BUF_SPAN_RECV,
   COMM_BUF_OPEN_SEND, /* fma.open's descent */
   COMM_BUF_OPEN_RECV,
+  COMM_BUF_BAL_SEND, /* balanced causal work: the queries to their helpers (fma/balance.c) */
+  COMM_BUF_BAL_RECV,
+  COMM_BUF_BAL_RET_SEND, /* and the parts back */
+  COMM_BUF_BAL_RET_RECV,
   COMM_BUF_SLOTS
 };
 

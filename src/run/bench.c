@@ -453,6 +453,12 @@ static bool bench_comm_one(const struct config *cfg, struct comm *comm, long n, 
   row->exchanges = exchanges;
   row->fwd_ms = median(tf, repeats);
   row->bwd_ms = median(tb, repeats);
+  /* counted again after the runs: a variant may plan how it shares the work at its first call
+   * (fma's balanced causal work) */
+  flops = v->flops(&o.ctx, &p2p);
+  most = flops;
+  comm_allreduce_sum_double(comm, COMM_SEQ, &flops, 1);
+  comm_allreduce_max_double(comm, COMM_SEQ, &most, 1);
   row->work_imbalance = flops > 0 ? most * (double)S / flops : 1.0;
   message(
       "  %-10s n = %8ld: %12.0f bytes per rank per layer (%8.2f MiB) | %4.0f exchanges | fwd "
