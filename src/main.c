@@ -169,6 +169,7 @@ int main(int argc, char **argv) {
   struct comm comm;
   comm_init(&comm, cfg.parallel.seq_ranks);
   comm.overlap = cfg.parallel.overlap;
+  comm.balance = cfg.parallel.balance;
   char err[CONFIG_ERR_LEN];
   const struct backend *be = backend_for(&cfg, err, sizeof err);
   if (!be) error_collective(err);

@@ -204,7 +204,7 @@ static void prepare(struct attn_ctx *ctx, struct fma_inputs *in, const float *q,
   const long T = st->T, d = st->d, rows = st->rows;
   if (ctx->comm && ctx->comm->S > 1 && !st->let) { /* planned once per layer */
     st->let = fma_let_plan(st, ctx->comm);
-    st->let->bal = fma_balance_plan(st);
+    if (ctx->comm->balance) st->let->bal = fma_balance_plan(st);
     st->klo = st->let->near.lo;
   }
   memset(in, 0, sizeof *in);

@@ -143,6 +143,7 @@ struct config_parallel {
   enum device_kind device;
   enum precision_kind precision; /* of the GPU's matrix products */
   bool overlap;                  /* communication behind computation where it can be */
+  bool balance;                  /* causal fma's work balanced across sequence ranks */
 };
 
 /* The CUDA back end's options (read by src/model/backend.c into gpu/'s struct gpu_options). */

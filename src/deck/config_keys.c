@@ -308,6 +308,9 @@ const struct key_def config_keys[] = {
     K_BOOL("parallel", "overlap", "true", parallel.overlap, "",
            "hide communication: fma's LET fetch behind the near field, the gradient allreduce "
            "behind the backward (false: each blocking, where it is needed)"),
+    K_BOOL("parallel", "balance", "true", parallel.balance, "",
+           "causal fma: the busiest sequence ranks hand the far field of the levels every rank "
+           "holds to the least busy (false: each rank evaluates its own slab's)"),
 
     K_BOOL("gpu", "debug", "false", gpu.debug, "",
            "wait for every kernel after its launch, so that a device fault names its kernel "

@@ -262,6 +262,12 @@ struct field {
 static void pack(const struct fma_state *st, float *buf, const struct fma_balance_part *parts,
                  int np, long BH, const struct field *f, int nf) {
   const long m = st->tree.m;
+  long width = 0, blocks = 0;
+  for (int k = 0; k < nf; k++) width += f[k].width;
+  for (int i = 0; i < np; i++) blocks += blocks_of(&parts[i]);
+  if (blocks == 0) return; /* a sampled site measures only regions with work */
+  struct sim_sample smp;
+  if (!sim_sample_begin(&smp, "fma balance pack", (double)(blocks * BH * m * width))) return;
   for (int i = 0; i < np; i++)
     for (long bh = 0; bh < BH; bh++)
       for (long qb = parts[i].b0; qb < parts[i].b1; qb++)
@@ -271,6 +277,7 @@ static void pack(const struct fma_state *st, float *buf, const struct fma_balanc
                  sizeof(float) * (size_t)n);
           buf += n;
         }
+  sim_sample_end(&smp);
 }
 
 static void merge_times(struct fma_times *into, const struct fma_times *t) {
@@ -285,6 +292,7 @@ static void serve(const struct fma_state *st, const float *K, const float *V, fl
                   struct fma_times *times) {
   const struct fma_balance *b = st->let->bal;
   const long m = st->tree.m, d = st->d, rows = st->rows;
+  if (b->ntake_blocks == 0) return;
   struct sim_sample smp;
   if (!sim_sample_begin(&smp, backward ? "fma balance backward" : "fma balance forward",
                         (double)BH * b->rows_in)) {
@@ -363,13 +371,18 @@ void fma_balance_forward_finish(const struct fma_state *st, float *out, float *l
   const long m = st->tree.m, d = st->d, T = st->T, unit = m * d + m;
   finish(y);
   const float *p = y->rbuf;
-  for (int i = 0; i < b->ngive; i++)
-    for (long bh = 0; bh < BH; bh++)
-      for (long qb = b->give[i].b0; qb < b->give[i].b1; qb++, p += unit)
-        for (long r = 0; r < m; r++) {
-          const long row = bh * T + qb * m - st->t0 + r;
-          merge_row(out + row * d, lse + row, p + r * d, p[m * d + r], d);
-        }
+  struct sim_sample smp;
+  if (b->ngive_blocks > 0 &&
+      sim_sample_begin(&smp, "fma balance merge forward", (double)(b->ngive_blocks * BH))) {
+    for (int i = 0; i < b->ngive; i++)
+      for (long bh = 0; bh < BH; bh++)
+        for (long qb = b->give[i].b0; qb < b->give[i].b1; qb++, p += unit)
+          for (long r = 0; r < m; r++) {
+            const long row = bh * T + qb * m - st->t0 + r;
+            merge_row(out + row * d, lse + row, p + r * d, p[m * d + r], d);
+          }
+    sim_sample_end(&smp);
+  }
   release(y);
 }
 
@@ -408,12 +421,17 @@ void fma_balance_backward_finish(const struct fma_state *st, float *dq, long BH,
   const long m = st->tree.m, d = st->d, T = st->T, unit = m * d;
   finish(y);
   const float *p = y->rbuf;
-  for (int i = 0; i < b->ngive; i++)
-    for (long bh = 0; bh < BH; bh++)
-      for (long qb = b->give[i].b0; qb < b->give[i].b1; qb++, p += unit) {
-        float *o = dq + (bh * T + qb * m - st->t0) * d;
+  struct sim_sample smp;
+  if (b->ngive_blocks > 0 &&
+      sim_sample_begin(&smp, "fma balance merge backward", (double)(b->ngive_blocks * BH))) {
+    for (int i = 0; i < b->ngive; i++)
+      for (long bh = 0; bh < BH; bh++)
+        for (long qb = b->give[i].b0; qb < b->give[i].b1; qb++, p += unit) {
+          float *o = dq + (bh * T + qb * m - st->t0) * d;
 #pragma omp simd
-        for (long f = 0; f < unit; f++) o[f] += p[f];
-      }
+          for (long f = 0; f < unit; f++) o[f] += p[f];
+        }
+    sim_sample_end(&smp);
+  }
   release(y);
 }

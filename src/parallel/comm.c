@@ -30,6 +30,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   c->exchanges = 0;
   c->transport = &comm_mpi_transport;
   c->overlap = true;
+  c->balance = true;
   memset(c->kept, 0, sizeof c->kept);
 }
 

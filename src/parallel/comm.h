@@ -58,6 +58,7 @@ struct comm {
    * bench.h5 and diag.h5 report as exchanges per layer */
   uint64_t exchanges;
   bool overlap; /* parallel.overlap: exchanges overlap computation where they can (default) */
+  bool balance; /* parallel.balance: causal fma's work balanced across the ranks (default) */
   struct comm_kept_buffer kept[COMM_BUF_SLOTS];
 };
 
