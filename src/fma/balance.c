@@ -340,18 +340,27 @@ void fma_balance_forward_start(const struct fma_state *st, struct comm *c, const
   start(c, x, b->give, b->ngive, unit, b->take, b->ntake, unit, BH);
 }
 
-void fma_balance_forward_serve(const struct fma_state *st, const float *K, const float *V, long BH,
-                               struct fma_balance_xfer *x, struct fma_balance_xfer *y,
-                               struct fma_times *times) {
+/* The helper's turn, forward or backward: wait for x (the given blocks' inputs), evaluate the
+ * blocks taken into y's send buffer, start y (the parts back to their owners), free x. */
+static void serve_and_return(const struct fma_state *st, const float *K, const float *V, float *dK,
+                             float *dV, long BH, struct fma_balance_xfer *x, long unit_in,
+                             struct fma_balance_xfer *y, long unit_out, bool backward,
+                             struct fma_times *times) {
   const struct fma_balance *b = st->let->bal;
-  const long m = st->tree.m, d = st->d, unit_in = m * d, unit_out = m * d + m;
   finish(x);
   take_buffers(x->c, y, COMM_BUF_BAL_RET_SEND, COMM_BUF_BAL_RET_RECV,
                (size_t)(b->ntake_blocks * BH * unit_out),
                (size_t)(b->ngive_blocks * BH * unit_out));
-  serve(st, K, V, NULL, NULL, BH, x->rbuf, unit_in, y->sbuf, unit_out, false, times);
+  serve(st, K, V, dK, dV, BH, x->rbuf, unit_in, y->sbuf, unit_out, backward, times);
   start(x->c, y, b->take, b->ntake, unit_out, b->give, b->ngive, unit_out, BH);
   release(x);
+}
+
+void fma_balance_forward_serve(const struct fma_state *st, const float *K, const float *V, long BH,
+                               struct fma_balance_xfer *x, struct fma_balance_xfer *y,
+                               struct fma_times *times) {
+  const long m = st->tree.m, d = st->d;
+  serve_and_return(st, K, V, NULL, NULL, BH, x, m * d, y, m * d + m, false, times);
 }
 
 /* o, lse: the rows so far; op, lp: a part of the same softmax over other columns. */
@@ -404,15 +413,8 @@ void fma_balance_backward_start(const struct fma_state *st, struct comm *c, cons
 void fma_balance_backward_serve(const struct fma_state *st, const float *K, const float *V,
                                 float *dK, float *dV, long BH, struct fma_balance_xfer *x,
                                 struct fma_balance_xfer *y, struct fma_times *times) {
-  const struct fma_balance *b = st->let->bal;
-  const long m = st->tree.m, d = st->d, unit_in = 2 * m * d + 2 * m, unit_out = m * d;
-  finish(x);
-  take_buffers(x->c, y, COMM_BUF_BAL_RET_SEND, COMM_BUF_BAL_RET_RECV,
-               (size_t)(b->ntake_blocks * BH * unit_out),
-               (size_t)(b->ngive_blocks * BH * unit_out));
-  serve(st, K, V, dK, dV, BH, x->rbuf, unit_in, y->sbuf, unit_out, true, times);
-  start(x->c, y, b->take, b->ntake, unit_out, b->give, b->ngive, unit_out, BH);
-  release(x);
+  const long m = st->tree.m, d = st->d;
+  serve_and_return(st, K, V, dK, dV, BH, x, 2 * m * d + 2 * m, y, m * d, true, times);
 }
 
 void fma_balance_backward_finish(const struct fma_state *st, float *dq, long BH,
