@@ -9,6 +9,7 @@
 import argparse
 import configparser
 import datetime
+import glob
 import os
 import shlex
 import socket
@@ -60,6 +61,23 @@ def machine_cores():
         except OSError:
             cores.add(("cpu", str(c)))  # no topology (some containers): count each CPU
     return max(1, len(cores)), max(1, len(cpus))
+
+
+def damon_state():
+    """The kernel's DAMON monitors on this host ("on", "off", or "" where the kernel has none):
+    a monitor that samples pages (kdamond) slows the memory-streaming passes of a simulation that
+    folds many ranks' memory into one process, and makes its steps irregular (docs/scaling.md,
+    issue 53's sixth session)."""
+    states = []
+    for path in sorted(glob.glob("/sys/kernel/mm/damon/admin/kdamonds/*/state")):
+        try:
+            with open(path) as f:
+                states.append(f.read().strip())
+        except OSError:
+            pass
+    if not states:
+        return ""
+    return "on" if "on" in states else "off"
 
 
 def int_list(s, what):
@@ -381,6 +399,7 @@ def finish(args, rows, resolved, cores, cpus, failed=""):
         "sample_rates": (open(args.sample_rates).read() if args.simulate and args.sample_rates
                          else ""),
         "hostname": socket.gethostname(),
+        "host_damon": damon_state() if args.simulate else "",
         "cores": cores,
         "cpus": cpus,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -523,6 +542,10 @@ def main():
              f"{socket.gethostname()})" if args.simulate else
              f"on {socket.gethostname()}, {cores} core(s)")
     note(f"{len(plan)} run(s) of {args.deck} ({args.variant}) {where}; results to {args.out}")
+    if args.simulate and damon_state() == "on":
+        note("warning: the kernel's DAMON monitor is on (/sys/kernel/mm/damon/admin/kdamonds/*/"
+             "state): it charges the simulated ranks' memory passes more than a cluster would and "
+             "makes steps irregular; for timings, as root: echo off > that file (docs/scaling.md)")
     if args.dry_run:
         for p in plan:
             print(show(p[4], p[5]))

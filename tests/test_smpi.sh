@@ -118,7 +118,8 @@ sys.exit(0 if 0 < near and 0 < far and near + far < step else 1)"
 # each region runs for real twice, then every rank is charged its measured rate; the step costs
 # about what the unsampled one does, and a malformed setting is refused
 check "FMATTN_SMPI_SAMPLE=2: the bench's steps skip measured regions and are charged for them" sh -c "
-  FMATTN_SMPI_SAMPLE=2 FMATTN_SMPI_FOLD=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 smpirun -np 4 \
+  FMATTN_SMPI_SAMPLE=2 FMATTN_SMPI_SAMPLE_SAVE=rates.txt FMATTN_SMPI_FOLD=1 OMP_NUM_THREADS=1 \
+    OPENBLAS_NUM_THREADS=1 smpirun -np 4 \
     -platform '$PLATFORM' -hostfile hosts --cfg=smpi/shared-malloc:local '$S' '$D' \
     --set run.name=sampled --set run.mode=bench --set bench.what=train --set bench.n_list=8192 \
     --set model.context=8192 --set model.dim=128 --set parallel.seq_ranks=4 --set bench.repeats=3 \
@@ -130,6 +131,24 @@ a = h5py.File('out/fold/bench.h5', 'r')['train/step_ms'][0]
 b = h5py.File('out/sampled/bench.h5', 'r')['train/step_ms'][0]
 print(a, b)
 sys.exit(0 if 0.5 < b / a < 2.0 else 1)"
+# a rates file's fourth field is the least a call is charged (gpu_rates.py writes the GPU's launches
+# there): the saved rates at their own speed, then with 50 ms per launch, on one rank; a step makes
+# dozens of sampled calls, so the floored step takes seconds and the other a fraction of one
+check "gpu_rates.py: a rates file's floor per call is charged (FMATTN_SMPI_SAMPLE_LOAD)" sh -c "
+  ${PYTHON3:-/usr/bin/python3} '$SRCDIR/scripts/simgrid/gpu_rates.py' rates.txt 1 1 0 > same.txt &&
+  ${PYTHON3:-/usr/bin/python3} '$SRCDIR/scripts/simgrid/gpu_rates.py' rates.txt 1 1 50000 > floored.txt &&
+  for r in same floored; do
+    FMATTN_SMPI_SAMPLE=2 FMATTN_SMPI_SAMPLE_LOAD=\$r.txt OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+      smpirun -np 1 -platform '$PLATFORM' '$S' '$D' --set run.name=rates_\$r --set run.mode=bench \
+      --set bench.what=train --set bench.n_list=2048 --set model.context=2048 --set model.dim=128 \
+      --set bench.repeats=1 > rates_\$r.log 2>&1 || { tail -n 30 rates_\$r.log; exit 1; }
+  done
+  grep -q ' 0.05\$' floored.txt && ${PYTHON3:-/usr/bin/python3} -c \"
+import h5py, sys
+a = h5py.File('out/rates_same/bench.h5', 'r')['train/step_ms'][0]
+b = h5py.File('out/rates_floored/bench.h5', 'r')['train/step_ms'][0]
+print(a, b)
+sys.exit(0 if a < 1000.0 and b > 3000.0 else 1)\""
 expect_fail "FMATTN_SMPI_SAMPLE=many is refused" "FMATTN_SMPI_SAMPLE: expected the measurements per site" \
   env FMATTN_SMPI_SAMPLE=many smpirun -np 1 -platform "$PLATFORM" "$S" "$D" --set run.name=badsample
 # the GPU-node platform of scripts/simgrid/gpu_platform.py: within a node faster than across

@@ -24,6 +24,7 @@ struct sim_site {
   int n;          /* measurements taken */
   double seconds; /* their simulated seconds, summed */
   double work;    /* their work, summed */
+  double floor;   /* seconds charged at least per call (a loaded file's fourth field; else 0) */
 };
 
 struct sim_table {
@@ -60,10 +61,11 @@ static bool load(const char *path) {
   bool ok = true;
   while (fgets(line, sizeof line, f)) {
     char *tab = strchr(line, '\t');
-    int n;
-    double seconds, work;
+    int n, fields = 0;
+    double seconds, work, floor = 0.0;
     if (line[0] == '#') continue;
-    if (!tab || sscanf(tab + 1, "%d %lf %lf", &n, &seconds, &work) != 3 || n <= 0) {
+    if (tab) fields = sscanf(tab + 1, "%d %lf %lf %lf", &n, &seconds, &work, &floor);
+    if (fields < 3 || n <= 0 || !(floor >= 0.0)) {
       ok = false;
       break;
     }
@@ -72,6 +74,7 @@ static bool load(const char *path) {
     e->started = e->n = n > table_->k ? n : table_->k;
     e->seconds = seconds / n * e->n;
     e->work = work / n * e->n;
+    e->floor = floor;
   }
   fclose(f);
   return ok;
@@ -111,7 +114,7 @@ void sim_sample_open(MPI_Comm world) {
   if (!loaded)
     error_collective(
         "FMATTN_SMPI_SAMPLE_LOAD: cannot read the sampled rates (a file that "
-        "FMATTN_SMPI_SAMPLE_SAVE wrote: one line per site, NAME<tab>N SECONDS WORK)");
+        "FMATTN_SMPI_SAMPLE_SAVE wrote: one line per site, NAME<tab>N SECONDS WORK [FLOOR])");
   MPI_CHECK(MPI_Bcast(&addr, 1, MPI_UINT64_T, 0, world));
   table_ = (struct sim_table *)(uintptr_t)addr;
   if (table_->nsites > 0)
@@ -153,6 +156,7 @@ bool sim_sample_begin(struct sim_sample *s, const char *site, double work) {
   }
   /* charged: this rank's work at the site's measured rate (its mean, where no work is counted) */
   s->charged = e->work > 0.0 ? work * e->seconds / e->work : e->seconds / e->n;
+  if (s->charged < e->floor) s->charged = e->floor;
   if (s->charged > 0.0) smpi_execute_flops_benched(s->charged * sg_host_get_speed(sg_host_self()));
   skipped_++;
   return false;
@@ -188,10 +192,13 @@ void sim_sample_report(int top) {
   if (!to || !*to || error_rank() > 0) return;
   FILE *f = fopen(to, "w");
   if (!f) error("FMATTN_SMPI_SAMPLE_SAVE: cannot write '%s'", to);
-  fprintf(f, "# fmattn sampled sites: NAME<tab>measurements seconds work (simsample.h)\n");
+  fprintf(f, "# fmattn sampled sites: NAME<tab>measurements seconds work [floor] (simsample.h)\n");
   for (int i = 0; i < table_->nsites; i++) {
     const struct sim_site *e = &table_->site[i];
-    if (e->n > 0) fprintf(f, "%s\t%d %.9g %.9g\n", e->name, e->n, e->seconds, e->work);
+    if (e->n > 0 && e->floor > 0.0)
+      fprintf(f, "%s\t%d %.9g %.9g %.9g\n", e->name, e->n, e->seconds, e->work, e->floor);
+    else if (e->n > 0)
+      fprintf(f, "%s\t%d %.9g %.9g\n", e->name, e->n, e->seconds, e->work);
   }
   if (fclose(f) != 0) error("FMATTN_SMPI_SAMPLE_SAVE: cannot write '%s'", to);
   message("  sampled    rates of %d sites saved to %s", table_->nsites, to);

@@ -9,7 +9,10 @@
  * The values the skipped regions leave are stale; the timings are not. A region holds no
  * communication. FMATTN_SMPI_SAMPLE_SAVE=FILE writes the measured rates at the end of bench's
  * training rows; FMATTN_SMPI_SAMPLE_LOAD=FILE starts a run with them (its sites are measured
- * already): a sweep can charge every S at the rates one rank measured alone. Everywhere else (every
+ * already): a sweep can charge every S at the rates one rank measured alone. A line of that file
+ * is "NAME<tab>measurements seconds work [floor]": the optional floor is the least a call is
+ * charged, in seconds (scripts/simgrid/gpu_rates.py writes it: a GPU's kernel launches, which do
+ * not shrink with the work). Everywhere else (every
  * other build, or the variable unset) sim_sample_begin returns true and costs nothing.
  *
  *   struct sim_sample s;
