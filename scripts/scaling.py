@@ -399,7 +399,7 @@ def finish(args, rows, resolved, cores, cpus, failed=""):
         "sample_rates": (open(args.sample_rates).read() if args.simulate and args.sample_rates
                          else ""),
         "hostname": socket.gethostname(),
-        "host_damon": damon_state() if args.simulate else "",
+        "host_damon": args.host_damon,
         "cores": cores,
         "cpus": cpus,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -542,7 +542,8 @@ def main():
              f"{socket.gethostname()})" if args.simulate else
              f"on {socket.gethostname()}, {cores} core(s)")
     note(f"{len(plan)} run(s) of {args.deck} ({args.variant}) {where}; results to {args.out}")
-    if args.simulate and damon_state() == "on":
+    args.host_damon = damon_state() if args.simulate else ""
+    if args.host_damon == "on":
         note("warning: the kernel's DAMON monitor is on (/sys/kernel/mm/damon/admin/kdamonds/*/"
              "state): it charges the simulated ranks' memory passes more than a cluster would and "
              "makes steps irregular; for timings, as root: echo off > that file (docs/scaling.md)")

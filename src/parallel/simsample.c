@@ -195,10 +195,10 @@ void sim_sample_report(int top) {
   fprintf(f, "# fmattn sampled sites: NAME<tab>measurements seconds work [floor] (simsample.h)\n");
   for (int i = 0; i < table_->nsites; i++) {
     const struct sim_site *e = &table_->site[i];
-    if (e->n > 0 && e->floor > 0.0)
-      fprintf(f, "%s\t%d %.9g %.9g %.9g\n", e->name, e->n, e->seconds, e->work, e->floor);
-    else if (e->n > 0)
-      fprintf(f, "%s\t%d %.9g %.9g\n", e->name, e->n, e->seconds, e->work);
+    if (e->n == 0) continue;
+    fprintf(f, "%s\t%d %.9g %.9g", e->name, e->n, e->seconds, e->work);
+    if (e->floor > 0.0) fprintf(f, " %.9g", e->floor);
+    fputc('\n', f);
   }
   if (fclose(f) != 0) error("FMATTN_SMPI_SAMPLE_SAVE: cannot write '%s'", to);
   message("  sampled    rates of %d sites saved to %s", table_->nsites, to);
