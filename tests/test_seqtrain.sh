@@ -3,7 +3,7 @@
 # the losses, gradient norms, validation losses and attention diagnostics equal the 1-rank run's
 # within 1e-5, for every variant (both objectives where they can), FiSH heads and fma.open = 2;
 # world 4 as S = 2 × 2 replicas, and S = 8 (balanced or not), equal world 1; parallel.overlap = false equals the
-# overlapped runs; a checkpoint written with S = 4 restarts with S = 2 and 1 (fma.open too).
+# overlapped runs, parallel.alltoallv = mpi the sparse exchanges; a checkpoint written with S = 4 restarts with S = 2 and 1 (fma.open too).
 . "$TESTDIR/tap.sh"
 need_h5py
 cd "$WORK" || exit 1
@@ -57,6 +57,11 @@ a = h5py.File('out/fma-8/diag.h5')['/comm/exchanges_per_layer'][...]
 b = h5py.File('out/fma-8-unbalanced/diag.h5')['/comm/exchanges_per_layer'][...]
 print(a, b)
 sys.exit(0 if len(a) > 1 and a[-1] == b[-1] + 4 else 1)"
+# parallel.alltoallv = mpi: the halo, LET and balance exchanges through MPI_Alltoallv and
+# MPI_Ialltoallv instead of messages to the ranks with a part (the default): the same bytes move,
+# the same bits
+check "fma with 8 sequence ranks, parallel.alltoallv = mpi" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fma-8-mpi --set parallel.seq_ranks=8 --set parallel.alltoallv=mpi
+check "parallel.alltoallv = mpi: the same losses and gradient norms as sparse, bit for bit" py "$TESTDIR/h5check.py" same-series out/fma-8/diag.h5 out/fma-8-mpi/diag.h5 train 0 0
 O="--set attention.fma.open=2"
 check "fma.open = 2 with 8 sequence ranks (opened windows and blocks on other ranks)" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fmaopen-8 --set parallel.seq_ranks=8 $O
 same fmaopen-8 fmaopen-clm-1

@@ -14,7 +14,7 @@
 
 /* Entries of config_keys. A constant, not a sizeof, because src/deck/config.c sizes its per-key
  * parse state with it; config_keys.c asserts that it counts the table. */
-#define CONFIG_NKEYS 98
+#define CONFIG_NKEYS 99
 
 enum key_type {
   KEY_INT,

@@ -31,6 +31,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   c->transport = &comm_mpi_transport;
   c->overlap = true;
   c->balance = true;
+  c->sparse = true;
   memset(c->kept, 0, sizeof c->kept);
 }
 
@@ -167,12 +168,61 @@ static int *int_counts(struct comm *c, const size_t *scount, const size_t *sdisp
   return sc;
 }
 
+/* The point-to-point form of an alltoallv (parallel.alltoallv = sparse, the default): a receive
+ * from each rank with something for this one and a send to each rank this one has something for,
+ * in rank order from the next rank round, its own part copied. An exchange among a few partners
+ * (the halo's neighbours, the ranks a LET names, a balance's pairs) then costs their messages, not
+ * the S − 1 an MPI_Alltoallv may post (SimGrid's non-blocking one posts them, empty or not). Every
+ * rank posts its exchanges in the same order and MPI matches the messages between two ranks in
+ * the order they were posted, so one tag serves every exchange, two in flight at once included.
+ * The requests (at most 2(S − 1)) go to *req, which the caller frees; returns how many. */
+#define COMM_SPARSE_TAG 7201
+static int sparse_post(struct comm *c, const void *send, const size_t *scount, const size_t *sdispl,
+                       void *recv, const size_t *rcount, const size_t *rdispl, MPI_Datatype type,
+                       size_t elem, const char *what, MPI_Request **req) {
+  const int S = c->S, me = c->seq_rank;
+  MPI_Request *q = xmalloc(sizeof *q * 2 * (size_t)S);
+  int n = 0;
+  for (int i = 1; i < S; i++) {
+    const int r = (me + S - i) % S; /* receive from the ranks before me, nearest first */
+    if (!rcount[r]) continue;
+    if (rcount[r] > COMM_PIECE)
+      error("alltoallv of %zu %s is too large for one MPI call", rcount[r], what);
+    MPI_CHECK(MPI_Irecv((char *)recv + rdispl[r] * elem, (int)rcount[r], type, r, COMM_SPARSE_TAG,
+                        c->seq, &q[n++]));
+  }
+  for (int i = 1; i < S; i++) {
+    const int r = (me + i) % S; /* send to the ranks after me, nearest first */
+    if (!scount[r]) continue;
+    if (scount[r] > COMM_PIECE)
+      error("alltoallv of %zu %s is too large for one MPI call", scount[r], what);
+    MPI_CHECK(MPI_Isend((const char *)send + sdispl[r] * elem, (int)scount[r], type, r,
+                        COMM_SPARSE_TAG, c->seq, &q[n++]));
+    c->bytes_sent += scount[r] * elem;
+  }
+  if (scount[me] != rcount[me])
+    error("internal: alltoallv sends %zu %s to itself and receives %zu", scount[me], what,
+          rcount[me]);
+  if (scount[me])
+    memmove((char *)recv + rdispl[me] * elem, (const char *)send + sdispl[me] * elem,
+            scount[me] * elem);
+  *req = q;
+  return n;
+}
+
 /* MPI_Alltoallv of elements of `type` (elem bytes, `what` in messages) with size_t counts and
- * displacements, which must fit MPI's int. */
+ * displacements, which must fit MPI's int; point to point unless parallel.alltoallv = mpi. */
 static void alltoallv(struct comm *c, const void *send, const size_t *scount, const size_t *sdispl,
                       void *recv, const size_t *rcount, const size_t *rdispl, MPI_Datatype type,
                       size_t elem, const char *what) {
   const int S = c->S;
+  if (c->sparse) {
+    MPI_Request *q;
+    const int n = sparse_post(c, send, scount, sdispl, recv, rcount, rdispl, type, elem, what, &q);
+    MPI_CHECK(MPI_Waitall(n, q, MPI_STATUSES_IGNORE));
+    free(q);
+    return;
+  }
   int *sc = int_counts(c, scount, sdispl, rcount, rdispl, elem, what);
   MPI_CHECK(MPI_Alltoallv(send, sc, sc + S, type, recv, sc + 2 * S, sc + 3 * S, type, c->seq));
   free(sc);
@@ -216,6 +266,12 @@ static void mpi_ialltoallv_float(struct comm *c, const float *send, const size_t
                                  const size_t *sdispl, float *recv, const size_t *rcount,
                                  const size_t *rdispl, struct comm_request *r) {
   const int S = c->S;
+  r->req[0] = r->req[1] = MPI_REQUEST_NULL;
+  if (c->sparse) {
+    r->nmany = sparse_post(c, send, scount, sdispl, recv, rcount, rdispl, MPI_FLOAT, sizeof(float),
+                           "floats", &r->many);
+    return;
+  }
   int *sc = int_counts(c, scount, sdispl, rcount, rdispl, sizeof(float), "floats");
   MPI_CHECK(MPI_Ialltoallv(send, sc, sc + S, MPI_FLOAT, recv, sc + 2 * S, sc + 3 * S, MPI_FLOAT,
                            c->seq, &r->req[0]));
@@ -249,6 +305,7 @@ static void mpi_iallreduce_sum_float(struct comm *c, enum comm_scope scope, floa
 
 static void mpi_wait(struct comm_request *r) {
   MPI_CHECK(MPI_Waitall(2, r->req, MPI_STATUSES_IGNORE));
+  if (r->nmany) MPI_CHECK(MPI_Waitall(r->nmany, r->many, MPI_STATUSES_IGNORE));
 }
 
 static float *host_alloc(enum mem_label label, size_t floats) {
@@ -371,6 +428,8 @@ void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int d
   r->transport = c->transport;
   r->counts = NULL;
   r->send = NULL;
+  r->many = NULL;
+  r->nmany = 0;
   r->exchange = true;
   c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
 }
@@ -381,6 +440,8 @@ void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scou
   r->transport = NULL; /* nothing left for comm_wait unless the transport starts it */
   r->counts = NULL;
   r->send = NULL;
+  r->many = NULL;
+  r->nmany = 0;
   r->exchange = true;
   count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
@@ -398,6 +459,8 @@ void comm_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf
   r->transport = NULL;
   r->counts = NULL;
   r->send = NULL;
+  r->many = NULL;
+  r->nmany = 0;
   r->exchange = false;
   if (c->transport->iallreduce_sum_float) {
     r->transport = c->transport;
@@ -415,6 +478,7 @@ void comm_test(struct comm_request *r) {
   if (r->transport != &comm_mpi_transport) return; /* another transport progresses by itself */
   int done;
   MPI_CHECK(MPI_Testall(2, r->req, &done, MPI_STATUSES_IGNORE));
+  if (r->nmany) MPI_CHECK(MPI_Testall(r->nmany, r->many, &done, MPI_STATUSES_IGNORE));
 }
 
 void comm_wait(struct comm_request *r) {
@@ -426,6 +490,9 @@ void comm_wait(struct comm_request *r) {
   r->counts = NULL;
   free(r->send);
   r->send = NULL;
+  free(r->many);
+  r->many = NULL;
+  r->nmany = 0;
   r->transport = NULL;
 }
 

@@ -59,6 +59,8 @@ struct comm {
   uint64_t exchanges;
   bool overlap; /* parallel.overlap: exchanges overlap computation where they can (default) */
   bool balance; /* parallel.balance: causal fma's work balanced across the ranks (default) */
+  bool sparse;  /* parallel.alltoallv = sparse: alltoallvs as messages to the ranks with a part
+                 * (default); false: MPI_Alltoallv and MPI_Ialltoallv */
   struct comm_kept_buffer kept[COMM_BUF_SLOTS];
 };
 
@@ -116,8 +118,10 @@ void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
 struct comm_request {
   const struct comm_transport *transport; /* NULL: nothing to wait for */
   MPI_Request req[2];
-  int *counts;   /* an alltoallv's int counts and displacements, alive until comm_wait */
-  float *send;   /* SMPI: an allreduce's copy of its buffer, sent from until comm_wait (comm.c) */
+  int *counts; /* an alltoallv's int counts and displacements, alive until comm_wait */
+  float *send; /* SMPI: an allreduce's copy of its buffer, sent from until comm_wait (comm.c) */
+  MPI_Request *many; /* a point-to-point alltoallv's requests (nmany), alive until comm_wait */
+  int nmany;
   bool exchange; /* comm_wait's time counts as TIMER_EXCHANGE */
 };
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
