@@ -159,4 +159,11 @@ check "gpu_platform.py writes a platform; pingpong is faster within a node than 
   smpirun -np 2 -platform gpu.xml -hostfile in.hosts --cfg=smpi/simulate-computation:no ./pingpong 2> /dev/null | tail -n 1 > in.txt &&
   smpirun -np 2 -platform gpu.xml -hostfile out.hosts --cfg=smpi/simulate-computation:no ./pingpong 2> /dev/null | tail -n 1 > out.txt &&
   awk 'NR == FNR { a = \$2; next } { exit !(\$2 > a && a > 0) }' in.txt out.txt"
+# scripts/simgrid/iallreduce.c (the report on SimGrid's MPI_Iallreduce): it runs, and the two forms
+# fmattn uses under SMPI, the blocking allreduce in place and the non-blocking one from a send
+# buffer (parallel/comm.c), sum right; the in-place non-blocking one's error is printed, not judged
+check "iallreduce.c: the blocking and the send-buffer non-blocking allreduce sum right on 8 ranks" sh -c "
+  smpicc -O2 -o iallreduce '$SRCDIR/scripts/simgrid/iallreduce.c' -lm > /dev/null 2>&1 &&
+  smpirun -np 8 -platform '$PLATFORM' --cfg=smpi/coll-selector:ompi ./iallreduce 5000 100000 2> /dev/null > iallreduce.txt &&
+  cat iallreduce.txt && awk -F '\t' '/^#/ { next } { n++ } \$2 !~ /in place\)\$/ || \$2 ~ /^MPI_Allreduce/ { if (\$3 !~ /^[0-9.e+-]+\$/ || !(\$3 + 0 < 1e-5)) bad = 1 } END { exit bad || n != 6 }' iallreduce.txt"
 tap_done
