@@ -13,19 +13,28 @@
 #include "fma/let.h"
 
 /* Summaries live channel-outermost, level by level: set s's array Xt holds level l's rows for
- * every channel and head as (d, BH, nr[l]), row r of window c at r + c·p, element
- * (l, f, h, r) at d·BH·row[l] + (f·BH + h)·nr[l] + r; windows are indexed globally, as the CPU's
- * (rows, d) arrays are. Per channel a level is a row-major matrix of (BH·windows) × p, so P2M and
- * M2M are GEMMs batched over channels. Passed to kernels by value. */
+ * every channel and head as (d, BH, nr[l]), element (l, f, h, r) at d·BH·row[l] + (f·BH + h)·nr[l]
+ * + r. A level holds the windows [c0[l], c0[l] + nr[l]/p) the state's layout gives it (every
+ * window on one rank; under sequence parallelism those the rank touches, fma_state_compact): row
+ * r of window c at r + (c − c0[l])·p, and a summary row R of the state's layout (fma_state.rows)
+ * at R − row[l] within its level. Per channel a level is a row-major matrix of (BH·windows) × p,
+ * so P2M and M2M are GEMMs batched over channels. Passed to kernels by value. */
 struct gfma_levels {
   int L, p, d;
   long BH;
-  long row[FMA_MAX_LEVELS + 2]; /* first global row of level l (fma_state.level_row) */
-  long nr[FMA_MAX_LEVELS + 2];  /* rows of level l: nwindows · p */
+  long row[FMA_MAX_LEVELS + 2]; /* level l's first row in the state's layout; row[L + 1] = rows */
+  long nr[FMA_MAX_LEVELS + 2];  /* rows of level l: windows held · p */
+  long c0[FMA_MAX_LEVELS + 2];  /* level l's first window held (fma_state.win_lo) */
 };
 
 __host__ __device__ inline size_t gfma_at(const gfma_levels &lv, int l, long f, long h, long r) {
   return (size_t)lv.d * lv.BH * lv.row[l] + ((size_t)f * lv.BH + h) * lv.nr[l] + r;
+}
+
+/* Element (f, h) of row r of window c of level l: gfma_at of the window's row within its level. */
+__host__ __device__ inline size_t gfma_window_at(const gfma_levels &lv, int l, long f, long h,
+                                                 long c, long r) {
+  return gfma_at(lv, l, f, h, (c - lv.c0[l]) * lv.p + r);
 }
 
 /* The level of global summary row R (row[l] ≤ R < row[l + 1]). */

@@ -39,7 +39,7 @@ __global__ void pack_windows(float *buf, gfma_sets X, int nsets, const int *lw, 
     const int s = sh / BH, h = sh % BH;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < per; i += gridDim.x * blockDim.x) {
       const int f = i % d, r = i / d % P, k = i / (d * P);
-      float *x = X.x[s] + gfma_at(lv, lw[2 * k], f, h, (long)lw[2 * k + 1] * P + r);
+      float *x = X.x[s] + gfma_window_at(lv, lw[2 * k], f, h, lw[2 * k + 1], r);
       const size_t e = (size_t)sh * per + i;
       if (mode == PACK)
         buf[e] = *x;

@@ -144,9 +144,13 @@ void gfma_tables_build(gfma *g) {
   lv.p = (int)g->p;
   lv.d = (int)g->d;
   lv.BH = g->BH;
-  for (int l = 1; l <= g->L + 1; l++) lv.row[l] = st->level_row[l];
-  for (int l = 1; l <= g->L; l++) lv.nr[l] = st->tree.nwindows[l] * g->p;
-  lv.row[0] = lv.nr[0] = lv.nr[g->L + 1] = 0;
+  for (int l = 1; l <= g->L; l++) {
+    lv.c0[l] = st->win_lo[l];
+    lv.row[l] = st->level_row[l] + st->win_lo[l] * g->p;
+    lv.nr[l] = (st->win_hi[l] - st->win_lo[l]) * g->p;
+  }
+  lv.row[g->L + 1] = st->rows;
+  lv.row[0] = lv.nr[0] = lv.nr[g->L + 1] = lv.c0[0] = lv.c0[g->L + 1] = 0;
   if (g->linear) {
     g->nfmax = 0;  // the near field has its own softmax: no far slots in it
     build_items(g);

@@ -73,7 +73,7 @@ __global__ void init_rows(float *Xt, gfma_levels lv, int l, int c0, int nwin, in
   const int P = lv.p, n = nwin * P, rows = lv.d * hn;
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const int f = row / hn, h = h0 + row % hn;
-    float *x = Xt + gfma_at(lv, l, f, h, (long)c0 * P);
+    float *x = Xt + gfma_window_at(lv, l, f, h, c0, 0);
     for (int cr = blockIdx.x * blockDim.x + threadIdx.x; cr < n; cr += gridDim.x * blockDim.x)
       x[cr] = b ? b[f * P + cr % P] : 0.0f;
   }
@@ -182,7 +182,7 @@ p2m_slab slab_of(const gfma *g, int l, long h0) {
   s.win = st->tree.window[l];
   s.span = st->layout.span[l];
   s.off = s.c0 * s.win + s.a - st->t0;
-  s.at = gfma_at(g->lv, l, 0, h0, s.c0 * g->p);
+  s.at = gfma_window_at(g->lv, l, 0, h0, s.c0, 0);
   return s;
 }
 
@@ -218,8 +218,8 @@ void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *
   const gpu_op_time t(TIMER_M2M);
   const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   set_rows(g, Xt, l, c0, nwin, 0, g->BH, w->b[l]);
-  const float *x0 = Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
-  float *y0 = Xt + gfma_at(g->lv, l, 0, 0, c0 * P);
+  const float *x0 = Xt + gfma_window_at(g->lv, l - 1, 0, 0, 2 * c0, 0);
+  float *y0 = Xt + gfma_window_at(g->lv, l, 0, 0, c0, 0);
   for_rows(g->BH, nwin, nc, 2 * P, nr, P,
            [&](long ox, long oy, long M, long ldx, long ldy, long heads, long hx, long hy) {
              gpu_gemm2(false, true, M, P, 2 * P, 1.0f, x0 + ox, ldx, g->BH * nc, hx, w->w[l], 2 * P,
@@ -232,8 +232,8 @@ void m2m(const gfma *g, int l, long c0, long c1, float *Xt, const gfma_weights *
 void m2m_backward(const gfma *g, int l, long c0, long c1, float *dXt, const gfma_weights *w) {
   const gpu_op_time t(TIMER_M2M);
   const long P = g->p, nwin = c1 - c0, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
-  const float *y0 = dXt + gfma_at(g->lv, l, 0, 0, c0 * P);
-  float *x0 = dXt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P);
+  const float *y0 = dXt + gfma_window_at(g->lv, l, 0, 0, c0, 0);
+  float *x0 = dXt + gfma_window_at(g->lv, l - 1, 0, 0, 2 * c0, 0);
   for_rows(g->BH, nwin, nr, P, nc, 2 * P,
            [&](long oy, long ox, long M, long ldy, long ldx, long heads, long hy, long hx) {
              gpu_gemm2(false, false, M, 2 * P, P, 1.0f, y0 + oy, ldy, g->BH * nr, hy, w->w[l],
@@ -352,9 +352,10 @@ void m2m_grads(const gfma *g, enum fma_set set, int l, long c0, long c1, const f
   const gpu_op_time t(TIMER_M2M);
   const long P = g->p, nr = g->lv.nr[l], nc = g->lv.nr[l - 1];
   float *dW = grad_begin(g, set, l, dparams);
-  param_grads(g, g->BH, c1 - c0, rows_of{dXt + gfma_at(g->lv, l, 0, 0, c0 * P), nr, P, g->BH * nr},
-              rows_of{Xt + gfma_at(g->lv, l - 1, 0, 0, 2 * c0 * P), nc, 2 * P, g->BH * nc}, 2 * P,
-              dW, 2 * P, dparams + g->st->layout.bias[set][l], ones);
+  param_grads(g, g->BH, c1 - c0,
+              rows_of{dXt + gfma_window_at(g->lv, l, 0, 0, c0, 0), nr, P, g->BH * nr},
+              rows_of{Xt + gfma_window_at(g->lv, l - 1, 0, 0, 2 * c0, 0), nc, 2 * P, g->BH * nc},
+              2 * P, dW, 2 * P, dparams + g->st->layout.bias[set][l], ones);
   grad_end(g, set, l, dparams, dW);
 }
 
