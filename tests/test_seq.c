@@ -239,6 +239,57 @@ static void check_alltoallv(struct comm *c) {
   for (int k = 0; k < 3; k++) free(got[k]);
 }
 
+/* The exchange whose receive counts are not known in advance (fma.open's requests): rank r sends
+ * (r + s + k) % 3 longs to rank s in call k (none for a third of the pairs, a different third each
+ * call), valued by call, sender, receiver and place; five calls in a row in each form (NBX's two
+ * alternating tags: a rank may start the next call while another still receives this one), the
+ * counts and the longs what MPI_Alltoall and MPI_Alltoallv deliver, and the sparse form one
+ * exchange where the other is two. */
+static void check_alltoallv_any(struct comm *c) {
+  const int S = c->S, me = c->seq_rank;
+  if (S > 64) return;
+  bool ok = true, counted = true;
+  const bool saved = c->sparse;
+  for (int form = 0; form < 2; form++) {
+    c->sparse = form == 0;
+    for (int k = 0; k < 5; k++) {
+      size_t sc[64], sd[64], rc[64], rd[64], want_rc[64], ns = 0;
+      for (int r = 0; r < S; r++) {
+        sc[r] = (size_t)((me + r + k) % 3);
+        sd[r] = ns;
+        ns += sc[r];
+      }
+      long *snd = xmalloc(sizeof(long) * (ns + 1)), *got;
+      for (int r = 0; r < S; r++)
+        for (size_t i = 0; i < sc[r]; i++)
+          snd[sd[r] + i] = 100000L * k + 1000 * me + 10 * r + (long)i;
+      const uint64_t before = c->exchanges;
+      comm_alltoallv_long_any(c, snd, sc, sd, &got, rc, rd);
+      counted = counted && c->exchanges - before == (uint64_t)(S > 1 ? (form == 0 ? 1 : 2) : 0);
+      MPI_Alltoall(sc, 1, MPI_UINT64_T, want_rc, 1, MPI_UINT64_T, c->seq);
+      int isc[64], isd[64], irc[64], ird[64], nr = 0;
+      for (int r = 0; r < S; r++) {
+        isc[r] = (int)sc[r], isd[r] = (int)sd[r], irc[r] = (int)want_rc[r], ird[r] = nr;
+        nr += irc[r];
+      }
+      long *want = xmalloc(sizeof(long) * ((size_t)nr + 1));
+      MPI_Alltoallv(snd, isc, isd, MPI_LONG, want, irc, ird, MPI_LONG, c->seq);
+      for (int r = 0; r < S; r++) ok = ok && rc[r] == want_rc[r] && rd[r] == (size_t)ird[r];
+      for (int i = 0; ok && i < nr; i++) ok = got[i] == want[i];
+      free(snd);
+      free(got);
+      free(want);
+    }
+  }
+  c->sparse = saved;
+  int all = ok && counted;
+  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, c->seq);
+  tap(all,
+      "requests of unknown size: NBX (sparse) and counts-then-alltoallv (mpi), five calls each, "
+      "deliver what MPI_Alltoallv does on %d ranks, in 1 and 2 exchanges",
+      S);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank, world;
@@ -250,6 +301,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   const char *downs[] = {"conv", "m2m", "avg"};
   if (!only) check_alltoallv(&comm);
+  if (!only) check_alltoallv_any(&comm);
   for (int causal = 1; causal >= 0; causal--) {
     if (!only || strcmp(only, "full") == 0) {
       check_case(&(struct seq_case){"full", causal, NULL, 64, 0, 0, 0, 8, NULL}, &comm);

@@ -166,4 +166,11 @@ check "iallreduce.c: the blocking and the send-buffer non-blocking allreduce sum
   smpicc -O2 -o iallreduce '$SRCDIR/scripts/simgrid/iallreduce.c' -lm > /dev/null 2>&1 &&
   smpirun -np 8 -platform '$PLATFORM' --cfg=smpi/coll-selector:ompi ./iallreduce 5000 100000 2> /dev/null > iallreduce.txt &&
   cat iallreduce.txt && awk -F '\t' '/^#/ { next } { n++ } \$2 !~ /in place\)\$/ || \$2 ~ /^MPI_Allreduce/ { if (\$3 !~ /^[0-9.e+-]+\$/ || !(\$3 + 0 < 1e-5)) bad = 1 } END { exit bad || n != 6 }' iallreduce.txt"
+# scripts/simgrid/ibarrier.c (the report on SimGrid's MPI_Ibarrier): it runs, and the non-blocking
+# barrier parallel/comm.c's NBX uses under SMPI (an MPI_Iallreduce of one int) lets no rank leave
+# before the last one entered; MPI_Ibarrier's first leaver is printed, not judged
+check "ibarrier.c: under SMPI no rank leaves NBX's barrier (MPI_Iallreduce) before the last entered" sh -c "
+  smpicc -O2 -o ibarrier '$SRCDIR/scripts/simgrid/ibarrier.c' > /dev/null 2>&1 &&
+  smpirun -np 4 -platform '$PLATFORM' --cfg=smpi/coll-selector:ompi ./ibarrier 0.2 2> /dev/null > ibarrier.txt &&
+  cat ibarrier.txt && awk -F '\t' '/^MPI_Iallreduce/ { n++; if (!(\$2 + 0 >= \$3 + 0)) bad = 1 } END { exit bad || n != 1 }' ibarrier.txt"
 tap_done

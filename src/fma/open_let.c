@@ -123,18 +123,16 @@ static void round_trip(const struct fma_state *st, struct fma_open_fetch *f,
   size_t *cnt = xcalloc(8 * (size_t)S, sizeof(size_t));
   size_t *sc = cnt, *sd = cnt + S, *rc = cnt + 2 * S, *rd = cnt + 3 * S;
   size_t *fc = cnt + 4 * S, *fd = cnt + 5 * S, *gc = cnt + 6 * S, *gd = cnt + 7 * S;
-  for (int r = 0; r < S; r++) sc[r] = need[r].n;
-  comm_alltoall_size(c, sc, rc);
   size_t ns = 0, nr = 0;
   for (int r = 0; r < S; r++) {
+    sc[r] = need[r].n;
     sd[r] = ns;
-    rd[r] = nr;
     ns += sc[r];
-    nr += rc[r];
   }
-  long *sbuf = xmalloc(sizeof(long) * (ns + 1)), *rbuf = xmalloc(sizeof(long) * (nr + 1));
+  long *sbuf = xmalloc(sizeof(long) * (ns + 1)), *rbuf;
   for (int r = 0; r < S; r++) memcpy(sbuf + sd[r], need[r].code, sizeof(long) * need[r].n);
-  comm_alltoallv_long(c, sbuf, sc, sd, rbuf, rc, rd);
+  comm_alltoallv_long_any(c, sbuf, sc, sd, &rbuf, rc, rd); /* no exchange of counts first */
+  for (int r = 0; r < S; r++) nr += rc[r];
   /* replies: what each rank asked of me, in its order */
   float *reply = comm_buffer(c, COMM_BUF_OPEN_SEND, nr * per + 1);
   float *got = comm_buffer(c, COMM_BUF_OPEN_RECV, ns * per + 1);

@@ -28,6 +28,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->seq_rank, c->replica, &c->data));
   c->bytes_sent = 0;
   c->exchanges = 0;
+  c->nbx_calls = 0;
   c->transport = &comm_mpi_transport;
   c->overlap = true;
   c->balance = true;
@@ -234,21 +235,113 @@ static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t 
   alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_FLOAT, sizeof(float), "floats");
 }
 
-void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv) {
+/* The MPI_Alltoall of the counts, then the alltoallv (parallel.alltoallv = mpi): two exchanges. */
+static void counts_then_alltoallv(struct comm *c, const long *send, const size_t *scount,
+                                  const size_t *sdispl, long **recv, size_t *rcount,
+                                  size_t *rdispl) {
   _Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t travels as uint64_t");
   count_exchange(c, COMM_SEQ);
-  timer_start(TIMER_EXCHANGE);
-  MPI_CHECK(MPI_Alltoall(send, 1, MPI_UINT64_T, recv, 1, MPI_UINT64_T, c->seq));
-  timer_stop(TIMER_EXCHANGE);
+  MPI_CHECK(MPI_Alltoall(scount, 1, MPI_UINT64_T, rcount, 1, MPI_UINT64_T, c->seq));
   c->bytes_sent += (uint64_t)(c->S - 1) * sizeof(uint64_t);
+  size_t n = 0;
+  for (int r = 0; r < c->S; r++) {
+    rdispl[r] = n;
+    n += rcount[r];
+  }
+  *recv = xmalloc(sizeof(long) * (n + 1));
+  alltoallv(c, send, scount, sdispl, *recv, rcount, rdispl, MPI_LONG, sizeof(long), "longs");
 }
 
-void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
-                         const size_t *sdispl, long *recv, const size_t *rcount,
-                         const size_t *rdispl) {
+/* NBX, the non-blocking consensus of Hoefler, Siebert and Lumsdaine (PPoPP 2010): a synchronous
+ * send to each rank with a part, and, until every rank has had all its sends received, whatever
+ * arrives is received; a rank whose sends completed enters a non-blocking barrier, and the
+ * exchange is over when the barrier is. Each rank sends at most one message per partner and call.
+ * A rank may start the next call's sends while another still receives this one's: the calls
+ * alternate between two tags, and one two calls on cannot start before the other has left this
+ * one's barrier. */
+#define COMM_NBX_TAG 7202 /* and 7203 */
+
+/* NBX's non-blocking barrier. SimGrid 3.32's MPI_Ibarrier is not one: its root posts the releases
+ * with the arrivals, so every other rank leaves as soon as the root has entered, the last rank not
+ * yet (scripts/simgrid/ibarrier.c, docs/scaling.md), and NBX would end an exchange before every
+ * request was received. Under SMPI it is an MPI_Iallreduce of one int from a send buffer, which
+ * cannot complete before every rank contributed. */
+struct nbx_barrier {
+  MPI_Request req;
+  int one, sum;
+};
+static void barrier_enter(struct comm *c, struct nbx_barrier *b) {
+#ifdef FMATTN_SMPI
+  b->one = 1;
+  MPI_CHECK(MPI_Iallreduce(&b->one, &b->sum, 1, MPI_INT, MPI_SUM, c->seq, &b->req));
+#else
+  MPI_CHECK(MPI_Ibarrier(c->seq, &b->req));
+#endif
+}
+
+static void nbx(struct comm *c, const long *send, const size_t *scount, const size_t *sdispl,
+                long **recv, size_t *rcount, size_t *rdispl) {
+  const int S = c->S, me = c->seq_rank, tag = COMM_NBX_TAG + (int)(c->nbx_calls++ & 1);
+  MPI_Request *q = xmalloc(sizeof *q * (size_t)S);
+  struct nbx_barrier barrier = {MPI_REQUEST_NULL, 0, 0};
+  long **part = xcalloc((size_t)S, sizeof *part);
+  int n = 0;
+  for (int i = 1; i < S; i++) {
+    const int r = (me + i) % S;
+    rcount[r] = 0;
+    if (!scount[r]) continue;
+    if (scount[r] > COMM_PIECE)
+      error("exchange of %zu longs is too large for one MPI call", scount[r]);
+    MPI_CHECK(MPI_Issend(send + sdispl[r], (int)scount[r], MPI_LONG, r, tag, c->seq, &q[n++]));
+    c->bytes_sent += scount[r] * sizeof(long);
+  }
+  rcount[me] = scount[me];
+  for (bool entered = false, done = false; !done;) {
+    int arrived;
+    MPI_Status status;
+    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, tag, c->seq, &arrived, &status));
+    if (arrived) {
+      const int r = status.MPI_SOURCE;
+      int count;
+      MPI_CHECK(MPI_Get_count(&status, MPI_LONG, &count));
+      if (part[r]) error("internal: two requests from sequence rank %d in one exchange", r);
+      part[r] = xmalloc(sizeof(long) * ((size_t)count + 1));
+      MPI_CHECK(MPI_Recv(part[r], count, MPI_LONG, r, tag, c->seq, MPI_STATUS_IGNORE));
+      rcount[r] = (size_t)count;
+    } else if (!entered) {
+      int sent;
+      MPI_CHECK(MPI_Testall(n, q, &sent, MPI_STATUSES_IGNORE));
+      if (sent) barrier_enter(c, &barrier);
+      entered = sent;
+    } else {
+      int over;
+      MPI_CHECK(MPI_Test(&barrier.req, &over, MPI_STATUS_IGNORE));
+      done = over;
+    }
+  }
+  size_t total = 0;
+  for (int r = 0; r < S; r++) {
+    rdispl[r] = total;
+    total += rcount[r];
+  }
+  *recv = xmalloc(sizeof(long) * (total + 1));
+  for (int r = 0; r < S; r++) {
+    const long *from = r == me ? send + sdispl[me] : part[r];
+    if (rcount[r]) memcpy(*recv + rdispl[r], from, sizeof(long) * rcount[r]);
+    free(part[r]);
+  }
+  free(part);
+  free(q);
+}
+
+void comm_alltoallv_long_any(struct comm *c, const long *send, const size_t *scount,
+                             const size_t *sdispl, long **recv, size_t *rcount, size_t *rdispl) {
   count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
-  alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_LONG, sizeof(long), "longs");
+  if (c->sparse && c->S > 1)
+    nbx(c, send, scount, sdispl, recv, rcount, rdispl);
+  else
+    counts_then_alltoallv(c, send, scount, sdispl, recv, rcount, rdispl);
   timer_stop(TIMER_EXCHANGE);
 }
 
@@ -422,27 +515,25 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
   timer_stop(TIMER_EXCHANGE);
 }
 
+/* A request with nothing in flight yet: `transport` waits for it (NULL: nothing to wait for), and
+ * its wait counts as an exchange's time or not. */
+static void request_init(struct comm_request *r, const struct comm_transport *transport,
+                         bool exchange) {
+  *r = (struct comm_request){
+      .transport = transport, .req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, .exchange = exchange};
+}
+
 void comm_isendrecv_float(struct comm *c, const float *send, size_t count, int dest, float *recv,
                           size_t rcount, int src, int tag, struct comm_request *r) {
   count_exchange(c, COMM_SEQ);
-  r->transport = c->transport;
-  r->counts = NULL;
-  r->send = NULL;
-  r->many = NULL;
-  r->nmany = 0;
-  r->exchange = true;
+  request_init(r, c->transport, true);
   c->transport->isendrecv_float(c, send, count, dest, recv, rcount, src, tag, r);
 }
 
 void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scount,
                            const size_t *sdispl, float *recv, const size_t *rcount,
                            const size_t *rdispl, struct comm_request *r) {
-  r->transport = NULL; /* nothing left for comm_wait unless the transport starts it */
-  r->counts = NULL;
-  r->send = NULL;
-  r->many = NULL;
-  r->nmany = 0;
-  r->exchange = true;
+  request_init(r, NULL, true); /* nothing left for comm_wait unless the transport starts it */
   count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
   if (c->transport->ialltoallv_float) {
@@ -456,12 +547,7 @@ void comm_ialltoallv_float(struct comm *c, const float *send, const size_t *scou
 
 void comm_iallreduce_sum_float(struct comm *c, enum comm_scope scope, float *buf, size_t count,
                                struct comm_request *r) {
-  r->transport = NULL;
-  r->counts = NULL;
-  r->send = NULL;
-  r->many = NULL;
-  r->nmany = 0;
-  r->exchange = false;
+  request_init(r, NULL, false);
   if (c->transport->iallreduce_sum_float) {
     r->transport = c->transport;
     c->transport->iallreduce_sum_float(c, scope, buf, count, r);

@@ -57,10 +57,11 @@ struct comm {
    * each sendrecv or alltoallv, each non-blocking exchange (counted once, at its start) — what
    * bench.h5 and diag.h5 report as exchanges per layer */
   uint64_t exchanges;
-  bool overlap; /* parallel.overlap: exchanges overlap computation where they can (default) */
-  bool balance; /* parallel.balance: causal fma's work balanced across the ranks (default) */
-  bool sparse;  /* parallel.alltoallv = sparse: alltoallvs as messages to the ranks with a part
-                 * (default); false: MPI_Alltoallv and MPI_Ialltoallv */
+  uint64_t nbx_calls; /* comm_alltoallv_long_any's calls: their tags alternate (comm.c) */
+  bool overlap;       /* parallel.overlap: exchanges overlap computation where they can (default) */
+  bool balance;       /* parallel.balance: causal fma's work balanced across the ranks (default) */
+  bool sparse; /* parallel.alltoallv = sparse: alltoallvs as messages to the ranks with a part
+                * (default); false: MPI_Alltoallv and MPI_Ialltoallv */
   struct comm_kept_buffer kept[COMM_BUF_SLOTS];
 };
 
@@ -106,12 +107,13 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
                           const size_t *rdispl);
 
 /* Within the sequence group, host memory, always over MPI (requests, not bulk data): every rank
- * sends send[r] to rank r and receives recv[r] from it (one count per rank); then the same for
- * variable runs of longs (counts and displacements in longs). Counted as sent. */
-void comm_alltoall_size(struct comm *c, const size_t *send, size_t *recv);
-void comm_alltoallv_long(struct comm *c, const long *send, const size_t *scount,
-                         const size_t *sdispl, long *recv, const size_t *rcount,
-                         const size_t *rdispl);
+ * sends scount[r] longs from send + sdispl[r] to rank r and receives what each rank sends it, not
+ * known in advance: rcount[r] and rdispl[r] are set and *recv (allocated, the parts in rank
+ * order; the caller frees it) holds them. With parallel.alltoallv = sparse one exchange among the
+ * ranks with a part (NBX: no exchange of counts first), else MPI_Alltoall of the counts and then
+ * MPI_Alltoallv (two). Counted as sent. */
+void comm_alltoallv_long_any(struct comm *c, const long *send, const size_t *scount,
+                             const size_t *sdispl, long **recv, size_t *rcount, size_t *rdispl);
 
 /* Non-blocking exchange within the sequence group (for rings that overlap compute): start sending
  * count floats to dest and receiving rcount floats from src; comm_wait completes both. */
