@@ -170,7 +170,8 @@ int main(int argc, char **argv) {
   comm_init(&comm, cfg.parallel.seq_ranks);
   comm.overlap = cfg.parallel.overlap;
   comm.balance = cfg.parallel.balance;
-  comm.sparse = cfg.parallel.alltoallv == ALLTOALLV_SPARSE;
+  comm.sparse = cfg.parallel.alltoallv != ALLTOALLV_MPI;
+  comm.nbx = cfg.parallel.alltoallv == ALLTOALLV_NBX;
   char err[CONFIG_ERR_LEN];
   const struct backend *be = backend_for(&cfg, err, sizeof err);
   if (!be) error_collective(err);

@@ -243,15 +243,15 @@ static void check_alltoallv(struct comm *c) {
  * (r + s + k) % 3 longs to rank s in call k (none for a third of the pairs, a different third each
  * call), valued by call, sender, receiver and place; five calls in a row in each form (NBX's two
  * alternating tags: a rank may start the next call while another still receives this one), the
- * counts and the longs what MPI_Alltoall and MPI_Alltoallv deliver, and the sparse form one
+ * counts and the longs what MPI_Alltoall and MPI_Alltoallv deliver, and the nbx form one
  * exchange where the other is two. */
 static void check_alltoallv_any(struct comm *c) {
   const int S = c->S, me = c->seq_rank;
   if (S > 64) return;
   bool ok = true, counted = true;
-  const bool saved = c->sparse;
+  const bool saved = c->nbx;
   for (int form = 0; form < 2; form++) {
-    c->sparse = form == 0;
+    c->nbx = form == 0;
     for (int k = 0; k < 5; k++) {
       size_t sc[64], sd[64], rc[64], rd[64], want_rc[64], ns = 0;
       for (int r = 0; r < S; r++) {
@@ -281,11 +281,11 @@ static void check_alltoallv_any(struct comm *c) {
       free(want);
     }
   }
-  c->sparse = saved;
+  c->nbx = saved;
   int all = ok && counted;
   MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, c->seq);
   tap(all,
-      "requests of unknown size: NBX (sparse) and counts-then-alltoallv (mpi), five calls each, "
+      "requests of unknown size: NBX (nbx) and counts-then-alltoallv (sparse), five calls each, "
       "deliver what MPI_Alltoallv does on %d ranks, in 1 and 2 exchanges",
       S);
 }

@@ -3,7 +3,7 @@
 # the losses, gradient norms, validation losses and attention diagnostics equal the 1-rank run's
 # within 1e-5, for every variant (both objectives where they can), FiSH heads and fma.open = 2;
 # world 4 as S = 2 × 2 replicas, and S = 8 (balanced or not), equal world 1; parallel.overlap = false equals the
-# overlapped runs, parallel.alltoallv = mpi the sparse exchanges; a checkpoint written with S = 4 restarts with S = 2 and 1 (fma.open too).
+# overlapped runs, parallel.alltoallv = mpi the sparse exchanges and nbx fma.open's requests; a checkpoint written with S = 4 restarts with S = 2 and 1 (fma.open too).
 . "$TESTDIR/tap.sh"
 need_h5py
 cd "$WORK" || exit 1
@@ -65,6 +65,10 @@ check "parallel.alltoallv = mpi: the same losses and gradient norms as sparse, b
 O="--set attention.fma.open=2"
 check "fma.open = 2 with 8 sequence ranks (opened windows and blocks on other ranks)" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fmaopen-8 --set parallel.seq_ranks=8 $O
 same fmaopen-8 fmaopen-clm-1
+# parallel.alltoallv = nbx: fma.open's requests by NBX (synchronous sends and a non-blocking
+# barrier) instead of after an exchange of counts: the same requests arrive, so the same bits
+check "fma.open = 2 with 8 sequence ranks, parallel.alltoallv = nbx" "$MPI_RUN" 8 "$F" "$SP" --set run.name=fmaopen-8-nbx --set parallel.seq_ranks=8 --set parallel.alltoallv=nbx $O
+check "parallel.alltoallv = nbx: the same losses and gradient norms as sparse, bit for bit" py "$TESTDIR/h5check.py" same-series out/fmaopen-8/diag.h5 out/fmaopen-8-nbx/diag.h5 train 0 0
 for S in 2 1; do
   mkdir -p "out/from4-$S" && cp out/fma-clm-4/ckpt_000005.h5 "out/from4-$S/"
   check "a checkpoint written with S = 4 restarts with S = $S" "$MPI_RUN" $S "$F" "$SP" --set run.name=from4-$S --set parallel.seq_ranks=$S --set output.restart=latest

@@ -42,7 +42,7 @@ enum position_kind { POSITION_LEARNED, POSITION_SINUSOIDAL, POSITION_ROPE, POSIT
 enum objective_kind { OBJECTIVE_CLM, OBJECTIVE_MLM };
 enum schedule_kind { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
 enum backend_kind { BACKEND_AUTO, BACKEND_MPI, BACKEND_NCCL };
-enum alltoallv_kind { ALLTOALLV_SPARSE, ALLTOALLV_MPI };
+enum alltoallv_kind { ALLTOALLV_SPARSE, ALLTOALLV_MPI, ALLTOALLV_NBX };
 enum device_kind { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU };
 enum precision_kind { PRECISION_FP32, PRECISION_BF16 };
 enum exact_kernels { EXACT_BLOCKED, EXACT_REFERENCE }; /* gpu.exact */
@@ -145,7 +145,8 @@ struct config_parallel {
   enum precision_kind precision; /* of the GPU's matrix products */
   bool overlap;                  /* communication behind computation where it can be */
   bool balance;                  /* causal fma's work balanced across sequence ranks */
-  enum alltoallv_kind alltoallv; /* MPI's alltoallvs: point to point, or MPI_Alltoallv */
+  enum alltoallv_kind alltoallv; /* MPI's alltoallvs: point to point (fma.open's requests after
+                                  * an exchange of counts, or by NBX), or MPI_Alltoallv */
 };
 
 /* The CUDA back end's options (read by src/model/backend.c into gpu/'s struct gpu_options). */

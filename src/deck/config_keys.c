@@ -41,7 +41,7 @@ static const char *const position_names[] = {"learned", "sinusoidal", "rope", "n
 static const char *const objective_names[] = {"clm", "mlm", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const backend_names[] = {"auto", "mpi", "nccl", NULL};
-static const char *const alltoallv_names[] = {"sparse", "mpi", NULL};
+static const char *const alltoallv_names[] = {"sparse", "mpi", "nbx", NULL};
 static const char *const device_names[] = {"auto", "cpu", "gpu", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const exact_names[] = {"blocked", "reference", NULL};
@@ -313,8 +313,10 @@ const struct key_def config_keys[] = {
            "causal fma: the busiest sequence ranks hand the far field of the levels every rank "
            "holds to the least busy (false: each rank evaluates its own slab's)"),
     K_ENUM("parallel", "alltoallv", "sparse", alltoallv_names, parallel.alltoallv, "",
-           "the MPI transport's alltoallv exchanges (halo, LET, balance): sparse, a message to "
-           "each rank with a part and none to the others; or mpi, MPI_Alltoallv/MPI_Ialltoallv"),
+           "the MPI transport's alltoallv exchanges (halo, LET, balance, fma.open's descent): "
+           "sparse, a message to each rank with a part and none to the others; nbx, the same "
+           "and fma.open's requests without an exchange of counts first; or mpi, "
+           "MPI_Alltoallv/MPI_Ialltoallv"),
 
     K_BOOL("gpu", "debug", "false", gpu.debug, "",
            "wait for every kernel after its launch, so that a device fault names its kernel "

@@ -33,6 +33,7 @@ void comm_init(struct comm *c, int seq_ranks) {
   c->overlap = true;
   c->balance = true;
   c->sparse = true;
+  c->nbx = false;
   memset(c->kept, 0, sizeof c->kept);
 }
 
@@ -235,7 +236,8 @@ static void mpi_alltoallv_float(struct comm *c, const float *send, const size_t 
   alltoallv(c, send, scount, sdispl, recv, rcount, rdispl, MPI_FLOAT, sizeof(float), "floats");
 }
 
-/* The MPI_Alltoall of the counts, then the alltoallv (parallel.alltoallv = mpi): two exchanges. */
+/* The MPI_Alltoall of the counts, then the alltoallv (point to point unless parallel.alltoallv =
+ * mpi): two exchanges. */
 static void counts_then_alltoallv(struct comm *c, const long *send, const size_t *scount,
                                   const size_t *sdispl, long **recv, size_t *rcount,
                                   size_t *rdispl) {
@@ -338,7 +340,7 @@ void comm_alltoallv_long_any(struct comm *c, const long *send, const size_t *sco
                              const size_t *sdispl, long **recv, size_t *rcount, size_t *rdispl) {
   count_exchange(c, COMM_SEQ);
   timer_start(TIMER_EXCHANGE);
-  if (c->sparse && c->S > 1)
+  if (c->nbx && c->S > 1)
     nbx(c, send, scount, sdispl, recv, rcount, rdispl);
   else
     counts_then_alltoallv(c, send, scount, sdispl, recv, rcount, rdispl);

@@ -60,8 +60,10 @@ struct comm {
   uint64_t nbx_calls; /* comm_alltoallv_long_any's calls: their tags alternate (comm.c) */
   bool overlap;       /* parallel.overlap: exchanges overlap computation where they can (default) */
   bool balance;       /* parallel.balance: causal fma's work balanced across the ranks (default) */
-  bool sparse; /* parallel.alltoallv = sparse: alltoallvs as messages to the ranks with a part
-                * (default); false: MPI_Alltoallv and MPI_Ialltoallv */
+  bool sparse; /* parallel.alltoallv = sparse or nbx: alltoallvs as messages to the ranks with a
+                * part (default); false: MPI_Alltoallv and MPI_Ialltoallv */
+  bool nbx;    /* parallel.alltoallv = nbx: comm_alltoallv_long_any by NBX (comm.c), not after an
+                * exchange of counts */
   struct comm_kept_buffer kept[COMM_BUF_SLOTS];
 };
 
@@ -109,9 +111,9 @@ void comm_alltoallv_float(struct comm *c, const float *send, const size_t *scoun
 /* Within the sequence group, host memory, always over MPI (requests, not bulk data): every rank
  * sends scount[r] longs from send + sdispl[r] to rank r and receives what each rank sends it, not
  * known in advance: rcount[r] and rdispl[r] are set and *recv (allocated, the parts in rank
- * order; the caller frees it) holds them. With parallel.alltoallv = sparse one exchange among the
+ * order; the caller frees it) holds them. With parallel.alltoallv = nbx one exchange among the
  * ranks with a part (NBX: no exchange of counts first), else MPI_Alltoall of the counts and then
- * MPI_Alltoallv (two). Counted as sent. */
+ * the alltoallv (two). Counted as sent. */
 void comm_alltoallv_long_any(struct comm *c, const long *send, const size_t *scount,
                              const size_t *sdispl, long **recv, size_t *rcount, size_t *rdispl);
 
